@@ -1,0 +1,76 @@
+"""A registry is a dict plus a decorator.
+
+    POLICY_LOSS = Registry("policy_loss_fn")
+
+    @POLICY_LOSS.register("ppo")
+    def ppo_policy_loss(...): ...
+
+    POLICY_LOSS.get("ppo")            # the function
+    POLICY_LOSS.get("my_pkg.mod.Fn")  # a dotted path loads a user's object
+
+A duplicate name raises; an unknown name raises with the sorted list of valid names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(KeyError):
+    """An unknown or duplicate registry name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise RegistryError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        if name in self._items:
+            return self._items[name]
+        if "." in name:
+            return _load_dotted(name, self.kind)
+        hint = difflib.get_close_matches(name, self._items, n=1)
+        did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}.{did_you_mean} Valid names: {', '.join(self.names())}"
+            " (or a dotted path package.module.Name)"
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+def _load_dotted(path: str, kind: str) -> Any:
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RegistryError(f"{kind} {path!r}: cannot import module {module_name!r}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError as e:
+        raise RegistryError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from e

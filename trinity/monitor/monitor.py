@@ -1,0 +1,111 @@
+"""Where metrics go: `metrics.jsonl`, TensorBoard event files and the console.
+
+    monitor: {monitor_type: tensorboard}   # jsonl and the console are always on
+
+Explorer and trainer report each step separately; the monitor merges their reports into one
+record per step (`{"step": 3, "stage": "grpo", "rollout/reward_mean": ..., "train/loss": ...}`)
+and writes it once every expected source has reported (or at close).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+SUPPORTED = {"tensorboard", "jsonl", "console"}
+
+
+class Monitor:
+    def __init__(
+        self, run_dir: Path, monitor_types: list[str], console: Console | None = None
+    ) -> None:
+        unsupported = sorted(set(monitor_types) - SUPPORTED)
+        if unsupported:
+            raise ValueError(
+                f"monitor.monitor_type {unsupported} is not available in this build; "
+                f"supported: {sorted(SUPPORTED)}"
+            )
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+        self._tb = None
+        if "tensorboard" in monitor_types:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.console = console or Console(highlight=False)
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._sources: dict[int, set[str]] = {}
+        self.expected: set[str] = set()
+        self.stage = ""
+        self.total_steps = 0
+        self.history: list[dict[str, Any]] = []
+        self._t_last = time.perf_counter()
+
+    def begin_stage(self, stage: str, expected_sources: set[str], total_steps: int) -> None:
+        self.flush()
+        self.stage, self.expected, self.total_steps = stage, expected_sources, total_steps
+
+    def add(self, source: str, step: int, metrics: dict[str, Any]) -> None:
+        self._pending.setdefault(step, {}).update(metrics)
+        self._sources.setdefault(step, set()).add(source)
+        if self.expected <= self._sources[step]:
+            for s in sorted(k for k in self._pending if k <= step):
+                self._write(s)
+
+    def flush(self) -> None:
+        for s in sorted(self._pending):
+            self._write(s)
+
+    def _write(self, step: int) -> None:
+        metrics = self._pending.pop(step)
+        self._sources.pop(step, None)
+        record = {"step": step, "stage": self.stage, **_clean(metrics)}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, int | float) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        self.history.append(record)
+        self._print(record)
+
+    def _print(self, r: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        dt, self._t_last = now - self._t_last, now
+        parts = [f"[bold]{r['stage'] or 'run'}[/] step {r['step']:>4}"]
+        for key, label, fmt in (
+            ("rollout/reward_mean", "reward", "{:.3f}"),
+            ("train/loss", "loss", "{:.4f}"),
+            ("rollout/tokens_per_s", "gen tok/s", "{:.0f}"),
+            ("train/tokens_per_s", "train tok/s", "{:.0f}"),
+        ):
+            if key in r:
+                parts.append(f"{label} {fmt.format(r[key])}")
+        for k, v in r.items():
+            if k.startswith("eval/") and k.endswith("/accuracy"):
+                parts.append(f"[green]{k[5:]} {v:.3f}[/]")
+        parts.append(f"{dt:.1f}s")
+        self.console.print(" | ".join(parts))
+
+    def close(self) -> None:
+        self.flush()
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in sorted(metrics.items()):
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out

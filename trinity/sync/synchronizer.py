@@ -1,0 +1,76 @@
+"""The Synchronizer: owns the latest weights version and hands weights from trainer to explorer.
+
+    synchronizer: {sync_method: memory, sync_interval: 1, sync_offset: 0}
+
+`sync_method` decides how weights travel, the schedule (`trinity.sync.schedule`) when:
+
+* `memory`: the trainer puts a name → numpy array dict in the Ray object store (numpy, not torch:
+  ~10× cheaper to move between processes) and publishes the ObjectRef; engines read it zero-copy.
+* `checkpoint`: the trainer writes a safetensors file under `<run_dir>/sync/` and publishes its
+  path; engines load it from disk (works across machines sharing a filesystem).
+* `nccl`: a collective broadcast; not built yet, rejected at start-up with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+
+class SynchronizerActor:
+    """Ray actor. `publish` from the trainer, `wait_for` from the explorer.
+
+    Every published version is kept until an explorer has taken it or a newer one, so an explorer
+    that asks for version v gets exactly v even when the trainer has already moved on
+    (`sync_offset > 0`): the schedule is honoured exactly, not "latest wins".
+    """
+
+    def __init__(self, sync_method: str) -> None:
+        self.sync_method = sync_method
+        self.version = 0
+        self._payloads: dict[int, list[Any]] = {}  # [ObjectRef] or [path]; a list keeps refs as refs
+        self._cond = asyncio.Condition()
+        self._failed: str | None = None
+
+    async def publish(self, version: int, payload: list[Any]) -> None:
+        async with self._cond:
+            if version < self.version:
+                raise ValueError(f"weights version went back from {self.version} to {version}")
+            self.version = version
+            self._payloads[version] = payload
+            self._cond.notify_all()
+
+    async def fail(self, reason: str) -> None:
+        """The trainer died: wake waiting explorers with an error instead of a hang."""
+        async with self._cond:
+            self._failed = reason
+            self._cond.notify_all()
+
+    async def wait_for(self, version: int, timeout: float | None = None) -> tuple[int, list[Any]]:
+        """Block until weights of `version` (or, if skipped, the next newer one) are published."""
+
+        def ready() -> bool:
+            return self.version >= version or self._failed is not None
+
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(ready), timeout)
+            except TimeoutError as e:
+                raise TimeoutError(
+                    f"waited {timeout}s for weights v{version}; latest is v{self.version}"
+                ) from e
+            if self.version < version:
+                raise RuntimeError(f"trainer stopped before publishing v{version}: {self._failed}")
+            got = min(v for v in self._payloads if v >= version)
+            payload = self._payloads[got]
+            for old in [v for v in self._payloads if v < got]:
+                self._discard(self._payloads.pop(old))
+            return got, payload
+
+    def _discard(self, payload: list[Any]) -> None:
+        if self.sync_method == "checkpoint":
+            Path(payload[0]).unlink(missing_ok=True)
+
+    def latest_version(self) -> int:
+        return self.version

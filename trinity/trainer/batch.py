@@ -1,0 +1,133 @@
+"""Collate experiences into padded tensors and split them into micro-batches.
+
+Layout (B sequences, T = longest prompt+response, R = longest response):
+
+    input_ids       [B, T]  right-padded prompt + response
+    attention_mask  [B, T]
+    response_pos    [B, R]  position in input_ids whose logits predict response token r
+                            (= prompt_length + r - 1)
+    response_ids    [B, R]
+    response_mask   [B, R]  bool: r < response_length and action_mask[r] (trained tokens)
+    valid_mask      [B, R]  bool: r < response_length (tokens that exist)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from trinity.common.experience import Experience
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_pos: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    valid_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor  # [B, R], 0 where unknown
+    rewards: torch.Tensor  # [B]
+    group_ids: torch.Tensor  # [B] long
+    advantages: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
+    old_logprobs: torch.Tensor | None = None  # [B, R]
+    ref_logprobs: torch.Tensor | None = None  # [B, R]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (unpadded) tokens, prompt included: what tokens/s counts."""
+        return int(self.attention_mask.sum())
+
+    def select(self, idx: torch.Tensor | slice) -> Batch:
+        """Rows `idx`, trimmed to the longest sequence and response among them."""
+        rows = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: (v[idx] if v is not None else None) for k, v in rows.items()}
+        t = int(out["attention_mask"].sum(dim=1).max())
+        r = int(out["valid_mask"].sum(dim=1).max())
+        for k in ("input_ids", "attention_mask"):
+            out[k] = out[k][:, :t]
+        for k, v in out.items():
+            if v is not None and v.dim() == 2 and k not in ("input_ids", "attention_mask"):
+                out[k] = v[:, :r]
+        return Batch(**out)
+
+
+def collate(experiences: list[Experience], pad_id: int) -> Batch:
+    b = len(experiences)
+    t = max(len(e.tokens) for e in experiences)
+    r = max(max(e.response_length for e in experiences), 1)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, t), dtype=torch.long)
+    response_pos = torch.zeros((b, r), dtype=torch.long)
+    response_ids = torch.full((b, r), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((b, r), dtype=torch.bool)
+    valid = torch.zeros((b, r), dtype=torch.bool)
+    rollout_lp = torch.zeros((b, r), dtype=torch.float32)
+    rewards = torch.zeros(b, dtype=torch.float32)
+    group_index: dict[tuple, int] = {}
+    group_ids = torch.zeros(b, dtype=torch.long)
+    has_adv = all(e.advantages is not None for e in experiences)
+    advantages = torch.zeros((b, r), dtype=torch.float32) if has_adv else None
+    for i, e in enumerate(experiences):
+        n, p = len(e.tokens), e.prompt_length
+        if p < 1:
+            raise ValueError("an experience needs at least one prompt token to condition on")
+        m = e.response_length
+        input_ids[i, :n] = e.tokens
+        attention[i, :n] = 1
+        response_pos[i, :m] = torch.arange(p - 1, p - 1 + m)
+        response_ids[i, :m] = e.tokens[p:]
+        valid[i, :m] = True
+        assert e.action_mask is not None
+        response_mask[i, :m] = e.action_mask
+        if e.logprobs is not None:
+            rollout_lp[i, :m] = e.logprobs
+        rewards[i] = 0.0 if e.reward is None else e.reward
+        group_ids[i] = group_index.setdefault(e.eid.group, len(group_index))
+        if advantages is not None:
+            advantages[i, :m] = e.advantages
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_pos=response_pos,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        valid_mask=valid,
+        rollout_logprobs=rollout_lp,
+        rewards=rewards,
+        group_ids=group_ids,
+        advantages=advantages,
+    )
+
+
+def micro_batches(
+    batch: Batch, micro_batch_size: int, max_tokens: int | None = None
+) -> list[torch.Tensor]:
+    """Row-index groups for gradient accumulation.
+
+    With `max_tokens` (dynamic batch size), rows are packed in order while
+    rows × longest-row-length stays within the budget (a row longer than the budget gets a
+    micro-batch of its own); otherwise fixed groups of `micro_batch_size` rows.
+    """
+    b = len(batch)
+    if max_tokens is None:
+        return [torch.arange(s, min(s + micro_batch_size, b)) for s in range(0, b, micro_batch_size)]
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        groups.append(current)
+    return [torch.tensor(g, dtype=torch.long) for g in groups]

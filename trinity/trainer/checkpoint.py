@@ -1,0 +1,51 @@
+"""Checkpoints as plain Hugging Face directories: `<run_dir>/global_step_N/`."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def save_hf_checkpoint(model: Any, tokenizer: Any, root: Path, step: int, keep: int | None) -> Path:
+    """Write `root/global_step_<step>` atomically and prune to the newest `keep` checkpoints."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    tmp = root / f".global_step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    if keep is not None and keep > 0:
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories under `root`, oldest first."""
+    if not root.exists():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def state_dict_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Weights as numpy arrays (what moves cheaply through the Ray object store).
+
+    bfloat16 has no numpy dtype: such tensors travel as float32 and are cast back on load.
+    """
+    out = {}
+    for k, v in model.state_dict().items():
+        t = v.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        out[k] = t.numpy().copy()
+    return out

@@ -1,0 +1,131 @@
+"""The trainer's loop, run as a Ray actor: read a train batch, step, publish weights, checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from trinity.buffer.queue import BufferClosed
+from trinity.sync.schedule import trainer_publishes_after
+from trinity.trainer.sft_data import DatasetSource
+from trinity.trainer.trainer import Trainer
+
+
+class TrainerRunner:
+    def __init__(
+        self,
+        config: Any,
+        model_path: str,
+        stage_dir: str,
+        buffer: Any,
+        synchronizer: Any,
+        hub: Any,
+        step_offset: int,
+    ) -> None:
+        self.cfg = config
+        self.model_path = model_path
+        self.stage_dir = Path(stage_dir)
+        self.buffer = buffer
+        self.synchronizer = synchronizer
+        self.hub = hub
+        self.step_offset = step_offset
+        self.trainer: Trainer | None = None
+        self.dataset: DatasetSource | None = None
+
+    def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
+        """Load the model (and the SFT dataset in train mode). Returns the dataset size."""
+        from trinity.models import load_tokenizer, resolve_model_path
+
+        size = 0
+        if use_dataset:
+            tok = load_tokenizer(
+                resolve_model_path(self.model_path), self.cfg.model.custom_chat_template
+            )
+            self.dataset = DatasetSource(self.cfg, tok)
+            size = len(self.dataset)
+        self._pending_total = total_steps
+        return {"dataset_size": size}
+
+    def run(self, total_steps: int) -> dict[str, Any]:
+        """Train up to `total_steps` steps or until the data runs out.
+
+        1. read one train batch (buffer queue, or the SFT dataset)
+        2. train step
+        3. publish weights on schedule, checkpoint every `save_interval` steps, report metrics
+        4. at the end: final checkpoint, publish the final weights for the last evaluation
+        """
+        cfg = self.cfg
+        self.trainer = Trainer(cfg, self.model_path, total_steps)
+        n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
+        step, last_saved = 0, None
+        try:
+            while step < total_steps:
+                # 1.
+                t0 = time.perf_counter()
+                exps = self._read(n)
+                if not exps:
+                    break
+                wait = time.perf_counter() - t0
+                # 2.
+                step += 1
+                metrics = self.trainer.train_step(exps)
+                metrics["timing/train_wait_buffer"] = wait
+                # 3.
+                if trainer_publishes_after(step, cfg.synchronizer.sync_interval):
+                    self._publish(step)
+                if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
+                    last_saved = self.trainer.save_checkpoint(self.stage_dir, step)
+                ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
+        except BaseException as e:
+            ray.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
+            raise
+        # 4.
+        final = last_saved
+        if final is None or not final.name.endswith(f"_{step}"):
+            final = self.trainer.save_checkpoint(self.stage_dir, step)
+        self._publish(step, final=True)
+        return {"train_steps": step, "checkpoint": str(final)}
+
+    def _read(self, n: int) -> list[Any] | None:
+        if self.dataset is not None:
+            return self.dataset.read(n)
+        timeout = self.cfg.buffer.trainer_input.experience_buffer
+        timeout = timeout.max_read_timeout if timeout is not None else 1800.0
+        try:
+            return ray.get(self.buffer.read.remote(n, timeout))
+        except BufferClosed:
+            return None
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, BufferClosed):
+                return None
+            raise
+
+    def _publish(self, step: int, final: bool = False) -> None:
+        assert self.trainer is not None
+        if self.cfg.synchronizer.sync_method == "checkpoint":
+            from safetensors.torch import save_file
+
+            path = self.stage_dir / "sync" / f"weights_v{step}.safetensors"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            state = {k: v.detach().contiguous() for k, v in self.trainer.model.state_dict().items()}
+            save_file(_untie(state), str(tmp))
+            tmp.rename(path)
+            payload = [str(path)]
+        else:
+            payload = [ray.put(self.trainer.weights_numpy())]
+        ray.get(self.synchronizer.publish.remote(step, payload))
+
+
+def _untie(state: dict) -> dict:
+    """safetensors refuses shared storage: copy tensors that alias another entry."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out

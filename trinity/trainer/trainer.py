@@ -1,0 +1,226 @@
+"""The train step: sample → old/ref logprobs → advantages → losses → optimizer step.
+
+One PyTorch model on one device (`trainer.trainer_strategy: torch`). Gradient accumulation is exact:
+every micro-batch's loss is aggregated with the counts of the WHOLE train batch (`Aggregator`), so
+summing micro-batch gradients equals one big batch's gradient for every `loss_agg_mode`.
+
+Old logprobs: with one optimizer update per train step (`ppo_epochs: 1`, one mini-batch) the
+weights that would "recompute" them are the weights being trained, so the detached logprobs of the
+same forward pass ARE the recomputed old logprobs (ratio = 1, gradient of the clipped surrogate
+intact) and a second forward pass is skipped. With `ppo_epochs > 1` or several mini-batches they
+are recomputed in a no-grad pass before the first update, as in PPO.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trinity.algorithm import Aggregator, resolve_algorithm
+from trinity.common.experience import Experience
+from trinity.common.timer import Timers
+from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.trainer.batch import Batch, collate, micro_batches
+from trinity.trainer.checkpoint import save_hf_checkpoint, state_dict_numpy
+from trinity.trainer.logprobs import response_logprobs
+from trinity.trainer.optim import build_optimizer
+
+
+class Trainer:
+    def __init__(self, config: Any, model_path: str, total_steps: int) -> None:
+        tcfg = config.trainer
+        if tcfg.num_threads:
+            torch.set_num_threads(tcfg.num_threads)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.algo = resolve_algorithm(config.algorithm)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        path = resolve_model_path(model_path)
+        self.tokenizer = load_tokenizer(path, custom_chat_template=config.model.custom_chat_template)
+        self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
+        self.model.train()
+        self.model.config.use_cache = False
+        self.ref_model = None
+        if self.algo.use_reference:
+            self.ref_model = load_model(path, dtype=tcfg.dtype, device=self.device)
+            self.ref_model.requires_grad_(False)
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.tokenizer.eos_token_id
+        )
+        opt = config.algorithm.optimizer
+        self.clip_grad = tcfg.grad_clip if tcfg.grad_clip is not None else opt.clip_grad
+        self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+        self.step = 0
+        self.ppo_epochs = getattr(tcfg, "ppo_epochs", 1)
+        self.mini_batch_size = getattr(tcfg, "ppo_mini_batch_size", None)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def train_step(self, experiences: list[Experience]) -> dict[str, float]:
+        """One train step on one train batch.
+
+        1. sample strategy picks/reorders the experiences, which are collated  # [B, T]
+        2. reference logprobs (KL) and, when several updates follow, old logprobs  # [B, R]
+        3. advantages from rewards and groups (after KL reward shaping, if any)  # [B, R]
+        4. per mini-batch: micro-batch forward, losses, backward; clip; optimizer step
+        """
+        timers, metrics = Timers(), {}
+        t_start = time.perf_counter()
+        a = self.algo
+        tcfg = self.config.trainer
+        # 1. sample and collate
+        experiences = a.sample_strategy(experiences, **a.sample_strategy_args)
+        batch = collate(experiences, self.pad_id)
+        mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget())
+        recompute_old = self.ppo_epochs > 1 or (
+            self.mini_batch_size is not None and self.mini_batch_size < len(batch)
+        )
+        # 2. reference and old logprobs, no grad
+        with torch.no_grad():
+            if self.ref_model is not None:
+                with timers("ref"):
+                    batch.ref_logprobs = self._logprobs_no_grad(self.ref_model, batch, mbs)
+            if recompute_old:
+                with timers("old_logprob"):
+                    batch.old_logprobs = self._logprobs_no_grad(self.model, batch, mbs)
+        # 3. advantages
+        with timers("advantage"):
+            if batch.advantages is None and a.advantage_fn is not None:
+                rewards = batch.rewards
+                if batch.ref_logprobs is not None and a.spec.kl_penalty_fn != "none":
+                    token_rewards = torch.zeros_like(batch.rollout_logprobs)
+                    last = batch.valid_mask.sum(dim=1) - 1  # [B]
+                    token_rewards[torch.arange(len(batch)), last] = rewards
+                    shaped, kl_m = a.kl_penalty_fn(
+                        token_rewards,
+                        batch.rollout_logprobs,
+                        batch.ref_logprobs,
+                        batch.response_mask,
+                        **a.kl_penalty_fn_args,
+                    )
+                    rewards = (shaped * batch.response_mask).sum(dim=1)
+                    metrics.update({f"train/{k}": v for k, v in kl_m.items()})
+                batch.advantages, batch.returns = a.advantage_fn(
+                    rewards, batch.group_ids, batch.response_mask, **a.advantage_fn_args
+                )
+            if batch.advantages is None:
+                batch.advantages = torch.zeros_like(batch.rollout_logprobs)
+        # 4. updates
+        with timers("update"):
+            update_metrics = self._update(batch, mbs, recompute_old)
+        metrics.update(update_metrics)
+        self.step += 1
+        elapsed = time.perf_counter() - t_start
+        resp = batch.response_mask
+        metrics.update(
+            {
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/advantage_mean": _masked_mean(batch.advantages, resp),
+                "train/reward_mean": float(batch.rewards.mean()),
+                "train/response_length": float(batch.valid_mask.sum(dim=1).float().mean()),
+                "train/experiences": float(len(batch)),
+                "train/tokens": float(batch.num_tokens),
+                "train/tokens_per_s": batch.num_tokens / elapsed,
+                **timers.metrics("timing/train_"),
+            }
+        )
+        return metrics
+
+    def _update(self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool) -> dict[str, float]:
+        a = self.algo
+        b = len(batch)
+        mini = self.mini_batch_size or b
+        sums: dict[str, float] = {}
+        n_updates = 0
+        for _ in range(self.ppo_epochs):
+            for m0 in range(0, b, mini):
+                rows = torch.arange(m0, min(m0 + mini, b))
+                mini_batch = batch.select(rows)
+                agg = Aggregator(
+                    a.loss_agg_mode,
+                    num_tokens=float(mini_batch.response_mask.sum()),
+                    num_seqs=float(len(mini_batch)),
+                    norm_length=float(mini_batch.response_mask.shape[1]),
+                )
+                parts = micro_batches(
+                    mini_batch, self.config.trainer.micro_batch_size_per_gpu, self._token_budget()
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in parts:
+                    mb = mini_batch.select(idx)
+                    m = self._micro_step(mb, agg, recompute_old)
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v * len(idx) / len(mini_batch)
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.clip_grad or float("inf")
+                )
+                self.optimizer.step()
+                self.scheduler.step()
+                sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(grad_norm)
+                n_updates += 1
+        return {k: v / n_updates for k, v in sums.items()}
+
+    def _micro_step(self, mb: Batch, agg: Aggregator, recompute_old: bool) -> dict[str, float]:
+        """Forward, loss parts, backward for one micro-batch. Losses are pre-scaled by `agg`."""
+        a = self.algo
+        logprob, entropy = response_logprobs(self.model, mb, self.config.trainer.logprob_chunk_size)
+        mask = mb.response_mask
+        old = mb.old_logprobs if recompute_old else logprob.detach()
+        pg_loss, pg_m = a.policy_loss_fn(
+            logprob, old, mb.advantages, mask, agg=agg, **a.policy_loss_fn_args
+        )
+        loss = pg_loss
+        metrics = {f"train/{k}": v for k, v in pg_m.items()}
+        if entropy is not None:
+            ent_loss, ent_m = a.entropy_loss_fn(entropy, mask, agg=agg, **a.entropy_loss_fn_args)
+            loss = loss + ent_loss
+            metrics.update({f"train/{k}": v for k, v in ent_m.items()})
+            metrics["train/entropy"] = _masked_mean(entropy.detach(), mask)
+        if mb.ref_logprobs is not None:
+            kl_loss, kl_m = a.kl_loss_fn(
+                logprob, mb.ref_logprobs, mask, agg=agg, **a.kl_loss_fn_args
+            )
+            loss = loss + kl_loss
+            metrics.update({f"train/{k}": v for k, v in kl_m.items()})
+        loss.backward()
+        metrics["train/loss"] = float(loss.detach())
+        lp_known = mask & (mb.rollout_logprobs != 0)
+        if lp_known.any():
+            diff = (logprob.detach() - mb.rollout_logprobs).abs()
+            metrics["train/rollout_logprob_diff"] = _masked_mean(diff, lp_known)
+        return metrics
+
+    def _logprobs_no_grad(
+        self, model: torch.nn.Module, batch: Batch, mbs: list[torch.Tensor]
+    ) -> torch.Tensor:
+        out = torch.zeros_like(batch.rollout_logprobs)
+        for idx in mbs:
+            mb = batch.select(idx)
+            lp, _ = response_logprobs(
+                model, mb, self.config.trainer.logprob_chunk_size, with_entropy=False
+            )
+            out[idx, : lp.shape[1]] = lp
+        return out
+
+    def _token_budget(self) -> int | None:
+        t = self.config.trainer
+        return t.max_token_len_per_gpu if t.use_dynamic_bsz else None
+
+    # -- weights out -------------------------------------------------------------------------
+
+    def weights_numpy(self) -> dict:
+        return state_dict_numpy(self.model)
+
+    def save_checkpoint(self, root: Path, step: int) -> Path:
+        keep = self.config.trainer.max_checkpoints_to_keep
+        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return float((x * mask).sum() / n) if n > 0 else 0.0

@@ -1,0 +1,89 @@
+"""The Workflow contract: `async run(task, model) -> list[Experience]`.
+
+A workflow turns one task into experiences by talking to the rollout model through a `ModelHandle`
+(`chat`, `generate`, `logprobs`). Workflows are registered by name; any dotted path
+`package.module.Class` resolves too:
+
+    buffer.explorer_input.default_workflow_type: math_workflow
+    buffer.explorer_input.default_workflow_type: my_pkg.workflows.MyWorkflow
+
+Write `async def run` (preferred); a workflow that must block (a synchronous environment, a
+library without asyncio) subclasses `SyncWorkflow` and writes `run_sync(task, model)` with the
+synchronous handle it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol, runtime_checkable
+
+from trinity.common.experience import Experience
+from trinity.common.registry import Registry
+from trinity.explorer.engine import Sample
+
+WORKFLOW: Registry[type] = Registry("workflow")
+
+
+@runtime_checkable
+class ModelHandle(Protocol):
+    """What a workflow may ask of the rollout model. Every call is batched with concurrent ones."""
+
+    model_version: int
+
+    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]: ...
+
+    async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]: ...
+
+    async def logprobs(self, tokens: list[int]) -> list[float]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class Workflow:
+    """Base class: store the workflow args; subclasses implement `async run`."""
+
+    def __init__(self, **workflow_args: Any) -> None:
+        self.args = workflow_args
+
+    async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
+        raise NotImplementedError(f"{type(self).__name__} must implement `async def run`")
+
+
+class SyncModelHandle:
+    """Blocking view of a ModelHandle for `SyncWorkflow.run_sync` (runs in a worker thread)."""
+
+    def __init__(self, handle: ModelHandle, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = handle
+        self._loop = loop
+        self.model_version = handle.model_version
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
+        return self._call(self._handle.chat(messages, **sampling))
+
+    def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
+        return self._call(self._handle.generate(prompt, **sampling))
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        return self._call(self._handle.logprobs(tokens))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._handle.decode(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self._handle.encode(text)
+
+
+class SyncWorkflow(Workflow):
+    """Adapter for blocking workflows: implement `run_sync(task, model)`; it runs in a thread."""
+
+    def run_sync(self, task: Any, model: SyncModelHandle) -> list[Experience]:
+        raise NotImplementedError(f"{type(self).__name__} must implement `run_sync`")
+
+    async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
+        sync_model = SyncModelHandle(model, asyncio.get_running_loop())
+        return await asyncio.to_thread(self.run_sync, task, sync_model)

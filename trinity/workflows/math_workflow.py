@@ -1,0 +1,48 @@
+"""Single-turn math: one chat prompt, `repeat_times` sampled answers, each scored by a reward fn.
+
+    buffer.explorer_input.default_workflow_type: math_workflow
+    buffer.explorer_input.default_reward_fn_type: arithmetic_reward   # or math_reward, ...
+
+The reward is the sum of the reward fn's named components (e.g. accuracy + format); each
+component is also kept in `Experience.metrics` so the monitor reports it separately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.rewards import REWARD_FN
+from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
+
+DEFAULT_REWARD_FN = "math_reward"
+
+
+@WORKFLOW.register("math_workflow")
+class MathWorkflow(Workflow):
+    async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
+        reward_name = task.reward_fn_type or DEFAULT_REWARD_FN
+        reward_fn = REWARD_FN.get(reward_name)
+        samples = await model.chat(task.to_messages())
+        experiences = []
+        for run, sample in enumerate(samples):
+            response = model.decode(sample.response_ids)
+            components = reward_fn(response, task.truth, task.raw, **task.reward_fn_args)
+            experiences.append(
+                Experience(
+                    tokens=torch.tensor(sample.prompt_ids + sample.response_ids),
+                    prompt_length=len(sample.prompt_ids),
+                    logprobs=torch.tensor(sample.logprobs, dtype=torch.float32),
+                    reward=float(sum(components.values())),
+                    eid=EID(task=task.index, run=run),
+                    model_version=sample.model_version,
+                    truncated=sample.finish_reason == "length",
+                    kind=ExperienceKind.SINGLE_TURN,
+                    response_text=response,
+                    info={"task_index": task.index, "truth": task.truth},
+                    metrics={k: float(v) for k, v in components.items()},
+                )
+            )
+        return experiences
