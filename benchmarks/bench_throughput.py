@@ -1,0 +1,225 @@
+"""Throughput of trinity's explorer and trainer against raw transformers/PyTorch, same model+batch.
+
+    .venv/bin/python benchmarks/bench_throughput.py [--preset 1m] [--tasks 16] [--n 8]
+
+Rows (one run, one model, one batch):
+  rollout/raw_generate      model.generate on the batch, tokens it generated per second
+  rollout/engine            HFRolloutEngine.generate in-process (+ logprob of every token)
+  rollout/explorer          the explorer path: math workflows → request batcher → engine Ray actor
+  train/raw_fwd_bwd         forward + cross-entropy on response tokens + backward + AdamW step
+  train/trainer_pg          Trainer.train_step, GRPO without reference model
+  train/trainer_pg_kl       Trainer.train_step, GRPO with k3 KL loss against a reference model
+Each ratio is against the raw row of its group (target >= 0.9 for engine/explorer/trainer_pg).
+Writes benchmarks/results/throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def best_of(fn, repeats: int) -> tuple[float, float]:
+    """Run fn() `repeats` times (after one warm-up); return (tokens, seconds) of the median run."""
+    fn()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        tokens = fn()
+        runs.append((time.perf_counter() - t0, tokens))
+    runs.sort()
+    secs, tokens = runs[len(runs) // 2]
+    return tokens, secs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="1m")
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8, help="samples per task")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from trinity.config import load_config
+    from trinity.explorer.engine import HFRolloutEngine, SamplingParams
+    from trinity.models import create_tiny_model, load_model, load_tokenizer
+    from trinity.tasks import load_taskset
+
+    tmp = Path(tempfile.mkdtemp(prefix="trinity-bench-"))
+    model_dir = create_tiny_model(tmp / "model", preset=args.preset, seed=0)
+    tok = load_tokenizer(model_dir)
+    storage = SimpleNamespace(
+        name="bench", storage_type="synthetic", path="arithmetic", subset_name=None,
+        split="train",
+        format=SimpleNamespace(prompt_type="plaintext", prompt_key="question",
+                               response_key="answer", messages_key="messages",
+                               system_prompt=None, reply_prefix=None),
+        rollout_args=SimpleNamespace(temperature=None, top_p=None, top_k=None, max_tokens=None, n=None),
+        workflow_args={}, reward_fn_args={}, default_workflow_type=None,
+        default_reward_fn_type=None, repeat_times=None,
+        generator_args={"digits": 2, "num_tasks": args.tasks, "seed": 0},
+    )  # fmt: skip
+    tasks = load_taskset(storage, default_reward_fn_type="arithmetic_reward")
+    prompts = [
+        list(
+            tok.apply_chat_template(
+                t.to_messages(), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for t in tasks
+    ]
+    params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
+    rows: dict[str, dict] = {}
+
+    # -- rollout: raw model.generate ----------------------------------------------------------
+    model = load_model(model_dir)
+    eos = model.generation_config.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        att[i, width - len(p) :] = 1
+    ids, att = ids.repeat_interleave(args.n, 0), att.repeat_interleave(args.n, 0)
+
+    @torch.inference_mode()
+    def raw_generate() -> int:
+        out = model.generate(
+            input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0,
+            max_new_tokens=args.max_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        resp = out[:, width:]
+        return int((resp != tok.pad_token_id).sum())
+
+    rows["rollout/raw_generate"] = dict(zip(("tokens", "seconds"), best_of(raw_generate, args.repeats), strict=True))
+
+    # -- rollout: our engine in-process ---------------------------------------------------------
+    engine = HFRolloutEngine(str(model_dir), seed=0, num_threads=args.threads)
+
+    def engine_generate() -> int:
+        out = engine.generate(prompts, params)
+        return sum(len(s.response_ids) for group in out for s in group)
+
+    rows["rollout/engine"] = dict(zip(("tokens", "seconds"), best_of(engine_generate, args.repeats), strict=True))
+    del engine
+
+    # -- rollout: the explorer path (workflows + batcher + engine actor over Ray) ---------------
+    import ray
+
+    from trinity.explorer.engine import HFRolloutEngine as _E
+    from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+    from trinity.workflows import WORKFLOW
+
+    ray.init(include_dashboard=False, logging_level="ERROR", num_cpus=args.threads)
+    actor = ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    ray.get(actor.get_stats.remote())
+    client = BatchingClient([actor])
+    workflow = WORKFLOW.get("math_workflow")()
+
+    def explorer_path() -> int:
+        async def go() -> int:
+            handles = [TaskModelHandle(client, tok, params) for _ in tasks]
+            outs = await asyncio.gather(*(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True)))
+            return sum(e.response_length for es in outs for e in es)
+
+        return asyncio.run(go())
+
+    rows["rollout/explorer"] = dict(zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True))
+    ray.kill(actor)
+
+    # -- training batch: the explorer's experiences --------------------------------------------
+    async def collect():
+        handles = [TaskModelHandle(client, tok, params) for _ in tasks]
+        return await asyncio.gather(*(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True)))
+
+    actor = ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    client.engines = [actor]
+    experiences = []
+    for i, es in enumerate(asyncio.run(collect())):
+        for e in es:
+            e.eid = type(e.eid)(batch=1, task=i, run=e.eid.run)
+            e.reward = float(e.eid.run % 2)  # non-degenerate groups: every sample trains
+            experiences.append(e)
+    ray.shutdown()
+    tokens_per_batch = sum(len(e.tokens) for e in experiences)
+
+    # -- train: raw forward/backward -------------------------------------------------------------
+    from trinity.trainer.batch import collate
+
+    train_model = load_model(model_dir)
+    train_model.train()
+    opt = torch.optim.AdamW(train_model.parameters(), lr=1e-5, foreach=True)
+    batch = collate(experiences, tok.pad_token_id)
+    labels = torch.full_like(batch.input_ids, -100)
+    for i, e in enumerate(experiences):
+        labels[i, e.prompt_length : len(e.tokens)] = e.tokens[e.prompt_length :]
+
+    def raw_step() -> int:
+        opt.zero_grad(set_to_none=True)
+        out = train_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(train_model.parameters(), 1.0)
+        opt.step()
+        return tokens_per_batch
+
+    rows["train/raw_fwd_bwd"] = dict(zip(("tokens", "seconds"), best_of(raw_step, args.repeats), strict=True))
+    del train_model, opt
+
+    # -- train: our trainer ---------------------------------------------------------------------
+    from trinity.trainer.trainer import Trainer
+
+    for row, kl in (("train/trainer_pg", "none"), ("train/trainer_pg_kl", "k3")):
+        cfg_path = tmp / "cfg.yaml"
+        cfg_path.write_text(
+            f"model: {{model_path: {model_dir}}}\n"
+            "algorithm: {algorithm_type: grpo, repeat_times: %d, kl_loss_fn: %s, optimizer: {lr: 1e-5}}\n"
+            "trainer: {micro_batch_size_per_gpu: %d, use_dynamic_bsz: false, num_threads: %d}\n"
+            "buffer: {batch_size: %d, explorer_input: {taskset: {storage_type: synthetic, path: arithmetic}}}\n"
+            % (args.n, kl, len(experiences), args.threads, args.tasks)
+        )
+        trainer = Trainer(load_config(cfg_path), str(model_dir), total_steps=100)
+        rows[row] = dict(
+            zip(("tokens", "seconds"), best_of(lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1], args.repeats), strict=True)
+        )
+        del trainer
+
+    # -- report ---------------------------------------------------------------------------------
+    for r in rows.values():
+        r["tokens_per_s"] = r["tokens"] / r["seconds"]
+    base = {"rollout": rows["rollout/raw_generate"]["tokens_per_s"], "train": rows["train/raw_fwd_bwd"]["tokens_per_s"]}
+    for k, r in rows.items():
+        r["ratio"] = r["tokens_per_s"] / base[k.split("/")[0]]
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model {args.preset} ({n_params / 1e6:.2f}M params), {args.tasks} tasks x {args.n} samples, "
+          f"max {args.max_tokens} new tokens, {args.threads} threads, train batch {tokens_per_batch} tokens")  # fmt: skip
+    print(f"{'row':<24}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
+    for k, r in rows.items():
+        print(f"{k:<24}{r['tokens']:>10}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}{r['ratio']:>8.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"preset": args.preset, "params": n_params, "tasks": args.tasks, "n": args.n,
+            "max_tokens": args.max_tokens, "threads": args.threads, "repeats": args.repeats,
+            "median_of": args.repeats, "torch": torch.__version__}  # fmt: skip
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+    _ = statistics  # median chosen in best_of
+
+
+if __name__ == "__main__":
+    main()

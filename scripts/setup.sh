@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv and install trinity into it (idempotent; fast when already done).
+# torch comes first so nothing pulls a CUDA build: TORCH_SPEC overrides the CPU default
+# (e.g. TORCH_SPEC="torch" on a machine whose pip already points at the build you want).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+EXTRAS=${1:-dev}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/pip install -q --disable-pip-version-check "$TORCH_SPEC"
+fi
+stamp=.venv/.trinity-installed-$EXTRAS
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+  touch "$stamp"
+fi

@@ -1,0 +1,144 @@
+"""Advantage fns: hand-derived numbers and loop oracles for the vectorised code."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trinity.algorithm import ADVANTAGE_FN
+
+EPS = 1e-6
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor | list, atol: float = 1e-6) -> None:
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
+
+
+# two groups, interleaved and with non-contiguous ids: group 7 = rewards [1, 0, 1], group 3 = [2, 4]
+REWARDS = torch.tensor([1.0, 2.0, 0.0, 1.0, 4.0])
+GROUPS = torch.tensor([7, 3, 7, 7, 3])
+MASK = torch.tensor(
+    [
+        [True, True, False],
+        [True, False, False],
+        [True, True, True],
+        [False, True, True],
+        [True, True, False],
+    ]
+)
+
+
+def test_grpo_two_groups_by_hand() -> None:
+    # group 7: mean = (1+0+1)/3 = 2/3; unbiased var = ((1/3)² + (2/3)² + (1/3)²)/(3-1) = (6/9)/2 = 1/3
+    #          std = 1/√3 ≈ 0.577350 → A = (1/3)/(1/√3+ε) ≈ 0.577349, (-2/3)/(1/√3+ε) ≈ -1.154698
+    # group 3: mean = 3; var = (1 + 1)/(2-1) = 2; std = √2 → A = ∓1/(√2+ε) ≈ ∓0.707106
+    s7, s3 = 1 / math.sqrt(3) + EPS, math.sqrt(2) + EPS
+    per_seq = [(1 / 3) / s7, -1 / s3, (-2 / 3) / s7, (1 / 3) / s7, 1 / s3]
+    adv, ret = ADVANTAGE_FN.get("grpo")(REWARDS, GROUPS, MASK)
+    expected = torch.tensor(per_seq).unsqueeze(-1) * MASK.float()
+    close(adv, expected)
+    close(ret, expected)
+    assert adv.shape == MASK.shape
+    assert (adv[~MASK] == 0).all()  # unmasked tokens get exactly 0
+
+
+def test_grpo_mean_only_dr_grpo() -> None:
+    # std_normalize=False: group 7 → 1-2/3 = 1/3, 0-2/3 = -2/3; group 3 → 2-3 = -1, 4-3 = 1
+    adv, _ = ADVANTAGE_FN.get("grpo")(REWARDS, GROUPS, MASK, std_normalize=False)
+    close(adv[:, 0], [1 / 3, -1.0, -2 / 3, 0.0, 1.0])  # row 3's token 0 is masked
+    close(adv[3, 1], 1 / 3)
+
+
+def test_grpo_group_of_one_and_constant_group() -> None:
+    # size-1 group: mean 0, std 1 (verl) → A = 5/(1+ε); constant group [2, 2]: std 0 → A = 0/(0+ε) = 0
+    rewards = torch.tensor([5.0, 2.0, 2.0])
+    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, torch.tensor([0, 1, 1]), torch.ones(3, 2, dtype=torch.bool))
+    close(adv[:, 0], [5.0 / (1 + EPS), 0.0, 0.0])
+
+
+def test_rloo_by_hand() -> None:
+    # group 7 [1, 0, 1]: baselines (0+1)/2 = 0.5, (1+1)/2 = 1, (1+0)/2 = 0.5 → A = 0.5, -1, 0.5
+    # group 3 [2, 4]: baselines 4, 2 → A = -2, 2; singleton group 9 [3] → no baseline → A = 0
+    rewards = torch.cat([REWARDS, torch.tensor([3.0])])
+    groups = torch.cat([GROUPS, torch.tensor([9])])
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    mask[2, 1] = False
+    adv, ret = ADVANTAGE_FN.get("rloo")(rewards, groups, mask)
+    close(adv[:, 0], [0.5, -2.0, -1.0, 0.5, 2.0, 0.0])
+    assert adv[2, 1] == 0
+    close(ret, adv)
+
+
+def test_reinforce_baselines() -> None:
+    # rewards [1, 3]: returns = rewards; "none" → A = rewards; "batch_mean" → mean 2 → A = -1, 1
+    rewards, groups, mask = torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), torch.tensor([[True, False], [True, True]])
+    adv, ret = ADVANTAGE_FN.get("reinforce")(rewards, groups, mask)
+    close(adv, [[1.0, 0.0], [3.0, 3.0]])
+    close(ret, [[1.0, 0.0], [3.0, 3.0]])
+    adv, ret = ADVANTAGE_FN.get("reinforce")(rewards, groups, mask, baseline="batch_mean")
+    close(adv, [[-1.0, 0.0], [1.0, 1.0]])
+    close(ret, [[1.0, 0.0], [3.0, 3.0]])
+    with pytest.raises(ValueError, match="batch_mean"):
+        ADVANTAGE_FN.get("reinforce")(rewards, groups, mask, baseline="ema")
+
+
+# -- loop oracles -----------------------------------------------------------------------------
+
+
+def grpo_oracle(rewards: list[float], groups: list[int], std_normalize: bool) -> list[float]:
+    out = []
+    for i, g in enumerate(groups):
+        members = [rewards[j] for j in range(len(groups)) if groups[j] == g]
+        n = len(members)
+        if n == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean = sum(members) / n
+            std = math.sqrt(sum((r - mean) ** 2 for r in members) / (n - 1))
+        score = rewards[i] - mean
+        out.append(score / (std + EPS) if std_normalize else score)
+    return out
+
+
+def rloo_oracle(rewards: list[float], groups: list[int]) -> list[float]:
+    out = []
+    for i, g in enumerate(groups):
+        others = [rewards[j] for j in range(len(groups)) if groups[j] == g and j != i]
+        out.append(rewards[i] - sum(others) / len(others) if others else 0.0)
+    return out
+
+
+def random_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 6, (8,), generator=gen).tolist()
+    ids = torch.randperm(100, generator=gen)[: len(sizes)]
+    groups = torch.cat([ids[k].repeat(s) for k, s in enumerate(sizes)])
+    groups = groups[torch.randperm(len(groups), generator=gen)]  # shuffled, interleaved
+    rewards = torch.randn(len(groups), generator=gen, dtype=torch.float64)
+    mask = torch.rand(len(groups), 7, generator=gen) > 0.3
+    return rewards, groups, mask
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("std_normalize", [True, False])
+def test_grpo_matches_loop_oracle(seed: int, std_normalize: bool) -> None:
+    rewards, groups, mask = random_batch(seed)
+    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, groups, mask, std_normalize=std_normalize)
+    expected = grpo_oracle(rewards.tolist(), groups.tolist(), std_normalize)
+    close(adv, torch.tensor(expected, dtype=torch.float64).unsqueeze(-1) * mask, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rloo_matches_loop_oracle(seed: int) -> None:
+    rewards, groups, mask = random_batch(seed)
+    adv, _ = ADVANTAGE_FN.get("rloo")(rewards, groups, mask)
+    expected = rloo_oracle(rewards.tolist(), groups.tolist())
+    close(adv, torch.tensor(expected, dtype=torch.float64).unsqueeze(-1) * mask, atol=1e-9)
+
+
+def test_integer_rewards_are_promoted() -> None:
+    adv, _ = ADVANTAGE_FN.get("grpo")(torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool))
+    assert adv.is_floating_point()

@@ -1,0 +1,123 @@
+"""KL estimators, KL loss and penalty, entropy and the entropy bonus, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trinity.algorithm import ENTROPY_LOSS_FN, KL_LOSS_FN, KL_PENALTY_FN, Aggregator, entropy_from_logits, kl_estimate
+
+TOKEN_MEAN = Aggregator("token-mean")
+LN2 = math.log(2.0)
+
+
+def close(actual: torch.Tensor | float, expected: float | list, atol: float = 1e-6) -> None:
+    actual = torch.as_tensor(actual)
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+
+def test_kl_estimators_by_hand() -> None:
+    # logprob = -1, ref = -1 + ln 2, so d = logprob - ref = -ln 2 and ref - logprob = ln 2
+    #   k1 = d = -ln 2 ≈ -0.693147
+    #   k2 = ½·d² = ½·(ln 2)² ≈ 0.240227
+    #   k3 = exp(ln 2) - ln 2 - 1 = 2 - ln 2 - 1 = 1 - ln 2 ≈ 0.306853
+    #   abs = ln 2
+    logprob = torch.tensor([[-1.0]], dtype=torch.float64)
+    ref = logprob + LN2
+    close(kl_estimate(logprob, ref, "k1"), [[-LN2]])
+    close(kl_estimate(logprob, ref, "k2"), [[0.5 * LN2**2]])
+    close(kl_estimate(logprob, ref, "k3"), [[2 - LN2 - 1]])
+    close(kl_estimate(logprob, ref, "low_var_kl"), [[1 - LN2]])
+    close(kl_estimate(logprob, ref, "abs"), [[LN2]])
+    # identical distributions: every estimator is 0
+    for kind in ("k1", "k2", "k3", "abs"):
+        close(kl_estimate(logprob, logprob, kind), [[0.0]])
+
+
+def test_k3_is_clamped_like_verl() -> None:
+    # ref - logprob = 30 → exp(20) - 20 - 1 (log-ratio clamped to 20) → clamped to 10
+    out = kl_estimate(torch.tensor([0.0]), torch.tensor([30.0]), "k3")
+    close(out, [10.0])
+    with pytest.raises(ValueError, match="k1, k2, k3, low_var_kl, abs"):
+        kl_estimate(torch.tensor([0.0]), torch.tensor([0.0]), "k4")
+
+
+def test_kl_loss_by_hand_and_gradient() -> None:
+    # k3 at ref - logprob = ln 2 on all 3 masked tokens → agg = 1 - ln 2; loss = 0.1·(1 - ln 2)
+    # ∂k3/∂logprob = 1 - exp(ref - logprob) = 1 - 2 = -1 → ∂loss/∂logprob = 0.1·(-1)/3 per masked token
+    logprob = torch.full((2, 2), -1.0, dtype=torch.float64, requires_grad=True)
+    ref = torch.full((2, 2), -1.0 + LN2, dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    loss, m = KL_LOSS_FN.get("k3")(logprob, ref, mask, agg=TOKEN_MEAN, kl_coef=0.1)
+    close(loss, 0.1 * (1 - LN2))
+    assert m == {"kl_loss": pytest.approx(1 - LN2), "kl_coef": 0.1}
+    loss.backward()
+    close(logprob.grad, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]])
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "low_var_kl", "abs"])
+def test_kl_loss_matches_estimator(name: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    lp, ref = -torch.rand(3, 5, generator=gen), -torch.rand(3, 5, generator=gen)
+    mask = torch.rand(3, 5, generator=gen) > 0.4
+    loss, m = KL_LOSS_FN.get(name)(lp, ref, mask, agg=TOKEN_MEAN)  # default kl_coef = 0.001
+    expected = kl_estimate(lp, ref, name)[mask].mean()
+    close(loss, 0.001 * expected)
+    close(m["kl_loss"], float(expected))
+
+
+def test_no_kl_loss() -> None:
+    lp = torch.zeros(2, 2, requires_grad=True)
+    loss, m = KL_LOSS_FN.get("none")(lp, lp.detach(), torch.ones(2, 2, dtype=torch.bool), agg=TOKEN_MEAN)
+    assert loss.shape == () and float(loss) == 0.0 and m == {}
+
+
+def test_kl_penalty_shaping_by_hand() -> None:
+    # d = logprob - ref; k1 = d; β = 0.5; r' = r - β·d on masked tokens, masked tokens unchanged
+    #   row 0: [0 - 0.05, 0 - 0.10, 1 - 0.15] = [-0.05, -0.10, 0.85]
+    #   row 1: [0 - 0.20, 2 - 0.25, 0 (masked, d = 9.9 ignored)] = [-0.20, 1.75, 0.0]
+    # kl_penalty metric = (0.1 + 0.2 + 0.3 + 0.4 + 0.5)/5 = 0.3
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]], dtype=torch.float64)
+    ref = torch.full((2, 3), -2.0, dtype=torch.float64)
+    logprob = ref + torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 9.9]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    shaped, m = KL_PENALTY_FN.get("k1")(rewards, logprob, ref, mask, kl_coef=0.5)
+    close(shaped, [[-0.05, -0.10, 0.85], [-0.20, 1.75, 0.0]])
+    assert m == {"kl_penalty": pytest.approx(0.3), "kl_coef": 0.5}
+    same, m = KL_PENALTY_FN.get("none")(rewards, logprob, ref, mask)
+    assert same is rewards and m == {}
+
+
+def test_entropy_from_logits_by_hand() -> None:
+    # uniform over 4: H = ln 4
+    close(entropy_from_logits(torch.zeros(4, dtype=torch.float64)), math.log(4))
+    # p = [½, ¼, ¼]: H = ½ ln 2 + 2·¼ ln 4 = ½ ln 2 + ln 2 = 1.5 ln 2 ≈ 1.039721 (logits shift-invariant)
+    logits = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64).log() + 7.0
+    close(entropy_from_logits(logits), 1.5 * LN2)
+    # one-hot limit and huge logits: ≈ 0 and finite
+    out = entropy_from_logits(torch.tensor([1000.0, 0.0, -1000.0]))
+    assert torch.isfinite(out) and abs(float(out)) < 1e-6
+
+
+def test_entropy_from_logits_matches_definition() -> None:
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p = torch.softmax(logits, dim=-1)
+    definition = -(p * p.log()).sum(dim=-1)  # H = -Σ p log p
+    out = entropy_from_logits(logits)
+    assert out.shape == (2, 3)
+    close(out, definition, atol=1e-12)
+
+
+def test_entropy_loss_by_hand() -> None:
+    # token-mean of entropy over all 4 tokens = (1+2+3+4)/4 = 2.5; loss = -0.01·2.5 = -0.025
+    entropy = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    loss, m = ENTROPY_LOSS_FN.get("default")(entropy, mask, agg=TOKEN_MEAN, entropy_coef=0.01)
+    close(loss, -0.025)
+    assert m == {"entropy": pytest.approx(2.5)}
+    loss.backward()  # ∂/∂H = -0.01/4
+    close(entropy.grad, [[-0.0025] * 2] * 2)
+    loss, m = ENTROPY_LOSS_FN.get("none")(entropy, mask, agg=TOKEN_MEAN)
+    assert float(loss) == 0.0 and m == {}

@@ -1,0 +1,251 @@
+"""Algorithms as frozen records of named pieces, and their resolution against a user's config.
+
+An algorithm (`algorithm.algorithm_type`) names its advantage fn, policy loss, KL loss, KL penalty,
+entropy loss and sample strategy, plus needs-flags (reference model, critic, rollouts). A new
+algorithm is a new `AlgorithmSpec` registered in `ALGORITHM`, not a new code path.
+
+`resolve_algorithm(config.algorithm)` overlays the user's choices on the spec: a piece name of None
+keeps the spec's; `*_args` are merged over the spec's `default_args` for that piece (only while the
+user keeps the spec's piece — a different piece starts from its own function defaults); every
+argument name is checked against the function's signature so a typo fails before training starts.
+
+Config: ``algorithm: {algorithm_type: grpo, kl_loss_fn_args: {kl_coef: 0.01}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trinity.algorithm.advantage import ADVANTAGE_FN
+from trinity.algorithm.aggregation import check_loss_agg_mode
+from trinity.algorithm.entropy import ENTROPY_LOSS_FN
+from trinity.algorithm.kl import KL_LOSS_FN, KL_PENALTY_FN
+from trinity.algorithm.papers import PAPERS, Paper
+from trinity.algorithm.policy_loss import POLICY_LOSS_FN
+from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY
+from trinity.common.registry import Registry
+
+__all__ = [
+    "ALGORITHM",
+    "PAPERS",
+    "PIECES",
+    "AlgorithmSpec",
+    "Paper",
+    "ResolvedAlgorithm",
+    "resolve_algorithm",
+]
+
+# piece name → (registry, number of leading positional arguments fixed by the kind's signature)
+PIECES: dict[str, tuple[Registry, int]] = {
+    "advantage_fn": (ADVANTAGE_FN, 3),
+    "policy_loss_fn": (POLICY_LOSS_FN, 4),
+    "kl_loss_fn": (KL_LOSS_FN, 3),
+    "kl_penalty_fn": (KL_PENALTY_FN, 4),
+    "entropy_loss_fn": (ENTROPY_LOSS_FN, 2),
+    "sample_strategy": (SAMPLE_STRATEGY, 1),
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A named algorithm: its pieces (registry names) and what it needs from the trainer.
+
+    `default_args` maps ``"<piece>_args"`` (e.g. ``"kl_loss_fn_args"``) to that piece's default
+    arguments. `loss_agg_mode` is the default `algorithm.loss_agg_mode`.
+    """
+
+    name: str
+    advantage_fn: str | None  # None: no advantage (SFT)
+    policy_loss_fn: str
+    kl_loss_fn: str = "none"
+    kl_penalty_fn: str = "none"
+    entropy_loss_fn: str = "none"
+    sample_strategy: str = "default"
+    use_reference: bool = False  # a frozen reference model; required when a KL fn is not "none"
+    use_critic: bool = False
+    use_rollout: bool = True  # False: consumes an offline dataset (SFT)
+    compute_advantage_in_trainer: bool = True
+    default_args: dict = field(default_factory=dict)
+    loss_agg_mode: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        valid = {f"{p}_args" for p in PIECES}
+        unknown = sorted(set(self.default_args) - valid)
+        if unknown:
+            raise ValueError(
+                f"{self.name}: unknown default_args keys {unknown}; valid: {sorted(valid)}"
+            )
+        if (self.kl_loss_fn != "none" or self.kl_penalty_fn != "none") and not self.use_reference:
+            raise ValueError(f"{self.name}: a KL loss or penalty needs use_reference=True")
+        check_loss_agg_mode(self.loss_agg_mode)
+
+
+ALGORITHM: Registry[AlgorithmSpec] = Registry("algorithm_type")
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Registers `spec` under `spec.name` and returns it."""
+    return ALGORITHM.register(spec.name)(spec)
+
+
+# GRPO (arXiv:2402.03300) regularises with the k3 estimator as a loss term, not a reward penalty.
+# β defaults to 0.001 (verl's and Trinity-RFT's default); the paper's 0.04 is in PAPERS["grpo"].
+GRPO = register_algorithm(
+    AlgorithmSpec(
+        name="grpo",
+        advantage_fn="grpo",
+        policy_loss_fn="ppo",
+        kl_loss_fn="k3",
+        entropy_loss_fn="default",
+        use_reference=True,
+        default_args={
+            "advantage_fn_args": {"epsilon": 1e-6, "std_normalize": True},
+            "policy_loss_fn_args": {"clip_range": 0.2},
+            "kl_loss_fn_args": {"kl_coef": 0.001},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
+SFT = register_algorithm(
+    AlgorithmSpec(
+        name="sft",
+        advantage_fn=None,
+        policy_loss_fn="sft",
+        use_rollout=False,
+        compute_advantage_in_trainer=False,
+    )
+)
+REINFORCE = register_algorithm(
+    AlgorithmSpec(
+        name="reinforce",
+        advantage_fn="reinforce",
+        policy_loss_fn="ppo",
+        entropy_loss_fn="default",
+        default_args={
+            "advantage_fn_args": {"baseline": "none"},
+            "policy_loss_fn_args": {"clip_range": 0.2},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
+RLOO = register_algorithm(
+    AlgorithmSpec(
+        name="rloo",
+        advantage_fn="rloo",
+        policy_loss_fn="ppo",
+        entropy_loss_fn="default",
+        default_args={
+            "policy_loss_fn_args": {"clip_range": 0.2},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
+
+
+@dataclass(frozen=True)
+class ResolvedAlgorithm:
+    """What the trainer uses: the effective spec, the callables and their merged arguments.
+
+    `spec` carries the FINAL piece names (user overrides applied) and the recomputed
+    `use_reference`; `advantage_fn` is None when the algorithm has no advantage (SFT).
+    """
+
+    spec: AlgorithmSpec
+    advantage_fn: Callable[..., Any] | None
+    advantage_fn_args: dict[str, Any]
+    policy_loss_fn: Callable[..., Any]
+    policy_loss_fn_args: dict[str, Any]
+    kl_loss_fn: Callable[..., Any]
+    kl_loss_fn_args: dict[str, Any]
+    kl_penalty_fn: Callable[..., Any]
+    kl_penalty_fn_args: dict[str, Any]
+    entropy_loss_fn: Callable[..., Any]
+    entropy_loss_fn_args: dict[str, Any]
+    sample_strategy: Callable[..., Any]
+    sample_strategy_args: dict[str, Any]
+    use_reference: bool
+    loss_agg_mode: str
+
+    def summary(self) -> dict[str, Any]:
+        """Piece names and arguments, for the start-up table and logs."""
+        out: dict[str, Any] = {"algorithm_type": self.spec.name}
+        for piece in PIECES:
+            out[piece] = getattr(self.spec, piece)
+            out[f"{piece}_args"] = dict(getattr(self, f"{piece}_args"))
+        out["loss_agg_mode"] = self.loss_agg_mode
+        out["use_reference"] = self.use_reference
+        return out
+
+
+def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> None:
+    """Raises TypeError if `fn` does not accept every key of `args` as a keyword."""
+    params = list(inspect.signature(fn).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    n_fixed = PIECES[piece][1]
+    accepted = {
+        p.name
+        for p in params[n_fixed:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and p.name != "agg"
+    }
+    unknown = sorted(set(args) - accepted)
+    if unknown:
+        raise TypeError(
+            f"{piece} {name!r} got unknown {piece}_args {unknown}; it accepts {sorted(accepted)}"
+        )
+
+
+def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
+    """Resolves `algorithm_config` (an object with `algorithm_type`, `<piece>`, `<piece>_args` for
+    each of `PIECES`, and `loss_agg_mode`; None or a missing attribute = the spec's default).
+
+    1. look up the spec by `algorithm_type` (unknown → the registry's error listing valid names)
+    2. per piece: final name = user's or spec's; args = spec defaults (if the piece is kept) | user's
+    3. look up each callable (unknown → registry error) and check its argument names
+    4. `use_reference` from the final KL pieces (or the spec's flag); `loss_agg_mode` validated
+    """
+    # 1.
+    algo_type = getattr(algorithm_config, "algorithm_type", None)
+    if algo_type is None:
+        raise ValueError(
+            f"algorithm.algorithm_type is required; valid: {', '.join(ALGORITHM.names())}"
+        )
+    base = ALGORITHM.get(algo_type)
+    names: dict[str, str | None] = {}
+    fns: dict[str, Any] = {}
+    for piece, (registry, _) in PIECES.items():
+        # 2.
+        default_name = getattr(base, piece)
+        user_name = getattr(algorithm_config, piece, None)
+        name = default_name if user_name is None else user_name
+        if piece == "advantage_fn" and name == "none":
+            name = None
+        user_args = dict(getattr(algorithm_config, f"{piece}_args", None) or {})
+        args = dict(base.default_args.get(f"{piece}_args", {})) if name == default_name else {}
+        args.update(user_args)
+        names[piece] = name
+        # 3.
+        if name is None:
+            if args:
+                raise TypeError(
+                    f"{piece}_args {sorted(args)} given but {algo_type!r} has no {piece}"
+                )
+            fns[piece], fns[f"{piece}_args"] = None, {}
+            continue
+        fn = registry.get(name)
+        _check_args(piece, name, fn, args)
+        fns[piece], fns[f"{piece}_args"] = fn, args
+    # 4.
+    needs_kl = names["kl_loss_fn"] != "none" or names["kl_penalty_fn"] != "none"
+    kl_in_base = base.kl_loss_fn != "none" or base.kl_penalty_fn != "none"
+    use_reference = needs_kl or (base.use_reference and not kl_in_base)
+    mode = check_loss_agg_mode(
+        getattr(algorithm_config, "loss_agg_mode", None) or base.loss_agg_mode
+    )
+    spec = dataclasses.replace(base, **names, use_reference=use_reference, loss_agg_mode=mode)
+    return ResolvedAlgorithm(spec=spec, use_reference=use_reference, loss_agg_mode=mode, **fns)

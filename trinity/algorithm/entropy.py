@@ -1,0 +1,62 @@
+"""Entropy of the policy and the entropy bonus (`algorithm.entropy_loss_fn`).
+
+Entropy loss signature:
+
+    fn(entropy [B, T], action_mask [B, T] bool, *, agg: Aggregator, **args)
+        -> (loss 0-dim tensor, metrics dict[str, float])
+
+Config: ``entropy_loss_fn: default`` with ``entropy_loss_fn_args: {entropy_coef: 0.001}``. A
+positive coefficient rewards entropy (the loss is −coef·H), as in PPO's entropy bonus
+("Proximal Policy Optimization Algorithms", arXiv:1707.06347, eq. 9).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trinity.algorithm.aggregation import Aggregator
+from trinity.common.registry import Registry
+
+ENTROPY_LOSS_FN: Registry = Registry("entropy_loss_fn")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim, numerically stable.
+
+        H = -Σ_v p_v log p_v = logsumexp(z) - Σ_v p_v z_v,   p = softmax(z)
+
+    Args:
+        logits: [..., V].
+    Returns:
+        [...] entropy in nats.
+    """
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+
+
+@ENTROPY_LOSS_FN.register("default")
+def entropy_loss(
+    entropy: Tensor, action_mask: Tensor, *, agg: Aggregator, entropy_coef: float = 0.0
+) -> tuple[Tensor, dict[str, float]]:
+    """Entropy bonus: loss = -entropy_coef · agg(entropy, action_mask).
+
+    Args:
+        entropy: [B, T] per-token entropy (with grad).
+        action_mask: [B, T] bool.
+        agg: the loss aggregator.
+        entropy_coef: bonus weight (0 = only report the metric).
+    Returns:
+        (loss, {entropy: the aggregated entropy}).
+    """
+    ent = agg(entropy, action_mask)
+    return -entropy_coef * ent, {"entropy": float(ent.detach())}
+
+
+@ENTROPY_LOSS_FN.register("none")
+def no_entropy_loss(
+    entropy: Tensor, action_mask: Tensor, *, agg: Aggregator
+) -> tuple[Tensor, dict[str, float]]:
+    """No entropy term: a 0-dim zero tensor (no grad) and no metrics."""
+    del action_mask, agg
+    return entropy.new_zeros(()), {}

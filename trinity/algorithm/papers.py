@@ -1,0 +1,86 @@
+"""A paper index: each algorithm recipe → its paper and the `algorithm:` config values that follow it.
+
+`config` holds keys of the `algorithm` section (plus `repeat_times`, samples per prompt); values the
+paper states are copied, everything else is left at our defaults. `note` says what the paper does
+that this package does not. SFT is plain maximum likelihood and has no entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Paper(NamedTuple):
+    title: str
+    arxiv: str | None  # None: not on arXiv
+    config: dict[str, Any]
+    note: str = ""
+
+
+PAPERS: dict[str, Paper] = {
+    "grpo": Paper(
+        "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+        "2402.03300",
+        {
+            "algorithm_type": "grpo",
+            "repeat_times": 64,
+            "advantage_fn": "grpo",
+            "advantage_fn_args": {"std_normalize": True},
+            "policy_loss_fn": "ppo",
+            "kl_loss_fn": "k3",
+            "kl_loss_fn_args": {"kl_coef": 0.04},
+            "loss_agg_mode": "seq-mean-token-mean",
+            "optimizer": {"lr": 1e-6},
+        },
+        "Paper: batch 1024, max length 1024, one policy update per exploration stage. Our default "
+        "kl_coef is 0.001 (verl / Trinity-RFT) and loss_agg_mode token-mean.",
+    ),
+    "dr_grpo": Paper(
+        "Understanding R1-Zero-Like Training: A Critical Perspective",
+        "2503.20783",
+        {
+            "algorithm_type": "grpo",
+            "advantage_fn_args": {"std_normalize": False},
+            "kl_loss_fn": "none",
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+        },
+        "Removes the 1/|o_i| length and 1/std normalisations; the token sum is divided by a "
+        "constant generation budget (Aggregator.norm_length).",
+    ),
+    "dapo": Paper(
+        "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+        "2503.14476",
+        {
+            "algorithm_type": "grpo",
+            "repeat_times": 16,
+            "policy_loss_fn": "ppo",
+            "policy_loss_fn_args": {"clip_range_low": 0.2, "clip_range_high": 0.28},
+            "kl_loss_fn": "none",
+            "loss_agg_mode": "token-mean",
+            "optimizer": {"lr": 1e-6},
+        },
+        "Dynamic sampling (dropping all-equal groups) and overlong reward shaping are not part of "
+        "this package.",
+    ),
+    "ppo": Paper(
+        "Proximal Policy Optimization Algorithms",
+        "1707.06347",
+        {"policy_loss_fn": "ppo", "policy_loss_fn_args": {"clip_range": 0.2}},
+        "Clipped surrogate only; GAE with a learned critic is not part of this package.",
+    ),
+    "rloo": Paper(
+        "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback "
+        "in LLMs",
+        "2402.14740",
+        {"algorithm_type": "rloo", "repeat_times": 4, "advantage_fn": "rloo"},
+        "The paper takes one on-policy step per batch (ratio = 1, so PPO clipping is inactive) and "
+        "puts the KL in the reward (kl_penalty_fn: k1).",
+    ),
+    "reinforce": Paper(
+        "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement Learning "
+        "(Williams, Machine Learning 8, 1992)",
+        None,
+        {"algorithm_type": "reinforce", "advantage_fn_args": {"baseline": "none"}},
+        "baseline: batch_mean is the simplest variance-reducing baseline the paper allows.",
+    ),
+}

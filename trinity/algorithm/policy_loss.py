@@ -1,0 +1,117 @@
+"""Policy losses (`algorithm.policy_loss_fn`, args in `policy_loss_fn_args`).
+
+One signature for every policy loss:
+
+    fn(logprob [B, T], old_logprob [B, T], advantages [B, T], action_mask [B, T] bool,
+       *, agg: Aggregator, **args) -> (loss 0-dim tensor, metrics dict[str, float])
+
+The loss is reduced with `agg` (see `aggregation.py`); metrics are plain masked means of detached
+tensors, as python floats.
+
+Config: ``policy_loss_fn: ppo`` with ``policy_loss_fn_args: {clip_range_low: 0.2,
+clip_range_high: 0.28}`` (DAPO's decoupled clip).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.common.registry import Registry
+
+POLICY_LOSS_FN: Registry = Registry("policy_loss_fn")
+
+
+@POLICY_LOSS_FN.register("ppo")
+def ppo_policy_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    agg: Aggregator,
+    clip_range: float = 0.2,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate, with DAPO's decoupled clip and optional dual clip.
+
+        ρ_t = exp(logprob_t - old_logprob_t)            (log-ratio clamped to [-20, 20], as verl)
+        ℓ_t = max(-A_t·ρ_t, -A_t·clip(ρ_t, 1 - ε_low, 1 + ε_high))
+        dual clip (A_t < 0 only): ℓ_t = min(ℓ_t, -A_t·c)
+        loss = agg(ℓ, action_mask)
+
+    Papers: "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); decoupled clip from
+    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (arXiv:2503.14476); dual clip
+    from "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"
+    (arXiv:1912.09729).
+
+    Args:
+        logprob: [B, T] log π_θ of the taken tokens (with grad).
+        old_logprob: [B, T] log π_old of the same tokens (no grad).
+        advantages: [B, T].
+        action_mask: [B, T] bool, True on trained tokens.
+        agg: the loss aggregator.
+        clip_range: ε, used for whichever of ε_low / ε_high is None.
+        clip_range_low: ε_low (DAPO); None = clip_range.
+        clip_range_high: ε_high (DAPO, e.g. 0.28); None = clip_range.
+        clip_ratio_c: dual-clip constant c > 1 (e.g. 3.0); None = off.
+    Returns:
+        (loss, {pg_loss, pg_clipfrac, ppo_kl, ratio_mean[, pg_clipfrac_lower]}).
+        pg_clipfrac: fraction of masked tokens where the clipped branch is the active (larger) one;
+        pg_clipfrac_lower: fraction where the dual clip is active.
+    """
+    eps_low = clip_range if clip_range_low is None else clip_range_low
+    eps_high = clip_range if clip_range_high is None else clip_range_high
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for the dual clip, got {clip_ratio_c}")
+    log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)  # [B, T]
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)  # [B, T]
+    metrics: dict[str, float] = {}
+    if clip_ratio_c is not None:
+        loss_dual = -advantages * clip_ratio_c
+        dual_active = (advantages < 0) & (loss_mat > loss_dual)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, loss_dual), loss_mat)
+        metrics["pg_clipfrac_lower"] = masked_mean(dual_active.float(), action_mask)
+    loss = agg(loss_mat, action_mask)
+    metrics.update(
+        {
+            "pg_loss": float(loss.detach()),
+            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), action_mask),
+            "ppo_kl": masked_mean(old_logprob - logprob.detach(), action_mask),
+            "ratio_mean": masked_mean(ratio.detach(), action_mask),
+        }
+    )
+    return loss, metrics
+
+
+@POLICY_LOSS_FN.register("sft")
+def sft_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    agg: Aggregator,
+) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning: negative log-likelihood of the masked tokens.
+
+        loss = agg(-logprob, action_mask)
+
+    Args:
+        logprob: [B, T] log π_θ of the target tokens (with grad).
+        old_logprob: [B, T] ignored (shared signature).
+        advantages: [B, T] ignored (shared signature).
+        action_mask: [B, T] bool, True on target tokens.
+        agg: the loss aggregator.
+    Returns:
+        (loss, {sft_loss}).
+    """
+    del old_logprob, advantages
+    loss = agg(-logprob, action_mask)
+    return loss, {"sft_loss": float(loss.detach())}

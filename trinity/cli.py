@@ -1,0 +1,128 @@
+"""The `trinity` command: run, validate, model.
+
+    trinity run --config examples/quickstart/quickstart.yaml
+    trinity validate --config x.yaml --set algorithm.repeat_times=4
+    trinity model create --preset 1m --seed 0 --out ./tiny-model
+
+Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is printed), 2 bad input
+(config, file, key), with a message naming the problem and no Python traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="trinity: reinforcement fine-tuning of language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Dotted override, repeatable: --set algorithm.repeat_times=4 --set buffer.batch_size=8",
+    ),
+]
+
+
+def _load(config: Path, overrides: list[str] | None):  # noqa: ANN202
+    from trinity.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as e:
+        err.print(f"[red]config error[/]\n{e}", markup=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
+    """Check a config without running it: print the resolved config and the batch table.
+
+    Reports every problem at once with its key path; exits 2 if there is any.
+    """
+    from trinity.config import dump_config, format_batch_table, resolve, stage_configs
+
+    cfg = _load(config, overrides)
+    console.print(dump_config(cfg), markup=False)
+    for stage in stage_configs(cfg):
+        title = f"stage {stage.stage_name}" if stage.stage_name else "batch table"
+        console.rule(title)
+        console.print(format_batch_table(resolve(stage)), markup=False)
+
+
+@app.command()
+def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
+    """Run a config: explorer, trainer, buffer and synchronizer on Ray (local if none is running).
+
+    Writes checkpoints, metrics.jsonl and TensorBoard files under
+    <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
+    """
+    from trinity.launcher.run import run as run_config
+
+    cfg = _load(config, overrides)
+    try:
+        run_config(cfg, console)
+    except (NotImplementedError, FileNotFoundError) as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
+        err.print("[red]run failed[/]")
+        err.print(str(e), markup=False)
+        raise typer.Exit(1) from None
+
+
+@model_app.command("create")
+def model_create(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the model to.")],
+    preset: Annotated[str, typer.Option(help="Size preset (see `trinity model presets`).")] = "1m",
+    seed: Annotated[int, typer.Option(help="Random seed: same seed, same bytes.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
+) -> None:
+    """Build a tiny random-init Qwen2 model and its locally trained tokenizer, offline.
+
+    The result is an ordinary Hugging Face directory: AutoModelForCausalLM and AutoTokenizer load it.
+    """
+    from trinity.models import create_tiny_model
+
+    try:
+        path = create_tiny_model(out, preset=preset, seed=seed, overwrite=overwrite)
+    except (ValueError, FileExistsError) as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path}")
+
+
+@model_app.command("presets")
+def model_presets() -> None:
+    """List the tiny-model size presets."""
+    from trinity.models.tiny import PRESETS
+
+    for name, spec in PRESETS.items():
+        console.print(f"{name:>5}  {spec}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

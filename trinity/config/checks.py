@@ -1,0 +1,152 @@
+"""Checks that span several fields or sections. Pure functions: no I/O, no rewriting.
+
+Each check names the key paths it reads. A check runs only when nothing at or under those paths
+failed validation, so one typo never causes a second, knock-on complaint. To add a check, write a
+generator of `Problem`s and decorate it with `@_check("dotted.key.path", ...)`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from numbers import Real
+
+from trinity.config.problems import Problem
+from trinity.config.schema import TrinityConfig
+
+CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
+Loc = tuple[str | int, ...]
+_CHECKS: list[tuple[tuple[Loc, ...], CheckFn]] = []
+
+
+def _check(*reads: str) -> Callable[[CheckFn], CheckFn]:
+    """Register a cross-field check that reads the given dotted key paths."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        _CHECKS.append((tuple(tuple(r.split(".")) for r in reads), fn))
+        return fn
+
+    return register
+
+
+def _overlaps(a: Loc, b: Loc) -> bool:
+    """True when one key path lies inside the other."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def check_config(cfg: TrinityConfig, skip: Collection[Loc] = ()) -> list[Problem]:
+    """Run every cross-field check on `cfg`.
+
+    Args:
+        cfg: a validated config (values at the paths in `skip` may be stand-in defaults).
+        skip: key paths (as tuples) that failed validation; checks reading them are skipped.
+    """
+    return [
+        p
+        for reads, fn in _CHECKS
+        if not any(_overlaps(r, s) for r in reads for s in skip)
+        for p in fn(cfg)
+    ]
+
+
+@_check("model.model_path")
+def _model_path_given(cfg: TrinityConfig) -> Iterator[Problem]:
+    if not cfg.model.model_path.strip():
+        yield Problem("model.model_path", "required: a local path or hub id of the policy model")
+
+
+@_check("model.max_model_len", "model.max_prompt_tokens", "model.max_response_tokens")
+def _lengths_fit(cfg: TrinityConfig) -> Iterator[Problem]:
+    m = cfg.model
+    if m.max_model_len and m.max_prompt_tokens and m.max_response_tokens:
+        total = m.max_prompt_tokens + m.max_response_tokens
+        if total > m.max_model_len:
+            yield Problem(
+                "model.max_model_len",
+                f"max_prompt_tokens + max_response_tokens = {m.max_prompt_tokens} + "
+                f"{m.max_response_tokens} = {total} tokens exceeds max_model_len "
+                f"({m.max_model_len} tokens)",
+            )
+
+
+@_check("mode", "buffer.explorer_input.taskset", "buffer.explorer_input.tasksets")
+def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
+    inp = cfg.buffer.explorer_input
+    if cfg.mode in ("both", "explore") and inp.taskset is None and not inp.tasksets:
+        yield Problem(
+            "buffer.explorer_input.taskset",
+            f"mode '{cfg.mode}' needs a taskset: set buffer.explorer_input.taskset "
+            "(or a non-empty tasksets list)",
+        )
+    if inp.taskset is not None and inp.tasksets:
+        yield Problem(
+            "buffer.explorer_input.tasksets",
+            "set either taskset or tasksets, not both",
+        )
+
+
+@_check("mode", "buffer.trainer_input.experience_buffer")
+def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
+    if cfg.mode == "train" and cfg.buffer.trainer_input.experience_buffer is None:
+        yield Problem(
+            "buffer.trainer_input.experience_buffer",
+            "mode 'train' needs an experience buffer to read from",
+        )
+
+
+@_check("buffer.explorer_input")
+def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
+    inp = cfg.buffer.explorer_input
+    named = [("buffer.explorer_input.taskset", inp.taskset)]
+    named += [(f"buffer.explorer_input.tasksets[{i}]", s) for i, s in enumerate(inp.tasksets)]
+    named += [
+        (f"buffer.explorer_input.eval_tasksets[{i}]", s) for i, s in enumerate(inp.eval_tasksets)
+    ]
+    for path, storage in named:
+        if (
+            storage is not None
+            and storage.storage_type in ("file", "synthetic")
+            and not storage.path
+        ):
+            what = "a generator name" if storage.storage_type == "synthetic" else "a dataset path"
+            yield Problem(
+                f"{path}.path", f"required for storage_type '{storage.storage_type}': {what}"
+            )
+
+
+@_check("buffer.total_steps", "trainer.total_steps")
+def _one_total_steps(cfg: TrinityConfig) -> Iterator[Problem]:
+    a, b = cfg.buffer.total_steps, cfg.trainer.total_steps
+    if a is not None and b is not None and a != b:
+        yield Problem(
+            "trainer.total_steps",
+            f"disagrees with buffer.total_steps ({b} vs {a}); set only one of them",
+        )
+
+
+_CLIP_KEYS = ("clip_range", "clip_range_low", "clip_range_high")
+
+
+@_check("algorithm.policy_loss_fn_args")
+def _clip_ranges_positive(cfg: TrinityConfig) -> Iterator[Problem]:
+    args = cfg.algorithm.policy_loss_fn_args
+    for key in _CLIP_KEYS:
+        if key not in args:
+            continue
+        value = args[key]
+        if isinstance(value, bool) or not isinstance(value, Real) or value <= 0:
+            yield Problem(
+                f"algorithm.policy_loss_fn_args.{key}",
+                f"must be a positive number, got {value!r}",
+            )
+
+
+@_check("stages")
+def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
+    counts = Counter(stage.stage_name for stage in cfg.stages)
+    for i, stage in enumerate(cfg.stages):
+        if counts[stage.stage_name] > 1:
+            yield Problem(
+                f"stages[{i}].stage_name", f"stage name '{stage.stage_name}' is used more than once"
+            )

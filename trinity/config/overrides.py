@@ -1,0 +1,90 @@
+"""Dotted command-line overrides: `algorithm.optimizer.lr=2e-6`, `buffer.explorer_input.
+eval_tasksets.0.path=data/test`.
+
+The value is typed like a YAML scalar (`4` -> int, `true` -> bool, `null` -> None, `[a, b]` ->
+list). Each key is checked against the schema before anything is set, so an override with a typo
+is reported with a suggestion instead of being silently added. List items must already exist.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from trinity.config.problems import (
+    NotAContainer,
+    Problem,
+    UnknownKey,
+    child_annotation,
+    format_path,
+    suggest,
+)
+from trinity.config.yaml_io import parse_scalar
+
+
+def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Problem | None:
+    """Set one `key.path=value` in `data` (in place); returns a problem instead on failure."""
+    key_text, sep, value_text = text.partition("=")
+    parts = key_text.strip().split(".")
+    if not sep or not all(parts):
+        return Problem("", f"override {text!r} must look like key.path=value")
+    value = parse_scalar(value_text)
+    ann: Any = root
+    node: Any = data
+    done: list[str | int] = []
+    for i, part in enumerate(parts):
+        where = format_path(done) or "<top level>"
+        try:
+            ann = child_annotation(ann, part)
+        except UnknownKey as exc:
+            return Problem(
+                format_path([*done, part]),
+                f"unknown key in override {text!r}",
+                suggest(part, [a for a in exc.allowed if a != "stage_name" or done]),
+            )
+        except NotAContainer as exc:
+            return Problem(where, f"cannot apply override {text!r}: {exc}")
+        key: str | int = part
+        if isinstance(node, list):
+            if not part.isdigit():
+                return Problem(where, f"cannot apply override {text!r}: expected a list index")
+            key = int(part)
+            if key >= len(node):
+                return Problem(
+                    format_path([*done, key]),
+                    f"override {text!r}: index out of range (the list has {len(node)} item{'' if len(node) == 1 else 's'})",
+                )
+        elif not isinstance(node, dict):
+            return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
+        done.append(key)
+        if i == len(parts) - 1:
+            node[key] = value
+            return None
+        child = node.get(key) if isinstance(node, dict) else node[key]
+        if child is None:
+            if parts[i + 1].isdigit():
+                return Problem(
+                    format_path([*done, int(parts[i + 1])]),
+                    f"override {text!r}: index out of range (the list is empty)",
+                )
+            child = node[key] = {}
+        node = child
+    return None
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str], root: type[BaseModel]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """A copy of `data` with every override applied, and a problem per override that failed.
+
+    Args:
+        data: the raw config dict as read from YAML; not modified.
+        overrides: strings `dotted.key.path=value`; list items are addressed by index.
+        root: the schema the keys are checked against (TrinityConfig).
+    """
+    out = copy.deepcopy(data)
+    problems = [p for text in overrides if (p := _apply_one(out, text, root)) is not None]
+    return out, problems

@@ -1,0 +1,142 @@
+"""Derived run values, computed from a validated config without touching it.
+
+`resolve(cfg)` is pure (no I/O, no filesystem): it turns the user's settings into the numbers the
+runtime uses, and `format_batch_table` prints them at start-up with the unit of every number, so
+"is batch_size in tasks or in samples?" is answered before the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trinity.config.schema import TrinityConfig
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """Numbers derived from a `TrinityConfig`; units are in each field's comment."""
+
+    run_dir: str  # <checkpoint_root_dir>/<project>/<name>, joined as text
+    mode: str
+    algorithm_type: str
+    stage_name: str
+    tasks_per_step: int  # tasks per explore step (buffer.batch_size)
+    samples_per_task: int  # experiences per task (algorithm.repeat_times)
+    experiences_per_explore_step: int  # tasks_per_step × samples_per_task
+    train_batch_size: int  # experiences per train step
+    train_batch_size_derived: bool  # True when buffer.train_batch_size was 0
+    micro_batch_size: int  # experiences per micro-batch per GPU (fixed-size mode)
+    use_dynamic_bsz: bool  # micro-batches packed by tokens instead of a fixed size
+    max_token_len_per_micro_batch: int | None  # tokens per micro-batch per GPU (dynamic mode)
+    grad_accum_steps: int | None  # micro-batches per train step; None = dynamic (token packing)
+    total_steps: int | None  # None = from taskset size × total_epochs at run time
+    total_steps_source: str  # the key total_steps came from, "" when None
+    sync_interval: int  # train steps between weight syncs
+    sync_offset: int  # explore steps the explorer runs ahead
+    sync_method: str
+
+
+def resolve(cfg: TrinityConfig) -> ResolvedConfig:
+    """Derive the run directory, batch numbers and sync settings of `cfg` (pure function)."""
+    tasks = cfg.buffer.batch_size
+    samples = cfg.algorithm.repeat_times
+    derived = cfg.buffer.train_batch_size <= 0
+    train_batch = tasks * samples if derived else cfg.buffer.train_batch_size
+    micro = cfg.trainer.micro_batch_size_per_gpu
+    dynamic = cfg.trainer.use_dynamic_bsz
+    if cfg.buffer.total_steps is not None:
+        total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
+    elif cfg.trainer.total_steps is not None:
+        total, total_source = cfg.trainer.total_steps, "trainer.total_steps"
+    else:
+        total, total_source = None, ""
+    root = cfg.checkpoint_root_dir.rstrip("/")
+    return ResolvedConfig(
+        run_dir=f"{root}/{cfg.project}/{cfg.name}",
+        mode=cfg.mode,
+        algorithm_type=cfg.algorithm.algorithm_type,
+        stage_name=cfg.stage_name,
+        tasks_per_step=tasks,
+        samples_per_task=samples,
+        experiences_per_explore_step=tasks * samples,
+        train_batch_size=train_batch,
+        train_batch_size_derived=derived,
+        micro_batch_size=micro,
+        use_dynamic_bsz=dynamic,
+        max_token_len_per_micro_batch=cfg.trainer.max_token_len_per_gpu,
+        grad_accum_steps=None if dynamic else math.ceil(train_batch / micro),
+        total_steps=total,
+        total_steps_source=total_source,
+        sync_interval=cfg.synchronizer.sync_interval,
+        sync_offset=cfg.synchronizer.sync_offset,
+        sync_method=cfg.synchronizer.sync_method,
+    )
+
+
+def format_batch_table(r: ResolvedConfig) -> str:
+    """An aligned table of the derived values, each with its unit and where it came from.
+
+    Example line: `tasks per explore step            16  (buffer.batch_size)`.
+    """
+    train_note = (
+        "buffer.train_batch_size is 0 → tasks × samples"
+        if r.train_batch_size_derived
+        else "buffer.train_batch_size"
+    )
+    if r.use_dynamic_bsz:
+        tokens = r.max_token_len_per_micro_batch
+        micro_rows = [
+            (
+                "tokens per micro-batch",
+                "unset" if tokens is None else str(tokens),
+                "trainer.max_token_len_per_gpu, per GPU; use_dynamic_bsz packs by tokens",
+            ),
+            ("micro-batches per train step", "dynamic", "depends on sequence lengths"),
+        ]
+    else:
+        micro_rows = [
+            (
+                "experiences per micro-batch",
+                str(r.micro_batch_size),
+                "trainer.micro_batch_size_per_gpu, per GPU",
+            ),
+            (
+                "micro-batches per train step",
+                str(r.grad_accum_steps),
+                f"gradient accumulation = ceil({r.train_batch_size} / {r.micro_batch_size})",
+            ),
+        ]
+    steps = (
+        ("total steps", str(r.total_steps), r.total_steps_source)
+        if r.total_steps is not None
+        else ("total steps", "auto", "from taskset size × buffer.total_epochs at run time")
+    )
+    rows = [
+        ("run directory", r.run_dir, ""),
+        ("mode", r.mode, ""),
+        ("algorithm", r.algorithm_type, ""),
+        *([("stage", r.stage_name, "")] if r.stage_name else []),
+        ("tasks per explore step", str(r.tasks_per_step), "buffer.batch_size"),
+        ("samples per task", str(r.samples_per_task), "algorithm.repeat_times"),
+        (
+            "experiences per explore step",
+            str(r.experiences_per_explore_step),
+            "tasks × samples",
+        ),
+        ("experiences per train step", str(r.train_batch_size), train_note),
+        *micro_rows,
+        steps,
+        ("train steps per weight sync", str(r.sync_interval), "synchronizer.sync_interval"),
+        ("explore steps ahead (offset)", str(r.sync_offset), "synchronizer.sync_offset"),
+        ("weight sync method", r.sync_method, "synchronizer.sync_method"),
+    ]
+    label_w = max(len(label) for label, _, _ in rows)
+    value_w = max(len(value) for _, value, note in rows if note)
+    lines = []
+    for label, value, note in rows:
+        if note:
+            lines.append(f"{label:<{label_w}}  {value:>{value_w}}  ({note})")
+        else:
+            lines.append(f"{label:<{label_w}}  {value}")
+    return "\n".join(lines)

@@ -1,0 +1,372 @@
+"""The typed config schema, in Trinity-RFT's documented key layout.
+
+Top-level sections: `algorithm`, `model`, `cluster`, `buffer` (see `buffer_schema.py`),
+`explorer`, `synchronizer`, `trainer`, `monitor`, plus `stages` for multi-stage runs. Every section
+is default-constructible; the checks that need several sections (e.g. "mode 'both' needs a
+taskset") live in `checks.py` and run at load time, so `TrinityConfig()` stays usable in tests.
+
+Departure from Trinity-RFT: validation never rewrites what the user wrote (no filling in derived
+batch sizes or paths); derived numbers are computed by `trinity.config.resolve()`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal, get_args
+
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic_core import PydanticCustomError
+
+from trinity.config.base import ConfigSection, Dtype, TopK
+from trinity.config.buffer_schema import BufferConfig
+
+
+class OptimizerConfig(ConfigSection):
+    """Optimizer and learning-rate schedule of the trainer."""
+
+    lr: float = Field(1e-6, ge=0, description="Peak learning rate.")
+    lr_warmup_steps: int = Field(
+        -1, ge=-1, description="Warm-up length in train steps; -1 = use lr_warmup_steps_ratio."
+    )
+    lr_warmup_steps_ratio: float = Field(
+        0.0, ge=0, le=1, description="Warm-up length as a fraction of the total train steps."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final learning rate as a fraction of lr (cosine/linear)."
+    )
+    warmup_style: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Schedule after warm-up: constant, cosine or linear decay."
+    )
+    optimizer_type: Literal["adamw"] = Field("adamw", description="Optimizer.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam β1, β2, each in [0, 1).")
+    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay.")
+    clip_grad: float = Field(
+        1.0, gt=0, description="Max global gradient norm (trainer.grad_clip overrides it)."
+    )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        """Each β must lie in [0, 1)."""
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
+        return betas
+
+
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+
+
+class AlgorithmConfig(ConfigSection):
+    """Which RL algorithm runs, and the pieces (advantage, losses, sampling) it is made of."""
+
+    algorithm_type: str = Field(
+        "grpo", description="Algorithm registry name, e.g. grpo, ppo, dpo, sft."
+    )
+    repeat_times: int = Field(
+        1, ge=1, description="Samples (rollouts) per task (unit: experiences per task)."
+    )
+    optimizer: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="Optimizer and learning-rate schedule."
+    )
+    advantage_fn: str | None = Field(
+        None, description="Advantage function; None = the algorithm's default."
+    )
+    advantage_fn_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the advantage function."
+    )
+    policy_loss_fn: str | None = Field(
+        None, description="Policy loss; None = the algorithm's default."
+    )
+    policy_loss_fn_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the policy loss, e.g. clip_range, clip_range_low, "
+        "clip_range_high (each > 0).",
+    )
+    kl_penalty_fn: str | None = Field(
+        None, description="KL penalty folded into the reward; None = the algorithm's default."
+    )
+    kl_penalty_fn_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the KL penalty."
+    )
+    kl_loss_fn: str | None = Field(
+        None, description="KL term added to the loss; None = the algorithm's default."
+    )
+    kl_loss_fn_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the KL loss, e.g. kl_coef."
+    )
+    entropy_loss_fn: str | None = Field(
+        None, description="Entropy bonus; None = the algorithm's default."
+    )
+    entropy_loss_fn_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the entropy loss, e.g. entropy_coef.",
+    )
+    sample_strategy: str | None = Field(
+        None, description="How train batches are drawn from buffers; None = the default."
+    )
+    sample_strategy_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the sample strategy."
+    )
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean",
+        description="How per-token losses become one number: mean over all tokens, or per "
+        "sequence (sum or mean over tokens) then mean over sequences.",
+    )
+
+
+class ModelConfig(ConfigSection):
+    """The policy model and its default sampling and length settings."""
+
+    model_path: str = Field("", description="Local path or hub id of the policy model (required).")
+    critic_model_path: str = Field(
+        "", description="Path of the critic model (PPO); empty = same as model_path."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="Maximum prompt + response length in tokens."
+    )
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Prompts longer than this many tokens are truncated."
+    )
+    max_response_tokens: int | None = Field(
+        None, ge=1, description="Maximum generated tokens per response."
+    )
+    temperature: float = Field(1.0, ge=0, description="Default sampling temperature (≥ 0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Default nucleus-sampling mass in (0, 1].")
+    top_k: TopK = Field(-1, description="Default top-k cutoff in tokens; -1 = off.")
+    custom_chat_template: str | None = Field(
+        None, description="Jinja chat template replacing the tokenizer's; None = tokenizer's."
+    )
+    lora_configs: list[dict[str, Any]] | None = Field(
+        None, description="LoRA adapter settings (rank, alpha, target modules); None = full FT."
+    )
+
+
+class ClusterConfig(ConfigSection):
+    """The Ray cluster the run uses."""
+
+    ray_address: str = Field(
+        "auto", description="Ray address; 'auto' joins a running cluster or starts a local one."
+    )
+    node_num: int = Field(1, ge=1, description="Number of nodes.")
+    gpu_per_node: int = Field(0, ge=0, description="GPUs per node; 0 = CPU only.")
+
+
+class InferenceModelConfig(ConfigSection):
+    """An inference engine pool serving rollouts."""
+
+    model_path: str | None = Field(
+        None, description="Model to serve; None = model.model_path (rollout model)."
+    )
+    engine_type: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Inference backend."
+    )
+    engine_num: int = Field(1, ge=1, description="Number of engine replicas.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine replica.")
+    dtype: Dtype = Field("auto", description="Weight dtype of the engine.")
+    seed: int = Field(42, description="Sampling seed of the engine.")
+    enable_openai_api: bool = Field(
+        False, description="Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."
+    )
+    max_batch_size: int = Field(
+        256, ge=1, description="Sequences per generate call (unit: sequences)."
+    )
+
+
+class ExplorerConfig(ConfigSection):
+    """The explorer: runs workflows on tasks to produce experiences."""
+
+    name: str = Field("explorer", description="Actor name.")
+    runner_per_model: int = Field(
+        8, ge=1, description="Concurrent workflow runners per engine replica."
+    )
+    max_timeout: float = Field(900, gt=0, description="Seconds one workflow run may take.")
+    max_retry_times: int = Field(
+        2, ge=0, description="Retries of a failed or timed-out workflow run."
+    )
+    eval_interval: int = Field(
+        100, ge=0, description="Evaluate every this many explore steps; 0 = never."
+    )
+    eval_on_startup: bool = Field(True, description="Evaluate before the first explore step.")
+    rollout_model: InferenceModelConfig = Field(
+        default_factory=InferenceModelConfig, description="Engines serving the policy."
+    )
+    auxiliary_models: list[InferenceModelConfig] = Field(
+        default_factory=list, description="Extra engines (e.g. a judge model) for workflows."
+    )
+
+
+class SynchronizerConfig(ConfigSection):
+    """How and when trained weights reach the explorer."""
+
+    sync_method: Literal["checkpoint", "memory", "nccl"] = Field(
+        "memory",
+        description="'checkpoint' = via files on disk; 'memory' = via the Ray object store; "
+        "'nccl' = a collective broadcast (gloo on CPU).",
+    )
+    sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = Field(
+        "fixed", description="'fixed' = every sync_interval steps; dynamic = when one side asks."
+    )
+    sync_interval: int = Field(
+        1, ge=1, description="Train steps between weight syncs (unit: train steps)."
+    )
+    sync_offset: int = Field(
+        0, ge=0, description="Explore steps the explorer runs ahead of the trainer (staleness)."
+    )
+    sync_timeout: float = Field(3600, gt=0, description="Seconds to wait for a weight sync.")
+
+
+class TrainerConfig(ConfigSection):
+    """The trainer: turns experiences into gradient steps."""
+
+    name: str = Field("trainer", description="Actor name.")
+    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] = Field(
+        "torch", description="'torch' = single process; 'fsdp'/'fsdp2' = sharded data parallel."
+    )
+    save_interval: int = Field(
+        0, ge=0, description="Checkpoint every this many train steps; 0 = only at the end."
+    )
+    total_steps: int | None = Field(
+        None, ge=1, description="Train steps to run; None = buffer.total_steps or derived."
+    )
+    grad_clip: float | None = Field(
+        None, gt=0, description="Max gradient norm; overrides algorithm.optimizer.clip_grad."
+    )
+    micro_batch_size_per_gpu: int = Field(
+        8,
+        ge=1,
+        description="Experiences per forward/backward pass per GPU (unit: experiences); "
+        "ignored when use_dynamic_bsz packs by tokens.",
+    )
+    use_dynamic_bsz: bool = Field(
+        True,
+        description="Pack micro-batches by token count (max_token_len_per_gpu) instead of a "
+        "fixed number of experiences.",
+    )
+    max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="Token budget per micro-batch per GPU (unit: tokens) when use_dynamic_bsz.",
+    )
+    max_checkpoints_to_keep: int | None = Field(
+        None, ge=1, description="Delete older checkpoints beyond this many; None = keep all."
+    )
+    dtype: Dtype = Field("auto", description="Training dtype of the weights.")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads; None = torch's default."
+    )
+    logprob_chunk_size: int = Field(
+        1024, ge=1, description="Tokens whose logits are materialised at once (unit: tokens)."
+    )
+
+
+MonitorType = Literal["tensorboard", "jsonl", "console", "wandb", "mlflow", "swanlab"]
+_MONITOR_TYPES: tuple[str, ...] = get_args(MonitorType)
+
+
+class MonitorConfig(ConfigSection):
+    """Where metrics go."""
+
+    monitor_type: MonitorType | list[MonitorType] = Field(
+        "tensorboard", description=f"One backend or a list of them: {', '.join(_MONITOR_TYPES)}."
+    )
+    monitor_args: dict[str, Any] = Field(
+        default_factory=dict, description="Backend keyword arguments (e.g. wandb entity)."
+    )
+    enable_console: bool = Field(True, description="Also print a metrics line per step.")
+
+    @field_validator("monitor_type", mode="wrap")
+    @classmethod
+    def _one_clear_error(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Replace pydantic's two union-branch errors by one message with a suggestion."""
+        try:
+            return handler(value)
+        except ValidationError:
+            bad = next(
+                (
+                    v
+                    for v in (value if isinstance(value, list) else [value])
+                    if v not in _MONITOR_TYPES
+                ),
+                value,
+            )
+            close = difflib.get_close_matches(str(bad), _MONITOR_TYPES, n=1)
+            raise PydanticCustomError(
+                "literal_error",
+                "{bad} is not allowed; expected one of: {allowed}, or a list of them",
+                {
+                    "bad": repr(bad),
+                    "allowed": ", ".join(repr(t) for t in _MONITOR_TYPES),
+                    "did_you_mean": close[0] if close else None,
+                },
+            ) from None
+
+
+Mode = Literal["both", "explore", "train", "bench", "serve"]
+
+
+class StageConfig(ConfigSection):
+    """One stage of a multi-stage run: a name plus overrides deep-merged onto the base config.
+
+    Values are kept raw here; the merged config is validated as a whole (see `stages.py`).
+    """
+
+    stage_name: str = Field(..., min_length=1, description="Name of the stage (required).")
+    mode: Any = Field(None, description="Override of the top-level `mode`.")
+    project: Any = Field(None, description="Override of the top-level `project`.")
+    group: Any = Field(None, description="Override of the top-level `group`.")
+    name: Any = Field(None, description="Override of the top-level `name`.")
+    checkpoint_root_dir: Any = Field(
+        None, description="Override of the top-level `checkpoint_root_dir`."
+    )
+    continue_from_checkpoint: Any = Field(
+        None, description="Override of the top-level `continue_from_checkpoint`."
+    )
+    seed: Any = Field(None, description="Override of the top-level `seed`.")
+    algorithm: Any = Field(None, description="Overrides deep-merged onto `algorithm`.")
+    model: Any = Field(None, description="Overrides deep-merged onto `model`.")
+    cluster: Any = Field(None, description="Overrides deep-merged onto `cluster`.")
+    buffer: Any = Field(None, description="Overrides deep-merged onto `buffer`.")
+    explorer: Any = Field(None, description="Overrides deep-merged onto `explorer`.")
+    synchronizer: Any = Field(None, description="Overrides deep-merged onto `synchronizer`.")
+    trainer: Any = Field(None, description="Overrides deep-merged onto `trainer`.")
+    monitor: Any = Field(None, description="Overrides deep-merged onto `monitor`.")
+
+
+class TrinityConfig(ConfigSection):
+    """A whole run. Everything it writes lives under `<checkpoint_root_dir>/<project>/<name>/`."""
+
+    mode: Mode = Field(
+        "both",
+        description="'both' = explorer and trainer together; 'explore' / 'train' = one side; "
+        "'bench' = evaluate only; 'serve' = serve the model.",
+    )
+    project: str = Field("trinity", description="Project name (a folder under checkpoints).")
+    group: str = Field("", description="Run group, for monitors that group runs.")
+    name: str = Field("run", description="Run name (a folder under the project).")
+    checkpoint_root_dir: str = Field(
+        "./checkpoints", description="Root folder of everything runs write."
+    )
+    continue_from_checkpoint: bool = Field(
+        False, description="Resume from the latest checkpoint in the run folder."
+    )
+    seed: int = Field(42, description="Global random seed.")
+    stage_name: str = Field(
+        "", description="Set on the per-stage configs returned by stage_configs(); not for users."
+    )
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Algorithm.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Ray cluster.")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Data and batches.")
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig, description="Explorer.")
+    synchronizer: SynchronizerConfig = Field(
+        default_factory=SynchronizerConfig, description="Weight synchronisation."
+    )
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics.")
+    stages: list[StageConfig] = Field(
+        default_factory=list,
+        description="Stages run in order, each a deep-merged override of this config, each "
+        "starting from the previous stage's model.",
+    )

@@ -1,0 +1,125 @@
+"""Validating a raw config dict, including its stages, into problems with key paths.
+
+Validation is two passes over the same dict, both pure: pydantic checks every field (types,
+allowed values, bounds, unknown keys), then `checks.py` checks the rules spanning fields on the
+fields that passed. Stages are validated as the base config deep-merged with each stage's
+overrides; their problems carry a `stages[i].` prefix.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from trinity.config.checks import Loc, check_config
+from trinity.config.problems import Problem, problems_from_validation_error
+from trinity.config.schema import StageConfig, TrinityConfig
+
+_NOT_MERGED = ("stages", "stage_name")
+
+
+def _prune(data: Mapping[str, Any], locs: Sequence[Loc]) -> tuple[dict[str, Any], list[Loc]]:
+    """A copy of `data` without the keys holding errors, so that defaults stand in for them.
+
+    A bad list item removes its whole list; a missing required key removes its parent.
+    Returns the copy and the key paths removed.
+    """
+    out = copy.deepcopy(dict(data))
+    removed: list[Loc] = []
+    for loc, missing in locs:
+        target = loc[:-1] if missing else loc
+        while target and isinstance(target[-1], int):
+            target = target[:-1]
+        if not target:
+            continue
+        node: Any = out
+        for part in target[:-1]:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                node = None
+                break
+        if isinstance(node, dict):
+            node.pop(target[-1], None)
+        removed.append(target)
+    return out, removed
+
+
+def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
+    """Validate one config dict (stages only checked for shape).
+
+    Returns:
+        The config (None if pydantic rejected it) and every problem found. A config is returned
+        with problems when only the cross-field checks failed.
+    """
+    try:
+        cfg = TrinityConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = problems_from_validation_error(exc, TrinityConfig)
+        # re-validate with the bad values removed, to run the checks that do not read them
+        bad = [(tuple(err["loc"]), err["type"] == "missing") for err in exc.errors()]
+        pruned, removed = _prune(data, bad)
+        try:
+            partial = TrinityConfig.model_validate(pruned)
+        except ValidationError:
+            return None, problems
+        return None, problems + check_config(partial, skip=removed)
+    return cfg, check_config(cfg)
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict: `override` merged into `base`; mappings merge, everything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def validate_stages(
+    base: Mapping[str, Any], stages: Sequence[Any], known: Sequence[Problem] = ()
+) -> tuple[list[TrinityConfig | None], list[Problem]]:
+    """Validate each stage as `base` deep-merged with the stage's overrides.
+
+    Args:
+        base: the raw base config (its own `stages` key is ignored).
+        stages: the raw stage dicts (`stage_name` plus overrides of top-level keys).
+        known: problems already reported for the base; not repeated for every stage.
+
+    Returns:
+        One config per stage (None where that stage has problems) and the stages' problems.
+    """
+    base_only = {k: v for k, v in base.items() if k not in _NOT_MERGED}
+    seen = {(p.path, p.message) for p in known}
+    configs: list[TrinityConfig | None] = []
+    problems: list[Problem] = []
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, Mapping):  # its shape is reported by the base validation
+            configs.append(None)
+            continue
+        overrides = {
+            k: v for k, v in stage.items() if k in StageConfig.model_fields and k not in _NOT_MERGED
+        }
+        merged = deep_merge(base_only, overrides)
+        name = stage.get("stage_name")
+        merged["stage_name"] = name if isinstance(name, str) else ""
+        cfg, found = validate_raw(merged)
+        found = [p.with_prefix(f"stages[{i}]") for p in found if (p.path, p.message) not in seen]
+        configs.append(cfg if not found else None)
+        problems += found
+    return configs, problems
+
+
+def validate_all(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
+    """Validate a config dict and all its stages; returns the config and every problem."""
+    cfg, problems = validate_raw(data)
+    stages = data.get("stages")
+    if isinstance(stages, list) and stages:
+        _, stage_problems = validate_stages(data, stages, known=problems)
+        problems += stage_problems
+    return cfg, problems
