@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -107,7 +106,9 @@ def main() -> None:
         resp = out[:, width:]
         return int((resp != tok.pad_token_id).sum())
 
-    rows["rollout/raw_generate"] = dict(zip(("tokens", "seconds"), best_of(raw_generate, args.repeats), strict=True))
+    rows["rollout/raw_generate"] = dict(
+        zip(("tokens", "seconds"), best_of(raw_generate, args.repeats), strict=True)
+    )
 
     # -- rollout: our engine in-process ---------------------------------------------------------
     engine = HFRolloutEngine(str(model_dir), seed=0, num_threads=args.threads)
@@ -116,8 +117,9 @@ def main() -> None:
         out = engine.generate(prompts, params)
         return sum(len(s.response_ids) for group in out for s in group)
 
-    rows["rollout/engine"] = dict(zip(("tokens", "seconds"), best_of(engine_generate, args.repeats), strict=True))
-    del engine
+    rows["rollout/engine"] = dict(
+        zip(("tokens", "seconds"), best_of(engine_generate, args.repeats), strict=True)
+    )
 
     # -- rollout: the explorer path (workflows + batcher + engine actor over Ray) ---------------
     import ray
@@ -127,7 +129,9 @@ def main() -> None:
     from trinity.workflows import WORKFLOW
 
     ray.init(include_dashboard=False, logging_level="ERROR", num_cpus=args.threads)
-    actor = ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    actor = (
+        ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    )
     ray.get(actor.get_stats.remote())
     client = BatchingClient([actor])
     workflow = WORKFLOW.get("math_workflow")()
@@ -135,20 +139,28 @@ def main() -> None:
     def explorer_path() -> int:
         async def go() -> int:
             handles = [TaskModelHandle(client, tok, params) for _ in tasks]
-            outs = await asyncio.gather(*(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True)))
+            outs = await asyncio.gather(
+                *(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True))
+            )
             return sum(e.response_length for es in outs for e in es)
 
         return asyncio.run(go())
 
-    rows["rollout/explorer"] = dict(zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True))
+    rows["rollout/explorer"] = dict(
+        zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
+    )
     ray.kill(actor)
 
     # -- training batch: the explorer's experiences --------------------------------------------
     async def collect():
         handles = [TaskModelHandle(client, tok, params) for _ in tasks]
-        return await asyncio.gather(*(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True)))
+        return await asyncio.gather(
+            *(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True))
+        )
 
-    actor = ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    actor = (
+        ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+    )
     client.engines = [actor]
     experiences = []
     for i, es in enumerate(asyncio.run(collect())):
@@ -172,14 +184,17 @@ def main() -> None:
 
     def raw_step() -> int:
         opt.zero_grad(set_to_none=True)
-        out = train_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels)
+        out = train_model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels
+        )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(train_model.parameters(), 1.0)
         opt.step()
         return tokens_per_batch
 
-    rows["train/raw_fwd_bwd"] = dict(zip(("tokens", "seconds"), best_of(raw_step, args.repeats), strict=True))
-    del train_model, opt
+    rows["train/raw_fwd_bwd"] = dict(
+        zip(("tokens", "seconds"), best_of(raw_step, args.repeats), strict=True)
+    )
 
     # -- train: our trainer ---------------------------------------------------------------------
     from trinity.trainer.trainer import Trainer
@@ -195,14 +210,23 @@ def main() -> None:
         )
         trainer = Trainer(load_config(cfg_path), str(model_dir), total_steps=100)
         rows[row] = dict(
-            zip(("tokens", "seconds"), best_of(lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1], args.repeats), strict=True)
+            zip(
+                ("tokens", "seconds"),
+                best_of(
+                    lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1],
+                    args.repeats,
+                ),
+                strict=True,
+            )
         )
-        del trainer
 
     # -- report ---------------------------------------------------------------------------------
     for r in rows.values():
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
-    base = {"rollout": rows["rollout/raw_generate"]["tokens_per_s"], "train": rows["train/raw_fwd_bwd"]["tokens_per_s"]}
+    base = {
+        "rollout": rows["rollout/raw_generate"]["tokens_per_s"],
+        "train": rows["train/raw_fwd_bwd"]["tokens_per_s"],
+    }
     for k, r in rows.items():
         r["ratio"] = r["tokens_per_s"] / base[k.split("/")[0]]
     n_params = sum(p.numel() for p in model.parameters())
@@ -210,7 +234,9 @@ def main() -> None:
           f"max {args.max_tokens} new tokens, {args.threads} threads, train batch {tokens_per_batch} tokens")  # fmt: skip
     print(f"{'row':<24}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
     for k, r in rows.items():
-        print(f"{k:<24}{r['tokens']:>10}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}{r['ratio']:>8.2f}")
+        print(
+            f"{k:<24}{r['tokens']:>10}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}{r['ratio']:>8.2f}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"preset": args.preset, "params": n_params, "tasks": args.tasks, "n": args.n,
@@ -218,7 +244,6 @@ def main() -> None:
             "median_of": args.repeats, "torch": torch.__version__}  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
-    _ = statistics  # median chosen in best_of
 
 
 if __name__ == "__main__":

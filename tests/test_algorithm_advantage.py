@@ -55,7 +55,9 @@ def test_grpo_mean_only_dr_grpo() -> None:
 def test_grpo_group_of_one_and_constant_group() -> None:
     # size-1 group: mean 0, std 1 (verl) → A = 5/(1+ε); constant group [2, 2]: std 0 → A = 0/(0+ε) = 0
     rewards = torch.tensor([5.0, 2.0, 2.0])
-    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, torch.tensor([0, 1, 1]), torch.ones(3, 2, dtype=torch.bool))
+    adv, _ = ADVANTAGE_FN.get("grpo")(
+        rewards, torch.tensor([0, 1, 1]), torch.ones(3, 2, dtype=torch.bool)
+    )
     close(adv[:, 0], [5.0 / (1 + EPS), 0.0, 0.0])
 
 
@@ -74,7 +76,11 @@ def test_rloo_by_hand() -> None:
 
 def test_reinforce_baselines() -> None:
     # rewards [1, 3]: returns = rewards; "none" → A = rewards; "batch_mean" → mean 2 → A = -1, 1
-    rewards, groups, mask = torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), torch.tensor([[True, False], [True, True]])
+    rewards, groups, mask = (
+        torch.tensor([1.0, 3.0]),
+        torch.tensor([0, 0]),
+        torch.tensor([[True, False], [True, True]]),
+    )
     adv, ret = ADVANTAGE_FN.get("reinforce")(rewards, groups, mask)
     close(adv, [[1.0, 0.0], [3.0, 3.0]])
     close(ret, [[1.0, 0.0], [3.0, 3.0]])
@@ -140,5 +146,7 @@ def test_rloo_matches_loop_oracle(seed: int) -> None:
 
 
 def test_integer_rewards_are_promoted() -> None:
-    adv, _ = ADVANTAGE_FN.get("grpo")(torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool))
+    adv, _ = ADVANTAGE_FN.get("grpo")(
+        torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool)
+    )
     assert adv.is_floating_point()

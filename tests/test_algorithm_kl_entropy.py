@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from trinity.algorithm import ENTROPY_LOSS_FN, KL_LOSS_FN, KL_PENALTY_FN, Aggregator, entropy_from_logits, kl_estimate
+from trinity.algorithm import (
+    ENTROPY_LOSS_FN,
+    KL_LOSS_FN,
+    KL_PENALTY_FN,
+    Aggregator,
+    entropy_from_logits,
+    kl_estimate,
+)
 
 TOKEN_MEAN = Aggregator("token-mean")
 LN2 = math.log(2.0)
@@ -15,7 +22,9 @@ LN2 = math.log(2.0)
 
 def close(actual: torch.Tensor | float, expected: float | list, atol: float = 1e-6) -> None:
     actual = torch.as_tensor(actual)
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0
+    )
 
 
 def test_kl_estimators_by_hand() -> None:
@@ -70,7 +79,9 @@ def test_kl_loss_matches_estimator(name: str) -> None:
 
 def test_no_kl_loss() -> None:
     lp = torch.zeros(2, 2, requires_grad=True)
-    loss, m = KL_LOSS_FN.get("none")(lp, lp.detach(), torch.ones(2, 2, dtype=torch.bool), agg=TOKEN_MEAN)
+    loss, m = KL_LOSS_FN.get("none")(
+        lp, lp.detach(), torch.ones(2, 2, dtype=torch.bool), agg=TOKEN_MEAN
+    )
     assert loss.shape == () and float(loss) == 0.0 and m == {}
 
 

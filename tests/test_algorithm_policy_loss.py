@@ -14,7 +14,9 @@ TOKEN_MEAN = Aggregator("token-mean")
 
 def close(actual: torch.Tensor | float, expected: float | list, atol: float = 1e-6) -> None:
     actual = torch.as_tensor(actual)
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0
+    )
 
 
 def make(ratios: list[list[float]], old: float = -1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +101,9 @@ def test_ppo_gradient_analytic() -> None:
 def test_ppo_gradient_finite_difference() -> None:
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(3, 4, generator=gen, dtype=torch.float64)
-    logprob = (old + 0.05 * torch.randn(3, 4, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    logprob = (old + 0.05 * torch.randn(3, 4, generator=gen, dtype=torch.float64)).requires_grad_(
+        True
+    )
     adv = torch.randn(3, 4, generator=gen, dtype=torch.float64)
     mask = torch.rand(3, 4, generator=gen) > 0.3
     agg = Aggregator("seq-mean-token-mean")

@@ -114,4 +114,6 @@ def test_experience_roundtrip_and_length_checks():
     assert again.tokens.tolist() == e.tokens.tolist()
     assert again.action_mask.tolist() == [True]
     with pytest.raises(ValueError, match="logprobs has length 2"):
-        Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=2, logprobs=torch.tensor([0.0, 0.0]))
+        Experience(
+            tokens=torch.tensor([1, 2, 3]), prompt_length=2, logprobs=torch.tensor([0.0, 0.0])
+        )

@@ -111,9 +111,9 @@ def test_stage_fields_mirror_top_level_fields() -> None:
 def test_unknown_keys_at_several_depths(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        MINIMAL
-        + """
+        """
 projet: demo
+model: {model_path: m}
 algorithm:
   repeat_time: 8
   optimizer: {lrr: 1.0e-6}
@@ -141,6 +141,14 @@ buffer:
     for key, suggestion in expected.items():
         assert probs[key].message == "unknown key"
         assert probs[key].did_you_mean == suggestion
+
+
+def test_key_in_the_wrong_section_suggests_its_place(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "optimizer: {lr: 1.0e-6}\nmodel_path: m\n")
+    probs = problems_of(path, ("algorithm.betas=[0.9, 0.95]",))
+    assert probs["optimizer"].did_you_mean == "algorithm.optimizer"
+    assert probs["algorithm.betas"].did_you_mean == "algorithm.optimizer.betas"
+    assert probs["model_path"].did_you_mean == "model.model_path"  # shallowest match wins
 
 
 def test_wrong_type(tmp_path: Path) -> None:
@@ -342,9 +350,9 @@ def test_overrides(tmp_path: Path) -> None:
         tmp_path,
         MINIMAL
         + """
-  eval_tasksets:
-    - {name: a, path: data/a}
-    - {name: b, path: data/b}
+    eval_tasksets:
+      - {name: a, path: data/a}
+      - {name: b, path: data/b}
 """,
     )
     cfg = load_config(
@@ -496,7 +504,9 @@ def test_stage_merge(tmp_path: Path) -> None:
 
 
 def test_bad_key_inside_stage(tmp_path: Path) -> None:
-    text = STAGED.replace("trainer: {save_interval: 10}", "trainer: {save_intervall: 10}\n    foo: 1")
+    text = STAGED.replace(
+        "trainer: {save_interval: 10}", "trainer: {save_intervall: 10}\n    foo: 1"
+    )
     probs = problems_of(write(tmp_path, text))
     assert set(probs) == {"stages[1].trainer.save_intervall", "stages[1].foo"}
     assert probs["stages[1].trainer.save_intervall"].did_you_mean == "save_interval"

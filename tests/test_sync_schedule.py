@@ -17,7 +17,9 @@ def simulate(interval: int, offset: int, steps: int) -> list[int]:
         used.append(current)
         if explorer_syncs_after(s, interval, offset):
             v = weights_version_after_explore_step(s, interval, offset)
-            assert trainer_publishes_after(v, interval), "explorer waits for a version never published"
+            assert trainer_publishes_after(v, interval), (
+                "explorer waits for a version never published"
+            )
             assert v <= s, "explorer would wait for a train step whose data it has not produced"
             current = v
     return used
@@ -37,7 +39,18 @@ def test_one_step_off_policy():
 
 def test_interval_3():
     # k=3, d=0: syncs after steps 3, 6 to v3, v6
-    assert [version_for_explore_step(s, 3, 0) for s in range(1, 11)] == [0, 0, 0, 3, 3, 3, 6, 6, 6, 9]
+    assert [version_for_explore_step(s, 3, 0) for s in range(1, 11)] == [
+        0,
+        0,
+        0,
+        3,
+        3,
+        3,
+        6,
+        6,
+        6,
+        9,
+    ]
     assert [s for s in range(1, 11) if explorer_syncs_after(s, 3, 0)] == [3, 6, 9]
     assert [t for t in range(1, 11) if trainer_publishes_after(t, 3)] == [3, 6, 9]
 

@@ -57,9 +57,15 @@ def params_after_step(cfg, model_dir, exps):
 def test_micro_batches_equal_one_batch(tmp_path, tiny_model_dir, agg):
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     exps = experiences(vocab)
-    whole = make_config(tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6, use_dynamic_bsz="false", agg=agg)
-    split = make_config(tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2, use_dynamic_bsz="false", agg=agg)
-    budget = make_config(tmp_path, tiny_model_dir, max_token_len_per_gpu=16, use_dynamic_bsz="true", agg=agg)
+    whole = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6, use_dynamic_bsz="false", agg=agg
+    )
+    split = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2, use_dynamic_bsz="false", agg=agg
+    )
+    budget = make_config(
+        tmp_path, tiny_model_dir, max_token_len_per_gpu=16, use_dynamic_bsz="true", agg=agg
+    )
     before, a, ma = params_after_step(whole, tiny_model_dir, exps)
     _, b, mb = params_after_step(split, tiny_model_dir, exps)
     _, c, _ = params_after_step(budget, tiny_model_dir, exps)

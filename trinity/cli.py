@@ -40,13 +40,14 @@ SetOpt = Annotated[
 ]
 
 
-def _load(config: Path, overrides: list[str] | None):  # noqa: ANN202
+def _load(config: Path, overrides: list[str] | None):
     from trinity.config import ConfigError, load_config
 
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(f"[red]config error[/]\n{e}", markup=True)
+        err.print("[red]config error[/]")
+        err.print(str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -59,11 +60,11 @@ def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
     from trinity.config import dump_config, format_batch_table, resolve, stage_configs
 
     cfg = _load(config, overrides)
-    console.print(dump_config(cfg), markup=False)
+    typer.echo(dump_config(cfg))
     for stage in stage_configs(cfg):
         title = f"stage {stage.stage_name}" if stage.stage_name else "batch table"
-        console.rule(title)
-        console.print(format_batch_table(resolve(stage)), markup=False)
+        typer.echo(f"--- {title} ---")
+        typer.echo(format_batch_table(resolve(stage)))
 
 
 @app.command()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 
-class ExperienceKind(str, enum.Enum):
+class ExperienceKind(enum.StrEnum):
     SINGLE_TURN = "single_turn"
     MULTI_TURN = "multi_turn"
     DPO = "dpo"

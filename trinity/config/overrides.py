@@ -20,42 +20,47 @@ from trinity.config.problems import (
     UnknownKey,
     child_annotation,
     format_path,
+    locate_field,
     suggest,
 )
 from trinity.config.yaml_io import parse_scalar
 
 
-def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Problem | None:
-    """Set one `key.path=value` in `data` (in place); returns a problem instead on failure."""
-    key_text, sep, value_text = text.partition("=")
-    parts = key_text.strip().split(".")
-    if not sep or not all(parts):
-        return Problem("", f"override {text!r} must look like key.path=value")
-    value = parse_scalar(value_text)
+def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem | None:
+    """Check every key of an override against the schema, before anything is set."""
     ann: Any = root
-    node: Any = data
     done: list[str | int] = []
-    for i, part in enumerate(parts):
-        where = format_path(done) or "<top level>"
+    for part in parts:
         try:
             ann = child_annotation(ann, part)
         except UnknownKey as exc:
+            allowed = [a for a in exc.allowed if a != "stage_name" or done]
             return Problem(
                 format_path([*done, part]),
                 f"unknown key in override {text!r}",
-                suggest(part, [a for a in exc.allowed if a != "stage_name" or done]),
+                locate_field(root, part) or suggest(part, allowed),
             )
         except NotAContainer as exc:
-            return Problem(where, f"cannot apply override {text!r}: {exc}")
+            return Problem(format_path(done), f"cannot apply override {text!r}: {exc}")
+        done.append(int(part) if part.isdigit() else part)
+    return None
+
+
+def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
+    """Set `value` at `parts` inside `node`, creating missing mappings on the way."""
+    done: list[str | int] = []
+    for i, part in enumerate(parts):
+        where = format_path(done) or "<top level>"
         key: str | int = part
         if isinstance(node, list):
             if not part.isdigit():
                 return Problem(where, f"cannot apply override {text!r}: expected a list index")
             key = int(part)
             if key >= len(node):
+                items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
                 return Problem(
                     format_path([*done, key]),
-                    f"override {text!r}: index out of range (the list has {len(node)} item{'' if len(node) == 1 else 's'})",
+                    f"override {text!r}: index out of range (the list has {items})",
                 )
         elif not isinstance(node, dict):
             return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
@@ -73,6 +78,23 @@ def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Proble
             child = node[key] = {}
         node = child
     return None
+
+
+def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Problem | None:
+    """Set one `key.path=value` in `data` (in place, all or nothing); or return a problem."""
+    key_text, sep, value_text = text.partition("=")
+    parts = key_text.strip().split(".")
+    if not sep or not all(parts):
+        return Problem("", f"override {text!r} must look like key.path=value")
+    problem = _check_keys(parts, text, root)
+    if problem is not None:
+        return problem
+    trial = copy.deepcopy(data)
+    problem = _set(trial, parts, parse_scalar(value_text), text)
+    if problem is None:
+        data.clear()
+        data.update(trial)
+    return problem
 
 
 def apply_overrides(

@@ -145,6 +145,34 @@ def annotation_at(root: type[BaseModel], loc: Sequence[str | int]) -> Any:
     return ann
 
 
+def _models_below(annotation: Any) -> list[type[BaseModel]]:
+    """Config sections reachable from `annotation` through Optional, list and dict."""
+    ann = _strip(annotation)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    args = get_args(ann) if get_origin(ann) in (list, dict) else ()
+    return [m for a in args[-1:] for m in _models_below(a)]
+
+
+def locate_field(root: type[BaseModel], name: str) -> str | None:
+    """The shortest dotted path under `root` to a field called `name` (None if none or tied).
+
+    Used to suggest `algorithm.optimizer` for an `optimizer:` written at the top level.
+    """
+    frontier: list[tuple[str, type[BaseModel]]] = [("", root)]
+    while frontier:
+        found = [f"{p}.{name}".lstrip(".") for p, m in frontier if name in m.model_fields]
+        if found:
+            return found[0] if len(found) == 1 else None
+        frontier = [
+            (f"{p}.{field}".lstrip("."), sub)
+            for p, m in frontier
+            for field, info in m.model_fields.items()
+            for sub in _models_below(info.annotation)
+        ]
+    return None
+
+
 def literal_values(annotation: Any) -> tuple[Any, ...] | None:
     """The allowed values of a `Literal[...]` (optionally wrapped), else None."""
     ann = _strip(annotation)
@@ -195,7 +223,9 @@ def problems_from_validation_error(error: ValidationError, root: type[BaseModel]
             ann = _strip(parent)
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 names = [n for n in ann.model_fields if n != "stage_name" or ann is not root]
-            problems.append(Problem(path, "unknown key", suggest(str(loc[-1]), names)))
+            key = str(loc[-1])
+            hint = locate_field(root, key) or suggest(key, names)
+            problems.append(Problem(path, "unknown key", hint))
         elif kind == "missing":
             problems.append(Problem(path, "required key is missing"))
         elif kind == "literal_error":
@@ -221,7 +251,7 @@ def problems_from_validation_error(error: ValidationError, root: type[BaseModel]
             problems.append(Problem(path, f"expected an integer, got {value!r}"))
         elif kind == "value_error":
             problems.append(Problem(path, err["msg"].removeprefix("Value error, ")))
-        else:  # bounds (greater_than_equal, ...), too_short, int_from_float, ...
+        else:  # too_short, string_too_short, ...: pydantic's own wording
             msg = err["msg"]
             problems.append(Problem(path, msg if "got" in msg else f"{msg}, got {value!r}"))
     return problems

@@ -127,7 +127,9 @@ class Explorer:
         try:
             for step in range(1, total_steps + 1):
                 # 2.
-                if step > 1 and explorer_syncs_after(step - 1, scfg.sync_interval, scfg.sync_offset):
+                if step > 1 and explorer_syncs_after(
+                    step - 1, scfg.sync_interval, scfg.sync_offset
+                ):
                     await self.sync_to(
                         weights_version_after_explore_step(
                             step - 1, scfg.sync_interval, scfg.sync_offset
@@ -151,7 +153,9 @@ class Explorer:
         experiences: list[Experience] = []
         for i, (task, exps) in enumerate(zip(tasks, per_task, strict=True)):
             for e in exps:
-                e.eid = EID(batch=step, task=i, run=e.eid.run, step=e.eid.step, suffix=task.taskset_name)
+                e.eid = EID(
+                    batch=step, task=i, run=e.eid.run, step=e.eid.step, suffix=task.taskset_name
+                )
                 experiences.append(e)
         if not experiences:
             raise RuntimeError(f"explore step {step}: the workflows returned no experiences")

@@ -130,22 +130,28 @@ def run_stage(
         buffer = None
         if explores:
             eb = cfg.buffer.trainer_input.experience_buffer
-            buf_name = (eb.name if eb and eb.name else "experience_buffer")
+            buf_name = eb.name if eb and eb.name else "experience_buffer"
             capacity = eb.capacity if eb else 10000
-            buffer = ray.remote(QueueActor).options(**opts).remote(
-                str(stage_dir / "buffer" / f"{buf_name}.db"), capacity
+            buffer = (
+                ray.remote(QueueActor)
+                .options(**opts)
+                .remote(str(stage_dir / "buffer" / f"{buf_name}.db"), capacity)
             )
             actors.append(buffer)
         explorer = None
         if explores or evaluates:
-            explorer = ray.remote(Explorer).options(**opts).remote(
-                cfg, model_path, buffer, sync, hub, offset
+            explorer = (
+                ray.remote(Explorer)
+                .options(**opts)
+                .remote(cfg, model_path, buffer, sync, hub, offset)
             )
             actors.append(explorer)
         trainer = None
         if trains:
-            trainer = ray.remote(TrainerRunner).options(**opts).remote(
-                cfg, model_path, str(stage_dir), buffer, sync, hub, offset
+            trainer = (
+                ray.remote(TrainerRunner)
+                .options(**opts)
+                .remote(cfg, model_path, str(stage_dir), buffer, sync, hub, offset)
             )
             actors.append(trainer)
         # 2.
@@ -240,9 +246,13 @@ def _check_supported(cfg: Any) -> None:
     if cfg.mode in ("bench", "serve"):
         problems.append(f"mode: {cfg.mode!r} is not available yet (use both, explore or train)")
     if cfg.synchronizer.sync_method == "nccl":
-        problems.append("synchronizer.sync_method: 'nccl' is not available yet (memory, checkpoint)")
+        problems.append(
+            "synchronizer.sync_method: 'nccl' is not available yet (memory, checkpoint)"
+        )
     if cfg.synchronizer.sync_style != "fixed":
-        problems.append(f"synchronizer.sync_style: {cfg.synchronizer.sync_style!r} is not available yet")
+        problems.append(
+            f"synchronizer.sync_style: {cfg.synchronizer.sync_style!r} is not available yet"
+        )
     if cfg.trainer.trainer_strategy != "torch":
         problems.append(
             f"trainer.trainer_strategy: {cfg.trainer.trainer_strategy!r} (multi-rank) is not "

@@ -29,7 +29,9 @@ class SynchronizerActor:
     def __init__(self, sync_method: str) -> None:
         self.sync_method = sync_method
         self.version = 0
-        self._payloads: dict[int, list[Any]] = {}  # [ObjectRef] or [path]; a list keeps refs as refs
+        self._payloads: dict[
+            int, list[Any]
+        ] = {}  # [ObjectRef] or [path]; a list keeps refs as refs
         self._cond = asyncio.Condition()
         self._failed: str | None = None
 

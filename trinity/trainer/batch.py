@@ -117,7 +117,9 @@ def micro_batches(
     """
     b = len(batch)
     if max_tokens is None:
-        return [torch.arange(s, min(s + micro_batch_size, b)) for s in range(0, b, micro_batch_size)]
+        return [
+            torch.arange(s, min(s + micro_batch_size, b)) for s in range(0, b, micro_batch_size)
+        ]
     lengths = batch.attention_mask.sum(dim=1).tolist()
     groups: list[list[int]] = []
     current: list[int] = []

@@ -38,7 +38,7 @@ def task_to_sft_experience(
             prompt_msgs, add_generation_prompt=True, tokenize=True, return_dict=False
         )
     )
-    response_ids = tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]
+    response_ids = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
     if max_prompt_tokens is not None:
         prompt_ids = prompt_ids[-max_prompt_tokens:]
     truncated = max_response_tokens is not None and len(response_ids) > max_response_tokens

@@ -39,7 +39,9 @@ class Trainer:
         self.algo = resolve_algorithm(config.algorithm)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         path = resolve_model_path(model_path)
-        self.tokenizer = load_tokenizer(path, custom_chat_template=config.model.custom_chat_template)
+        self.tokenizer = load_tokenizer(
+            path, custom_chat_template=config.model.custom_chat_template
+        )
         self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
         self.model.train()
         self.model.config.use_cache = False
@@ -131,7 +133,9 @@ class Trainer:
         )
         return metrics
 
-    def _update(self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool) -> dict[str, float]:
+    def _update(
+        self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool
+    ) -> dict[str, float]:
         a = self.algo
         b = len(batch)
         mini = self.mini_batch_size or b

@@ -1,0 +1,163 @@
+"""Algorithm records, resolution against a user config, registry errors and the shared signatures."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from trinity.algorithm import (
+    ADVANTAGE_FN,
+    ALGORITHM,
+    ENTROPY_LOSS_FN,
+    KL_LOSS_FN,
+    KL_PENALTY_FN,
+    PAPERS,
+    POLICY_LOSS_FN,
+    SAMPLE_STRATEGY,
+    Aggregator,
+    AlgorithmSpec,
+    resolve_algorithm,
+)
+from trinity.common.registry import RegistryError
+
+FIELDS = [
+    f"{p}{s}"
+    for p in (
+        "advantage_fn",
+        "policy_loss_fn",
+        "kl_loss_fn",
+        "kl_penalty_fn",
+        "entropy_loss_fn",
+        "sample_strategy",
+    )
+    for s in ("", "_args")
+]
+
+
+def cfg(**kw: Any) -> SimpleNamespace:
+    """Like config.algorithm: every attribute present, None = the algorithm's default."""
+    return SimpleNamespace(**{"loss_agg_mode": None, **dict.fromkeys(FIELDS), **kw})
+
+
+def test_grpo_defaults() -> None:
+    r = resolve_algorithm(cfg(algorithm_type="grpo"))
+    assert r.spec.name == "grpo"
+    assert r.advantage_fn is ADVANTAGE_FN.get("grpo")
+    assert r.policy_loss_fn is POLICY_LOSS_FN.get("ppo")
+    assert r.kl_loss_fn is KL_LOSS_FN.get("k3") and r.kl_loss_fn_args == {"kl_coef": 0.001}
+    assert r.kl_penalty_fn is KL_PENALTY_FN.get("none") and r.kl_penalty_fn_args == {}
+    assert r.entropy_loss_fn is ENTROPY_LOSS_FN.get("default")
+    assert r.sample_strategy is SAMPLE_STRATEGY.get("default")
+    assert r.use_reference and r.spec.use_reference
+    assert r.loss_agg_mode == "token-mean"
+
+
+def test_user_args_merge_over_defaults() -> None:
+    r = resolve_algorithm(
+        cfg(
+            algorithm_type="grpo",
+            policy_loss_fn_args={"clip_range_high": 0.28},
+            kl_loss_fn_args={"kl_coef": 0.05},
+            advantage_fn_args={"std_normalize": False},
+            loss_agg_mode="seq-mean-token-sum-norm",
+        )
+    )
+    assert r.policy_loss_fn_args == {"clip_range": 0.2, "clip_range_high": 0.28}
+    assert r.kl_loss_fn_args == {"kl_coef": 0.05}
+    assert r.advantage_fn_args == {"epsilon": 1e-6, "std_normalize": False}
+    assert r.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert ALGORITHM.get("grpo").default_args["kl_loss_fn_args"] == {
+        "kl_coef": 0.001
+    }  # not mutated
+
+
+def test_use_reference_follows_final_kl_pieces() -> None:
+    r = resolve_algorithm(cfg(algorithm_type="grpo", kl_loss_fn="none"))
+    assert not r.use_reference and r.spec.kl_loss_fn == "none"
+    assert r.kl_loss_fn_args == {}  # the spec's kl_coef belongs to the k3 piece it replaced
+    r = resolve_algorithm(cfg(algorithm_type="reinforce", kl_penalty_fn="k2"))
+    assert r.use_reference and r.spec.kl_penalty_fn == "k2"
+    r = resolve_algorithm(
+        cfg(algorithm_type="rloo", kl_loss_fn="low_var_kl", kl_loss_fn_args={"kl_coef": 0.1})
+    )
+    assert r.use_reference and r.kl_loss_fn_args == {"kl_coef": 0.1}
+
+
+def test_sft_spec() -> None:
+    r = resolve_algorithm(SimpleNamespace(algorithm_type="sft"))  # missing attributes = defaults
+    assert r.advantage_fn is None and r.advantage_fn_args == {}
+    assert r.policy_loss_fn is POLICY_LOSS_FN.get("sft")
+    assert not r.use_reference and not r.spec.use_rollout
+
+
+def test_algorithms_registered() -> None:
+    assert {"grpo", "sft", "reinforce", "rloo"} <= set(ALGORITHM.names())
+    assert ALGORITHM.get("reinforce").advantage_fn == "reinforce"
+    assert ALGORITHM.get("rloo").policy_loss_fn == "ppo"
+
+
+@pytest.mark.parametrize(
+    ("registry", "valid"),
+    [
+        (ADVANTAGE_FN, "grpo, reinforce, rloo"),
+        (POLICY_LOSS_FN, "ppo, sft"),
+        (KL_LOSS_FN, "abs, k1, k2, k3, low_var_kl, none"),
+        (KL_PENALTY_FN, "abs, k1, k2, k3, low_var_kl, none"),
+        (ENTROPY_LOSS_FN, "default, none"),
+        (SAMPLE_STRATEGY, "default"),
+        (ALGORITHM, "grpo, reinforce, rloo, sft"),
+    ],
+)
+def test_registry_miss_lists_valid_names(registry: Any, valid: str) -> None:
+    with pytest.raises(RegistryError, match=f"Valid names: {valid}"):
+        registry.get("nope")
+
+
+def test_resolve_errors() -> None:
+    with pytest.raises(RegistryError, match="Valid names: grpo, reinforce, rloo, sft"):
+        resolve_algorithm(cfg(algorithm_type="gpro"))
+    with pytest.raises(RegistryError, match="Valid names: abs, k1"):
+        resolve_algorithm(cfg(algorithm_type="grpo", kl_loss_fn="k9"))
+    with pytest.raises(TypeError, match="clip_rnage"):
+        resolve_algorithm(cfg(algorithm_type="grpo", policy_loss_fn_args={"clip_rnage": 0.3}))
+    with pytest.raises(ValueError, match="token-mean"):
+        resolve_algorithm(cfg(algorithm_type="grpo", loss_agg_mode="mean"))
+    with pytest.raises(ValueError, match="use_reference"):
+        AlgorithmSpec(name="x", advantage_fn="grpo", policy_loss_fn="ppo", kl_loss_fn="k1")
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_paper_recipes_resolve(name: str) -> None:
+    paper = PAPERS[name]
+    assert paper.title and (paper.arxiv is None or paper.arxiv.count(".") == 1)
+    r = resolve_algorithm(cfg(**{"algorithm_type": "grpo", **paper.config}))
+    assert r.loss_agg_mode == paper.config.get("loss_agg_mode", "token-mean")
+
+
+def test_every_piece_follows_its_kinds_signature() -> None:
+    """The trainer calls every piece of a kind the same way; no name is special-cased."""
+    b, t = 3, 4
+    lp = -torch.rand(b, t, requires_grad=True)
+    ref, mask, agg = -torch.rand(b, t), torch.rand(b, t) > 0.3, Aggregator("token-mean")
+    for name in ADVANTAGE_FN:
+        adv, ret = ADVANTAGE_FN.get(name)(torch.rand(b), torch.tensor([0, 0, 1]), mask)
+        assert adv.shape == ret.shape == (b, t)
+    for name in POLICY_LOSS_FN:
+        loss, m = POLICY_LOSS_FN.get(name)(lp, lp.detach(), torch.randn(b, t), mask, agg=agg)
+        assert loss.shape == () and all(isinstance(v, float) for v in m.values())
+    for name in KL_LOSS_FN:
+        loss, m = KL_LOSS_FN.get(name)(lp, ref, mask, agg=agg)
+        assert loss.shape == () and all(isinstance(v, float) for v in m.values())
+    for name in KL_PENALTY_FN:
+        shaped, _ = KL_PENALTY_FN.get(name)(torch.zeros(b, t), lp.detach(), ref, mask)
+        assert shaped.shape == (b, t)
+    for name in ENTROPY_LOSS_FN:
+        loss, _ = ENTROPY_LOSS_FN.get(name)(torch.rand(b, t), mask, agg=agg)
+        assert loss.shape == ()
+    items = [object(), object()]
+    for name in SAMPLE_STRATEGY:
+        out = SAMPLE_STRATEGY.get(name)(items)
+        assert out == items and out is not items

@@ -1,0 +1,161 @@
+"""Read dataset rows from local files: jsonl, json, parquet, csv and `datasets` save folders.
+
+    read_rows("data/gsm8k/train.jsonl")
+    read_rows("data/gsm8k", split="test")     # a folder: datasets save dir, or test.* / test-*.*
+
+Every row is a dict. A malformed row raises `TasksetError` naming the file and the line (jsonl,
+csv) or row index (json, parquet, datasets), so a bad line in a 100k-row file is found at once.
+Nothing here touches the network: a hub id that is not a local path is a "not found" error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+_JSONL = (".jsonl", ".jsonlines", ".ndjson")
+_SUFFIXES = (*_JSONL, ".json", ".parquet", ".csv")
+_DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+
+
+class TasksetError(ValueError):
+    """A taskset that cannot be read: missing file, malformed row, missing key."""
+
+
+def read_rows(path: str | Path, split: str = "train", subset_name: str | None = None) -> list[dict]:
+    """All rows of a dataset file or folder, as dicts.
+
+    A folder is either a `datasets.save_to_disk` folder (a DatasetDict picks `split`) or holds
+    files named after the split (`test.jsonl`, `train-00000-of-00002.parquet`, also under
+    `data/`); `subset_name` selects a subfolder when one exists.
+    """
+    return [row for row, _ in read_located_rows(path, split, subset_name)]
+
+
+def read_located_rows(
+    path: str | Path, split: str = "train", subset_name: str | None = None
+) -> list[tuple[dict, str]]:
+    """Like `read_rows`, each row paired with where it is: "file:line" or "file row i"."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TasksetError(f"taskset path not found: {str(p)!r}")
+    if p.is_dir():
+        return _read_dir(p, split, subset_name)
+    return _read_file(p)
+
+
+def _read_dir(d: Path, split: str, subset_name: str | None) -> list[tuple[dict, str]]:
+    if subset_name and (d / subset_name).is_dir():
+        d = d / subset_name
+    if any((d / m).is_file() for m in _DATASETS_MARKERS):
+        return _read_saved_dataset(d, split)
+    files = _split_files(d, split)
+    if not files:
+        found = sorted(x.name for x in d.iterdir())[:20]
+        raise TasksetError(
+            f"{str(d)!r}: no `datasets` save folder and no file for split {split!r} "
+            f"(looked for {split}.<jsonl|json|parquet|csv>, {split}-*.*, data/{split}*); "
+            f"folder holds: {found}"
+        )
+    rows: list[tuple[dict, str]] = []
+    for f in files:
+        rows.extend(_read_file(f))
+    return rows
+
+
+def _split_files(d: Path, split: str) -> list[Path]:
+    found: list[Path] = []
+    for base in (d, d / "data"):
+        if not base.is_dir():
+            continue
+        for pattern in (f"{split}.*", f"{split}-*", f"{split}_*"):
+            found += [f for f in sorted(base.glob(pattern)) if f.suffix in _SUFFIXES]
+        if found:
+            return found
+    return found
+
+
+def _read_saved_dataset(d: Path, split: str) -> list[tuple[dict, str]]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(d))
+    except Exception as e:  # datasets raises several types; keep the path in the message
+        raise TasksetError(f"{str(d)!r}: cannot load `datasets` save folder: {e}") from e
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise TasksetError(
+                f"{str(d)!r}: split {split!r} not found; available splits: {sorted(ds)}"
+            )
+        ds = ds[split]
+    rows = ds.to_list()
+    return [(_check_row(r, loc := f"{d} row {i}"), loc) for i, r in enumerate(rows)]
+
+
+def _read_file(f: Path) -> list[tuple[dict, str]]:
+    suffix = f.suffix.lower()
+    if suffix in _JSONL:
+        return _read_jsonl(f)
+    if suffix == ".json":
+        return _read_json(f)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(f).to_pylist()
+        except Exception as e:  # pyarrow raises ArrowInvalid & co.
+            raise TasksetError(f"{str(f)!r}: cannot read parquet: {e}") from e
+        return [(_check_row(r, loc := f"{f} row {i}"), loc) for i, r in enumerate(rows)]
+    if suffix == ".csv":
+        with f.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = []
+            for row in reader:
+                if None in row:  # more cells than header columns
+                    raise TasksetError(
+                        f"{f}:{reader.line_num}: row has more cells than the header has columns"
+                    )
+                rows.append((dict(row), f"{f}:{reader.line_num}"))
+            return rows
+    raise TasksetError(
+        f"{str(f)!r}: unsupported file type {suffix!r}; use one of {', '.join(_SUFFIXES)} "
+        "or a `datasets` save folder"
+    )
+
+
+def _read_jsonl(f: Path) -> list[tuple[dict, str]]:
+    rows = []
+    with f.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TasksetError(f"{f}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from e
+            rows.append((_check_row(row, loc := f"{f}:{lineno}"), loc))
+    return rows
+
+
+def _read_json(f: Path) -> list[tuple[dict, str]]:
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TasksetError(f"{f}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from e
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise TasksetError(
+            f'{str(f)!r}: a .json taskset must be a list of objects or {{"data": [...]}}, '
+            f"got {type(data).__name__}"
+        )
+    return [(_check_row(r, loc := f"{f} row {i}"), loc) for i, r in enumerate(data)]
+
+
+def _check_row(row: Any, loc: str) -> dict:
+    """`row` if it is a dict; `loc` says where it is ("file:line" or "file row i")."""
+    if not isinstance(row, dict):
+        raise TasksetError(f"{loc}: row is a {type(row).__name__}, expected a JSON object")
+    return row

@@ -1,0 +1,254 @@
+"""Synthetic task generators: deterministic, offline, with train/eval splits that never overlap.
+
+    buffer.explorer_input.taskset:
+      {storage_type: synthetic, path: arithmetic, split: train,
+       generator_args: {digits: 2, ops: "+", num_tasks: 4000, seed: 0}}
+
+A generator is `fn(split, seed, num_tasks, **args) -> list[dict]`; each row has at least
+`question` and `answer`. Split membership is decided by a stable hash (sha1) of the generator name
+and the canonical question text, never by the seed or the position in a list, so a problem that
+lands in the held-out split is held out for every seed and every `num_tasks`. The seed only picks
+*which* problems of a split are returned and in what order; for a fixed seed a larger `num_tasks`
+returns a superset whose prefix is the smaller set.
+
+If the space of distinct problems in the requested split is smaller than `num_tasks`, the
+generator raises ValueError with the count it could produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from collections.abc import Callable, Iterable
+from fractions import Fraction
+from typing import Any
+
+from trinity.common.registry import Registry
+
+GeneratorFn = Callable[..., list[dict[str, Any]]]
+GENERATORS: Registry[GeneratorFn] = Registry("task generator")
+
+TRAIN_SPLITS = ("train",)
+HELDOUT_SPLITS = ("test", "eval", "validation")
+# Spaces up to this many candidates are enumerated exactly; larger ones are sampled.
+_ENUMERATE_LIMIT = 200_000
+
+
+def is_heldout(generator: str, question: str, eval_fraction: float) -> bool:
+    """True when `question` belongs to the held-out split (stable across seeds and machines)."""
+    digest = hashlib.sha1(f"{generator}\x00{question}".encode()).digest()
+    bucket = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
+    return bucket < eval_fraction
+
+
+def _want_heldout(generator: str, split: str) -> bool:
+    if split in TRAIN_SPLITS:
+        return False
+    if split in HELDOUT_SPLITS:
+        return True
+    raise ValueError(
+        f"{generator}: unknown split {split!r}; use 'train' or one of {', '.join(HELDOUT_SPLITS)}"
+    )
+
+
+def _check_common(generator: str, num_tasks: int, eval_fraction: float) -> None:
+    if num_tasks < 0:
+        raise ValueError(f"{generator}: num_tasks must be >= 0, got {num_tasks}")
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"{generator}: eval_fraction must be in (0, 1), got {eval_fraction}")
+
+
+def _too_few(generator: str, split: str, found: int, num_tasks: int, how: str) -> ValueError:
+    return ValueError(
+        f"{generator}: only {found} distinct problems exist in split {split!r} with these "
+        f"generator_args ({how}), but num_tasks={num_tasks}; lower num_tasks or widen the space"
+    )
+
+
+def _select(
+    generator: str,
+    split: str,
+    seed: int,
+    num_tasks: int,
+    eval_fraction: float,
+    space_size: int,
+    enumerate_all: Callable[[], Iterable[dict[str, Any]]],
+    draw: Callable[[random.Random], dict[str, Any] | None],
+) -> list[dict[str, Any]]:
+    """Pick `num_tasks` distinct rows of `split`, deterministically from `seed`.
+
+    1. small space: enumerate every candidate, keep those of the split, shuffle with the seed
+    2. large space: draw candidates with the seed, keep new ones of the split, bounded attempts
+    """
+    heldout = _want_heldout(generator, split)
+    rng = random.Random(f"{generator}:{seed}")
+
+    def in_split(row: dict[str, Any]) -> bool:
+        return is_heldout(generator, row["question"], eval_fraction) == heldout
+
+    # 1.
+    if space_size <= _ENUMERATE_LIMIT:
+        seen: set[str] = set()
+        pool = []
+        for row in enumerate_all():
+            if row["question"] not in seen and in_split(row):
+                seen.add(row["question"])
+                pool.append(row)
+        if len(pool) < num_tasks:
+            raise _too_few(generator, split, len(pool), num_tasks, "exact count")
+        rng.shuffle(pool)
+        return pool[:num_tasks]
+    # 2.
+    rows: dict[str, dict[str, Any]] = {}
+    max_attempts = 50 * num_tasks + 10_000
+    for _ in range(max_attempts):
+        if len(rows) >= num_tasks:
+            break
+        row = draw(rng)
+        if row is not None and row["question"] not in rows and in_split(row):
+            rows[row["question"]] = row
+    if len(rows) < num_tasks:
+        raise _too_few(
+            generator, split, len(rows), num_tasks, f"found in {max_attempts} random draws"
+        )
+    return list(rows.values())
+
+
+# -- arithmetic --------------------------------------------------------------------------------
+
+_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+}
+
+
+def _arith_row(a: int, op: str, b: int) -> dict[str, Any]:
+    return {"question": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b)), "a": a, "b": b, "op": op}
+
+
+@GENERATORS.register("arithmetic")
+def arithmetic(
+    split: str,
+    seed: int = 0,
+    num_tasks: int = 1000,
+    digits: int = 2,
+    ops: str = "+",
+    max_operand: int | None = None,
+    allow_negative: bool = False,
+    eval_fraction: float = 0.1,
+) -> list[dict[str, Any]]:
+    """Problems like `23+45=` with answer `68`.
+
+    Operands are in [0, 10**digits - 1] (or [0, max_operand]); `ops` is any of "+-*". With
+    `allow_negative=False`, subtraction keeps the larger operand first. Rows carry `a`, `b`, `op`.
+    """
+    _check_common("arithmetic", num_tasks, eval_fraction)
+    if not ops or any(op not in _OPS for op in ops):
+        raise ValueError(f"arithmetic: ops must be a non-empty string of '+-*', got {ops!r}")
+    if max_operand is None:
+        if digits < 1:
+            raise ValueError(f"arithmetic: digits must be >= 1, got {digits}")
+        max_operand = 10**digits - 1
+    if max_operand < 0:
+        raise ValueError(f"arithmetic: max_operand must be >= 0, got {max_operand}")
+    op_list = sorted(set(ops))
+    values = range(max_operand + 1)
+
+    def valid(a: int, op: str, b: int) -> bool:
+        return allow_negative or op != "-" or a >= b
+
+    def enumerate_all() -> Iterable[dict[str, Any]]:
+        for op, a, b in itertools.product(op_list, values, values):
+            if valid(a, op, b):
+                yield _arith_row(a, op, b)
+
+    def draw(rng: random.Random) -> dict[str, Any] | None:
+        op, a, b = rng.choice(op_list), rng.randint(0, max_operand), rng.randint(0, max_operand)
+        if not valid(a, op, b):
+            a, b = b, a
+        return _arith_row(a, op, b)
+
+    space = len(op_list) * (max_operand + 1) ** 2
+    return _select("arithmetic", split, seed, num_tasks, eval_fraction, space, enumerate_all, draw)
+
+
+# -- countdown ---------------------------------------------------------------------------------
+
+
+def _random_expression(nums: list[int], rng: random.Random) -> tuple[str, Fraction] | None:
+    """A random expression using every number of `nums` once; None if a division is inexact."""
+    items: list[tuple[str, Fraction, bool]] = [(str(n), Fraction(n), True) for n in nums]
+    while len(items) > 1:
+        i, j = rng.sample(range(len(items)), 2)
+        (ls, lv, latom), (rs, rv, ratom) = items[i], items[j]
+        op = rng.choice("+-*/")
+        if op == "+":
+            val = lv + rv
+        elif op == "-":
+            val = lv - rv
+        elif op == "*":
+            val = lv * rv
+        else:
+            if rv == 0 or (lv / rv).denominator != 1:
+                return None
+            val = lv / rv
+        text = f"{ls if latom else '(' + ls + ')'}{op}{rs if ratom else '(' + rs + ')'}"
+        items = [it for k, it in enumerate(items) if k not in (i, j)] + [(text, val, False)]
+    return items[0][0], items[0][1]
+
+
+def countdown_question(numbers: list[int], target: int) -> str:
+    """The canonical question text: numbers sorted ascending, e.g. `Use 3 5 7 to make 22`."""
+    return f"Use {' '.join(str(n) for n in sorted(numbers))} to make {target}"
+
+
+@GENERATORS.register("countdown")
+def countdown(
+    split: str,
+    seed: int = 0,
+    num_tasks: int = 1000,
+    num_numbers: int = 3,
+    max_number: int = 20,
+    max_target: int = 100,
+    eval_fraction: float = 0.1,
+) -> list[dict[str, Any]]:
+    """Problems like `Use 3 5 7 to make 22`: reach the target with + - * / using each number once.
+
+    Numbers are drawn from [1, max_number]; the target is the value of a random expression over
+    all of them, a whole number in [1, max_target]. Rows carry `numbers` (sorted), `target`, and
+    `answer`, one expression that reaches the target.
+    """
+    _check_common("countdown", num_tasks, eval_fraction)
+    if num_numbers < 2 or max_number < 1 or max_target < 1:
+        raise ValueError(
+            "countdown: need num_numbers >= 2, max_number >= 1 and max_target >= 1, got "
+            f"{num_numbers}, {max_number}, {max_target}"
+        )
+
+    def draw(rng: random.Random) -> dict[str, Any] | None:
+        nums = sorted(rng.randint(1, max_number) for _ in range(num_numbers))
+        expr = _random_expression(nums, rng)
+        if expr is None:
+            return None
+        text, value = expr
+        if value.denominator != 1 or not 1 <= value <= max_target:
+            return None
+        target = int(value)
+        return {
+            "question": countdown_question(nums, target),
+            "answer": text,
+            "numbers": nums,
+            "target": target,
+        }
+
+    # The space of (numbers, target) pairs is not known in closed form: always sample.
+    return _select(
+        "countdown", split, seed, num_tasks, eval_fraction, _ENUMERATE_LIMIT + 1, list, draw
+    )
+
+
+def generate(name: str, split: str, seed: int, num_tasks: int, **args: Any) -> list[dict[str, Any]]:
+    """Run the generator registered as `name` (or a dotted path)."""
+    return GENERATORS.get(name)(split=split, seed=seed, num_tasks=num_tasks, **args)

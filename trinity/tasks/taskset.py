@@ -1,0 +1,130 @@
+"""Turn a taskset config (`buffer.explorer_input.taskset` and friends) into a list of Tasks.
+
+    tasks = load_taskset(cfg.buffer.explorer_input.taskset,
+                         default_workflow_type="math_workflow",
+                         default_reward_fn_type="arithmetic_reward")
+
+`storage` is any object with the attributes of `trinity.config.buffer_schema.StorageConfig`
+(name, storage_type, path, subset_name, split, format, rollout_args, workflow_args,
+reward_fn_args, default_workflow_type, default_reward_fn_type, repeat_times, generator_args).
+Per-taskset defaults win over the explorer-wide defaults passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trinity.tasks.files import TasksetError, read_located_rows
+from trinity.tasks.synthetic import generate
+from trinity.tasks.task import Task
+
+_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "n")
+
+
+def load_taskset(
+    storage: Any,
+    is_eval: bool = False,
+    default_workflow_type: str | None = None,
+    default_reward_fn_type: str | None = None,
+) -> list[Task]:
+    """Read every row of `storage` and wrap it as a Task.
+
+    1. read rows: a file/folder (`storage_type: file`) or a generator (`synthetic`)
+    2. per row: pick the prompt (plaintext or messages), the truth, and the taskset settings
+    """
+    # 1.
+    name = storage.name or str(storage.path)
+    if storage.storage_type == "file":
+        if not storage.path:
+            raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
+        located = read_located_rows(storage.path, storage.split, storage.subset_name)
+    elif storage.storage_type == "synthetic":
+        located = _synthetic_rows(storage, name)
+    else:
+        raise TasksetError(
+            f"taskset {name!r}: storage_type {storage.storage_type!r} cannot hold tasks; "
+            "use 'file' or 'synthetic'"
+        )
+    # 2.
+    fmt = storage.format
+    rollout_args = _rollout_args(storage.rollout_args)
+    workflow_type = storage.default_workflow_type or default_workflow_type
+    reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
+    tasks = []
+    for index, (row, loc) in enumerate(located):
+        prompt, messages = _prompt_of(row, fmt, loc)
+        truth = row.get(fmt.response_key)
+        tasks.append(
+            Task(
+                index=index,
+                raw=row,
+                prompt=prompt,
+                messages=messages,
+                truth=None if truth is None else str(truth),
+                taskset_name=name,
+                is_eval=is_eval,
+                workflow_type=workflow_type,
+                reward_fn_type=reward_fn_type,
+                workflow_args=dict(storage.workflow_args or {}),
+                reward_fn_args=dict(storage.reward_fn_args or {}),
+                rollout_args=dict(rollout_args),
+                repeat_times=storage.repeat_times,
+                reply_prefix=getattr(fmt, "reply_prefix", None),
+            )
+        )
+    return tasks
+
+
+def _synthetic_rows(storage: Any, name: str) -> list[tuple[dict, str]]:
+    if not storage.path:
+        raise TasksetError(f"taskset {name!r}: storage_type 'synthetic' needs a generator as path")
+    args = dict(storage.generator_args or {})
+    seed = int(args.pop("seed", 0))
+    num_tasks = int(args.pop("num_tasks", 1000))
+    rows = generate(storage.path, storage.split, seed, num_tasks, **args)
+    return [(row, f"generator {storage.path!r} row {i}") for i, row in enumerate(rows)]
+
+
+def _rollout_args(rollout_args: Any) -> dict[str, Any]:
+    """The set (non-None) sampling overrides, from a pydantic model, namespace or dict."""
+    if rollout_args is None:
+        return {}
+    if isinstance(rollout_args, dict):
+        items = rollout_args.items()
+    else:
+        items = ((k, getattr(rollout_args, k, None)) for k in _ROLLOUT_KEYS)
+    return {k: v for k, v in items if v is not None}
+
+
+def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | None]:
+    """(plaintext prompt, chat messages) of a row; messages also when a system prompt is set."""
+    system = getattr(fmt, "system_prompt", None)
+    if fmt.prompt_type == "messages":
+        messages = _require(row, fmt.messages_key, loc, "messages_key")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
+            raise TasksetError(
+                f"{loc}: {fmt.messages_key!r} must be a list of {{role, content}} objects"
+            )
+        messages = [dict(m) for m in messages]
+        if system and (not messages or messages[0]["role"] != "system"):
+            messages.insert(0, {"role": "system", "content": system})
+        return None, messages
+    if fmt.prompt_type != "plaintext":
+        raise TasksetError(f"{loc}: unknown prompt_type {fmt.prompt_type!r}")
+    prompt = str(_require(row, fmt.prompt_key, loc, "prompt_key"))
+    if system:
+        return prompt, [
+            {"role": "system", "content": system},
+            {"role": "user", "content": prompt},
+        ]
+    return prompt, None
+
+
+def _require(row: dict, key: str, loc: str, option: str) -> Any:
+    if key not in row:
+        raise TasksetError(
+            f"{loc}: row has no key {key!r} (format.{option}); the row's keys are {sorted(row)}"
+        )
+    return row[key]
