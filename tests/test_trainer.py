@@ -45,10 +45,12 @@ def experiences(vocab: int, seed: int = 0) -> list[Experience]:
 
 
 def params_after_step(cfg, model_dir, exps):
+    """(params before, accumulated gradients of the step, params after, metrics)."""
     trainer = Trainer(cfg, str(model_dir), total_steps=10)
     before = copy.deepcopy(trainer.model.state_dict())
     metrics = trainer.train_step(exps)
-    return before, trainer.model.state_dict(), metrics
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    return before, grads, trainer.model.state_dict(), metrics
 
 
 @pytest.mark.parametrize(
@@ -66,14 +68,15 @@ def test_micro_batches_equal_one_batch(tmp_path, tiny_model_dir, agg):
     budget = make_config(
         tmp_path, tiny_model_dir, max_token_len_per_gpu=16, use_dynamic_bsz="true", agg=agg
     )
-    before, a, ma = params_after_step(whole, tiny_model_dir, exps)
-    _, b, mb = params_after_step(split, tiny_model_dir, exps)
-    _, c, _ = params_after_step(budget, tiny_model_dir, exps)
-    moved = max(float((a[k] - before[k]).abs().max()) for k in a)
+    before, a, after, ma = params_after_step(whole, tiny_model_dir, exps)
+    _, b, _, mb = params_after_step(split, tiny_model_dir, exps)
+    _, c, _, _ = params_after_step(budget, tiny_model_dir, exps)
+    moved = max(float((after[k] - before[k]).abs().max()) for k in before)
     assert moved > 1e-4, "the step did not change the parameters"
+    # gradients (before clipping and Adam, which amplifies float noise in near-zero grads)
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-5)
-        torch.testing.assert_close(a[k], c[k], atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(a[k], c[k], atol=1e-6, rtol=1e-4)
     assert ma["train/loss"] == pytest.approx(mb["train/loss"], abs=1e-5)
     assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-4)
 

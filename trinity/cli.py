@@ -74,17 +74,17 @@ def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
     Writes checkpoints, metrics.jsonl and TensorBoard files under
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
+    cfg = _load(config, overrides)
     from trinity.launcher.run import run as run_config
 
-    cfg = _load(config, overrides)
     try:
         run_config(cfg, console)
     except (NotImplementedError, FileNotFoundError) as e:
-        err.print(f"[red]error:[/] {e}")
+        err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
         err.print("[red]run failed[/]")
-        err.print(str(e), markup=False)
+        sys.stderr.write(f"{e}\n")
         raise typer.Exit(1) from None
 
 

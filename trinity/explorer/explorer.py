@@ -169,7 +169,9 @@ class Explorer:
             "timing/explore_step": elapsed,
         }
 
-    async def evaluate(self, step: int, report: bool = True) -> dict[str, float]:
+    async def evaluate(
+        self, step: int, report: bool = True, source: str = "explorer"
+    ) -> dict[str, float]:
         """Greedy (unless the eval taskset's rollout_args say otherwise) pass over each eval set."""
         metrics: dict[str, float] = {}
         for name, tasks in self.eval_tasksets.items():
@@ -184,7 +186,7 @@ class Explorer:
             metrics[f"timing/eval_{name}"] = time.perf_counter() - t0
         self.last_eval = {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
         if report:
-            await self.hub.put.remote("explorer", self.step_offset + step, metrics)
+            await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
 
     async def sync_to(self, version: int) -> None:

@@ -165,7 +165,9 @@ def run_stage(
             sizes.update(d)
         total = _plan_steps(cfg, explores, sizes)
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
-        monitor.begin_stage(name, sources, total)
+        monitor.begin_stage(
+            name, sources, offset + total, {"final_eval"} if evaluates else set()
+        )
         # 3.
         eval_start: dict[str, float] = {}
         if explorer is not None and not explores and cfg.explorer.eval_on_startup:
@@ -186,7 +188,7 @@ def run_stage(
         if explorer is not None and evaluates:
             if trainer is not None:
                 _wait(explorer.sync_to.remote(train_out["train_steps"]), hub, monitor)
-            eval_end = _accuracies(_wait(explorer.evaluate.remote(steps), hub, monitor))
+            eval_end = _accuracies(_wait(explorer.evaluate.remote(steps, source="final_eval"), hub, monitor))
         monitor.flush()
         return StageResult(
             name=name,

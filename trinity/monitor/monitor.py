@@ -43,19 +43,30 @@ class Monitor:
         self._pending: dict[int, dict[str, Any]] = {}
         self._sources: dict[int, set[str]] = {}
         self.expected: set[str] = set()
+        self.last_expected: set[str] = set()
+        self.last_step = -1
         self.stage = ""
-        self.total_steps = 0
         self.history: list[dict[str, Any]] = []
         self._t_last = time.perf_counter()
 
-    def begin_stage(self, stage: str, expected_sources: set[str], total_steps: int) -> None:
+    def begin_stage(
+        self,
+        stage: str,
+        expected_sources: set[str],
+        last_step: int,
+        last_step_sources: set[str] | None = None,
+    ) -> None:
+        """Start a stage: a step's record is written once all `expected_sources` reported; the
+        stage's last step also waits for `last_step_sources` (e.g. the final evaluation)."""
         self.flush()
-        self.stage, self.expected, self.total_steps = stage, expected_sources, total_steps
+        self.stage, self.expected, self.last_step = stage, expected_sources, last_step
+        self.last_expected = expected_sources | (last_step_sources or set())
 
     def add(self, source: str, step: int, metrics: dict[str, Any]) -> None:
         self._pending.setdefault(step, {}).update(metrics)
         self._sources.setdefault(step, set()).add(source)
-        if self.expected <= self._sources[step]:
+        expected = self.last_expected if step == self.last_step else self.expected
+        if expected <= self._sources[step]:
             for s in sorted(k for k in self._pending if k <= step):
                 self._write(s)
 

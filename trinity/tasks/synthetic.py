@@ -33,6 +33,8 @@ TRAIN_SPLITS = ("train",)
 HELDOUT_SPLITS = ("test", "eval", "validation")
 # Spaces up to this many candidates are enumerated exactly; larger ones are sampled.
 _ENUMERATE_LIMIT = 200_000
+# A sampled space counts as exhausted after this many draws in a row without a new problem.
+_SATURATION_DRAWS = 20_000
 
 
 def is_heldout(generator: str, question: str, eval_fraction: float) -> bool:
@@ -79,7 +81,8 @@ def _select(
     """Pick `num_tasks` distinct rows of `split`, deterministically from `seed`.
 
     1. small space: enumerate every candidate, keep those of the split, shuffle with the seed
-    2. large space: draw candidates with the seed, keep new ones of the split, bounded attempts
+    2. large space: draw candidates with the seed, keep new ones of the split, until enough or
+       the space looks exhausted
     """
     heldout = _want_heldout(generator, split)
     rng = random.Random(f"{generator}:{seed}")
@@ -101,16 +104,22 @@ def _select(
         return pool[:num_tasks]
     # 2.
     rows: dict[str, dict[str, Any]] = {}
-    max_attempts = 50 * num_tasks + 10_000
-    for _ in range(max_attempts):
-        if len(rows) >= num_tasks:
-            break
+    draws = stale = 0  # stale: draws since the last new problem; a long run means saturation
+    while len(rows) < num_tasks and stale < _SATURATION_DRAWS:
+        draws += 1
         row = draw(rng)
         if row is not None and row["question"] not in rows and in_split(row):
             rows[row["question"]] = row
+            stale = 0
+        else:
+            stale += 1
     if len(rows) < num_tasks:
         raise _too_few(
-            generator, split, len(rows), num_tasks, f"found in {max_attempts} random draws"
+            generator,
+            split,
+            len(rows),
+            num_tasks,
+            f"none new in the last {_SATURATION_DRAWS} of {draws} random draws",
         )
     return list(rows.values())
 
@@ -177,25 +186,29 @@ def arithmetic(
 # -- countdown ---------------------------------------------------------------------------------
 
 
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+_ATOM = 3
+
+
 def _random_expression(nums: list[int], rng: random.Random) -> tuple[str, Fraction] | None:
-    """A random expression using every number of `nums` once; None if a division is inexact."""
-    items: list[tuple[str, Fraction, bool]] = [(str(n), Fraction(n), True) for n in nums]
+    """A random expression using every number of `nums` once; None if a division is inexact.
+
+    Parentheses only where precedence needs them: `(8+16)*4`, `19+3-19`, `12-(3+4)`.
+    """
+    items: list[tuple[str, Fraction, int]] = [(str(n), Fraction(n), _ATOM) for n in nums]
     while len(items) > 1:
         i, j = rng.sample(range(len(items)), 2)
-        (ls, lv, latom), (rs, rv, ratom) = items[i], items[j]
+        (ls, lv, lp), (rs, rv, rp) = items[i], items[j]
         op = rng.choice("+-*/")
-        if op == "+":
-            val = lv + rv
-        elif op == "-":
-            val = lv - rv
-        elif op == "*":
-            val = lv * rv
-        else:
-            if rv == 0 or (lv / rv).denominator != 1:
-                return None
-            val = lv / rv
-        text = f"{ls if latom else '(' + ls + ')'}{op}{rs if ratom else '(' + rs + ')'}"
-        items = [it for k, it in enumerate(items) if k not in (i, j)] + [(text, val, False)]
+        if op == "/" and (rv == 0 or (lv / rv).denominator != 1):
+            return None
+        val = {"+": lv + rv, "-": lv - rv, "*": lv * rv}[op] if op != "/" else lv / rv
+        prec = _PREC[op]
+        left = f"({ls})" if lp < prec else ls
+        right = f"({rs})" if rp < prec or (rp == prec and op in "-/") else rs
+        items = [it for k, it in enumerate(items) if k not in (i, j)] + [
+            (left + op + right, val, prec)
+        ]
     return items[0][0], items[0][1]
 
 

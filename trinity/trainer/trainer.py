@@ -29,6 +29,10 @@ from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
 
+# metrics computed through the Aggregator (global counts), so micro-batch values sum to the total
+ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy"})
+
+
 class Trainer:
     def __init__(self, config: Any, model_path: str, total_steps: int) -> None:
         tcfg = config.trainer
@@ -155,11 +159,16 @@ class Trainer:
                     mini_batch, self.config.trainer.micro_batch_size_per_gpu, self._token_budget()
                 )
                 self.optimizer.zero_grad(set_to_none=True)
+                n_tok = max(float(mini_batch.response_mask.sum()), 1.0)
                 for idx in parts:
                     mb = mini_batch.select(idx)
                     m = self._micro_step(mb, agg, recompute_old)
+                    # losses are already scaled by the whole mini-batch's counts: they add up;
+                    # per-token means (clip fraction, ratio, ...) are weighted by token share
+                    share = float(mb.response_mask.sum()) / n_tok
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v * len(idx) / len(mini_batch)
+                        w = 1.0 if k.rsplit("/", 1)[-1] in ADDITIVE_METRICS else share
+                        sums[k] = sums.get(k, 0.0) + v * w
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.clip_grad or float("inf")
                 )
@@ -184,7 +193,6 @@ class Trainer:
             ent_loss, ent_m = a.entropy_loss_fn(entropy, mask, agg=agg, **a.entropy_loss_fn_args)
             loss = loss + ent_loss
             metrics.update({f"train/{k}": v for k, v in ent_m.items()})
-            metrics["train/entropy"] = _masked_mean(entropy.detach(), mask)
         if mb.ref_logprobs is not None:
             kl_loss, kl_m = a.kl_loss_fn(
                 logprob, mb.ref_logprobs, mask, agg=agg, **a.kl_loss_fn_args

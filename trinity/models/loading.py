@@ -1,0 +1,125 @@
+"""Resolve a `model.model_path` and load its tokenizer and weights.
+
+    model.model_path: tiny://1m?seed=0       # built on first use into $TRINITY_CACHE_DIR/models
+    model.model_path: ~/models/Qwen2.5-0.5B  # any local Hugging Face folder
+
+`tiny://<preset>?seed=<N>` maps to `$TRINITY_CACHE_DIR/models/qwen2-<preset>-seed<N>` (cache root
+`~/.cache/trinity` by default). The first process to need it builds it under an exclusive
+`fcntl.flock` on a lock file beside it; the others wait and then reuse the finished folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+TINY_SCHEME = "tiny://"
+
+
+def cache_root() -> Path:
+    """`$TRINITY_CACHE_DIR`, or `~/.cache/trinity`."""
+    return Path(os.environ.get("TRINITY_CACHE_DIR") or "~/.cache/trinity").expanduser()
+
+
+def parse_tiny_url(model_path: str) -> tuple[str, int]:
+    """(preset, seed) of `tiny://<preset>?seed=<N>`; ValueError naming the path otherwise."""
+    from trinity.models.tiny import PRESETS
+
+    parts = urlsplit(model_path)
+    preset = parts.netloc or parts.path.lstrip("/")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"seed"})
+    if parts.scheme != "tiny" or preset not in PRESETS or unknown:
+        raise ValueError(
+            f"bad tiny model path {model_path!r}: expected tiny://<preset>?seed=<N> with preset "
+            f"one of {', '.join(PRESETS)} and only the 'seed' parameter"
+        )
+    try:
+        seed = int(query["seed"][-1]) if "seed" in query else 0
+    except ValueError as e:
+        raise ValueError(f"bad tiny model path {model_path!r}: seed must be an integer") from e
+    return preset, seed
+
+
+def resolve_model_path(model_path: str | Path) -> str:
+    """A local folder for `model_path`: plain paths as given (`~` expanded), `tiny://` built.
+
+    1. a plain path: returned expanded, not checked (loading checks it)
+    2. `tiny://`: return the cached build if finished, else take the lock and build it
+    """
+    # 1.
+    model_path = str(model_path)
+    if not model_path.startswith(TINY_SCHEME):
+        return str(Path(model_path).expanduser())
+    # 2.
+    from trinity.models.tiny import create_tiny_model, is_tiny_model_dir
+
+    preset, seed = parse_tiny_url(model_path)
+    out = cache_root() / "models" / f"qwen2-{preset}-seed{seed}"
+    if is_tiny_model_dir(out, preset, seed):
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not is_tiny_model_dir(out, preset, seed):
+            create_tiny_model(out, preset=preset, seed=seed, overwrite=out.exists())
+    return str(out)
+
+
+def _check_model_dir(path: str | Path, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{what}: no such folder {str(p)!r}")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise ValueError(f"{what}: {str(p)!r} is not a Hugging Face model folder (no config.json)")
+    return p
+
+
+def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) -> Any:
+    """`AutoTokenizer` of a model folder; pad token = eos when it has none; padding side as saved.
+
+    `custom_chat_template` (a Jinja string) replaces the folder's chat template.
+    """
+    from transformers import AutoTokenizer
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"load_tokenizer: no such folder {str(p)!r}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(p))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"load_tokenizer: cannot load a tokenizer from {str(p)!r}: {e}") from e
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if custom_chat_template is not None:
+        tokenizer.chat_template = custom_chat_template
+    return tokenizer
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    """A torch dtype: "auto" = float32 on CPU, bfloat16 on CUDA; else a name like "float16"."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
+    resolved = getattr(torch, aliases.get(dtype, dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return resolved
+
+
+def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> Any:
+    """`AutoModelForCausalLM` of a model folder on `device`, in eval mode.
+
+    `dtype="auto"` is float32 on CPU (bf16 is several times slower on CPUs without AMX) and
+    bfloat16 on CUDA.
+    """
+    from transformers import AutoModelForCausalLM
+
+    p = _check_model_dir(path, "load_model")
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype, device))
+    return model.to(device).eval()

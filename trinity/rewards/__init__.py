@@ -1,0 +1,36 @@
+"""Reward functions: `fn(response, truth, task_raw, **args) -> dict[str, float]`, registered by name.
+
+    from trinity.rewards import REWARD_FN
+    components = REWARD_FN.get("math_reward")(response, task.truth, task.raw, **task.reward_fn_args)
+    reward = sum(components.values())
+
+Built in: arithmetic_reward, countdown_reward, math_reward, format_reward, math_with_format.
+A dotted path (`my_pkg.rewards.my_fn`) loads a user's function.
+"""
+
+from trinity.rewards.arithmetic import arithmetic_reward, last_number
+from trinity.rewards.base import REWARD_FN, RewardFn
+from trinity.rewards.countdown import countdown_reward, parse_expression
+from trinity.rewards.math_answer import (
+    DEFAULT_FORMAT_PATTERN,
+    answers_match,
+    extract_answer,
+    format_reward,
+    math_reward,
+    math_with_format,
+)
+
+__all__ = [
+    "DEFAULT_FORMAT_PATTERN",
+    "REWARD_FN",
+    "RewardFn",
+    "answers_match",
+    "arithmetic_reward",
+    "countdown_reward",
+    "extract_answer",
+    "format_reward",
+    "last_number",
+    "math_reward",
+    "math_with_format",
+    "parse_expression",
+]

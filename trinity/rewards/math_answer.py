@@ -1,0 +1,122 @@
+"""`math_reward`, `format_reward`, `math_with_format`: free-form math answers checked by math-verify.
+
+    default_reward_fn_type: math_with_format
+    reward_fn_args: {format_score: 0.1}
+
+The final answer is taken from the last `\\boxed{...}` or `#### ...` of the response (GSM8K style)
+and, the same way, from the truth (a full GSM8K solution ending in `#### 72` works); a response
+without one is searched whole by math-verify, a truth without one is the answer itself. The two
+are compared with `math_verify.verify` (`\\frac{1}{2}` equals `0.5`, `1,234` equals `1234`).
+
+math-verify bounds its work with `signal.alarm`, which only works in the main thread: there we
+keep its timeouts, in any other thread (Ray actors' thread pools, asyncio executors) we switch
+them off (`parsing_timeout=None`, `timeout_seconds=None`) instead of letting it fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Any
+
+from trinity.rewards.base import REWARD_FN, require_truth
+
+_TIMEOUT_S = 5
+_GSM8K = re.compile(r"####\s*([^\n]*?)\s*$", re.MULTILINE)
+_BOXED = "\\boxed"
+# The default of `format_reward`: the response ends with a \boxed{...} or a `#### ...` answer.
+DEFAULT_FORMAT_PATTERN = r"(\\boxed\{.+\}|####\s*\S[^\n]*)\s*\.?\s*$"
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns once when timeouts are off
+
+
+def _last_boxed(text: str) -> tuple[int, str] | None:
+    """(position, `\\boxed{content}`) of the last boxed answer with balanced braces."""
+    start = text.rfind(_BOXED + "{")
+    while start != -1:
+        depth, i = 0, start + len(_BOXED)
+        while i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return start, text[start : i + 1]
+            i += 1
+        start = text.rfind(_BOXED + "{", 0, start)  # unbalanced: try an earlier one
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of `text`: its last `\\boxed{...}` or `#### ...`; None without one."""
+    boxed = _last_boxed(text)
+    gsm = list(_GSM8K.finditer(text))
+    gsm_pos = gsm[-1].start() if gsm and gsm[-1].group(1) else -1
+    if boxed is not None and boxed[0] > gsm_pos:
+        return boxed[1]
+    if gsm_pos >= 0:
+        return gsm[-1].group(1)
+    return None
+
+
+def _as_math(answer: str) -> str:
+    """Wrap a bare formula in `$...$` so math-verify reads it as LaTeX (`1+x`, `\\frac{1}{2}`);
+    leave prose (`72 dollars`), boxed and already-delimited answers as they are."""
+    if answer.startswith(_BOXED) or "$" in answer:
+        return answer
+    if re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", "", answer)):
+        return answer
+    return f"${answer}$"
+
+
+def answers_match(response: str, truth: str) -> bool:
+    """True when math-verify finds the final answers of `response` and `truth` equal."""
+    from math_verify import parse, verify
+
+    timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    gold_text = _as_math((extract_answer(truth) or truth).strip())
+    gold = parse(gold_text, parsing_timeout=timeout)  # type: ignore[arg-type]
+    if not gold:
+        raise ValueError(f"math_reward: math-verify cannot parse the truth {truth!r}")
+    final = extract_answer(response)
+    answer_text = response if final is None else _as_math(final.strip())
+    answer = parse(answer_text, parsing_timeout=timeout)  # type: ignore[arg-type]
+    if not answer:
+        return False
+    return bool(verify(gold, answer, timeout_seconds=timeout))
+
+
+@REWARD_FN.register("math_reward")
+def math_reward(
+    response: str, truth: str | None, task_raw: dict[str, Any], **args: Any
+) -> dict[str, float]:
+    """{"accuracy": 1.0} when the response's final answer equals the truth's, else 0.0."""
+    truth = require_truth("math_reward", truth)
+    return {"accuracy": float(answers_match(response, truth))}
+
+
+@REWARD_FN.register("format_reward")
+def format_reward(
+    response: str,
+    truth: str | None,
+    task_raw: dict[str, Any],
+    pattern: str = DEFAULT_FORMAT_PATTERN,
+    format_score: float = 0.1,
+    **args: Any,
+) -> dict[str, float]:
+    """{"format": format_score} when `pattern` (re.search) matches the response, else 0.0."""
+    return {"format": float(format_score) if re.search(pattern, response) else 0.0}
+
+
+@REWARD_FN.register("math_with_format")
+def math_with_format(
+    response: str,
+    truth: str | None,
+    task_raw: dict[str, Any],
+    pattern: str = DEFAULT_FORMAT_PATTERN,
+    format_score: float = 0.1,
+    **args: Any,
+) -> dict[str, float]:
+    """The components of `math_reward` and `format_reward` together (their sum is the reward)."""
+    return {
+        **math_reward(response, truth, task_raw),
+        **format_reward(response, truth, task_raw, pattern=pattern, format_score=format_score),
+    }

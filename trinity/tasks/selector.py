@@ -1,0 +1,81 @@
+"""Task selectors: the order in which a taskset is served, batch by batch.
+
+    buffer.explorer_input.taskset.task_selector: {selector_type: shuffle, seed: 0}
+
+Every selector serves `total_epochs` epochs of `ceil(len(items) / batch_size)` batches each; the
+last batch of an epoch may be partial (it is kept, never padded or merged with the next epoch).
+- sequential: file order, every epoch the same.
+- shuffle: a new permutation each epoch, drawn from `seed` (epoch e uses the same permutation for
+  the same seed, so a rerun serves the same batches).
+- random: items drawn with replacement; an epoch has as many draws as there are items.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+from trinity.common.registry import Registry
+
+T = TypeVar("T")
+SELECTORS: Registry[type[TaskSelector]] = Registry("task selector")
+
+
+class TaskSelector:
+    """Base: subclasses choose the order of one epoch's items (`epoch_order`)."""
+
+    def __init__(self, seed: int = 42) -> None:
+        self.seed = seed
+
+    def epoch_order(self, n: int, epoch: int) -> list[int]:
+        """Indices of the items served in `epoch` (0-based)."""
+        raise NotImplementedError
+
+    def batches(
+        self, tasks: Sequence[T], batch_size: int, total_epochs: int = 1
+    ) -> Iterator[list[T]]:
+        """Batches of `batch_size` items over `total_epochs` epochs (last one per epoch partial)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if total_epochs < 0:
+            raise ValueError(f"total_epochs must be >= 0, got {total_epochs}")
+        n = len(tasks)
+        for epoch in range(total_epochs):
+            order = self.epoch_order(n, epoch)
+            for start in range(0, n, batch_size):
+                yield [tasks[i] for i in order[start : start + batch_size]]
+
+
+@SELECTORS.register("sequential")
+class SequentialSelector(TaskSelector):
+    def epoch_order(self, n: int, epoch: int) -> list[int]:
+        return list(range(n))
+
+
+@SELECTORS.register("shuffle")
+class ShuffleSelector(TaskSelector):
+    def epoch_order(self, n: int, epoch: int) -> list[int]:
+        order = list(range(n))
+        random.Random(f"shuffle:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+
+@SELECTORS.register("random")
+class RandomSelector(TaskSelector):
+    def epoch_order(self, n: int, epoch: int) -> list[int]:
+        rng = random.Random(f"random:{self.seed}:{epoch}")
+        return [rng.randrange(n) for _ in range(n)]
+
+
+def make_selector(config: Any = None) -> TaskSelector:
+    """A selector from a `task_selector` config (selector_type, seed), a name, or None."""
+    if config is None:
+        return SequentialSelector()
+    if isinstance(config, str):
+        return SELECTORS.get(config)()
+    if isinstance(config, dict):
+        kind, seed = config.get("selector_type", "sequential"), config.get("seed", 42)
+    else:
+        kind, seed = config.selector_type, config.seed
+    return SELECTORS.get(kind)(seed=seed)
