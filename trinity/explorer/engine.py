@@ -180,7 +180,8 @@ class HFRolloutEngine:
 
             tensors = load_file(state)
         else:
-            tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
+            # object-store arrays are read-only views: copy into tensors the model can own
+            tensors = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()}
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if not _is_tied(self.model, k)]
         if missing or unexpected:

@@ -45,7 +45,12 @@ class RunResult:
 
 
 def init_ray(address: str) -> None:
-    """Join the configured cluster; with `auto` and none running, start a local instance."""
+    """Join the configured cluster, or start a private local instance.
+
+    `auto` joins a cluster started with `ray start` (or named by RAY_ADDRESS) and otherwise starts
+    a local instance that lives as long as this run. It deliberately does not use Ray's own
+    `address="auto"`, which also attaches to another driver's private instance and dies with it.
+    """
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -55,11 +60,6 @@ def init_ray(address: str) -> None:
         "configure_logging": True,
     }
     if address == "auto":
-        try:
-            ray.init(address="auto", **kwargs)
-            return
-        except ConnectionError:
-            pass
         ray.init(**kwargs)
     else:
         ray.init(address=address, **kwargs)

@@ -70,7 +70,7 @@ def resolve_model_path(model_path: str | Path) -> str:
 
 
 def _check_model_dir(path: str | Path, what: str) -> Path:
-    p = Path(path).expanduser()
+    p = Path(resolve_model_path(path))
     if not p.exists():
         raise FileNotFoundError(f"{what}: no such folder {str(p)!r}")
     if not p.is_dir() or not (p / "config.json").is_file():
@@ -79,13 +79,14 @@ def _check_model_dir(path: str | Path, what: str) -> Path:
 
 
 def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) -> Any:
-    """`AutoTokenizer` of a model folder; pad token = eos when it has none; padding side as saved.
+    """`AutoTokenizer` of a model folder (or `tiny://` path); pad token = eos when it has none;
+    padding side as saved.
 
     `custom_chat_template` (a Jinja string) replaces the folder's chat template.
     """
     from transformers import AutoTokenizer
 
-    p = Path(path).expanduser()
+    p = Path(resolve_model_path(path))
     if not p.exists():
         raise FileNotFoundError(f"load_tokenizer: no such folder {str(p)!r}")
     try:
@@ -113,7 +114,7 @@ def resolve_dtype(dtype: str, device: str) -> Any:
 
 
 def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> Any:
-    """`AutoModelForCausalLM` of a model folder on `device`, in eval mode.
+    """`AutoModelForCausalLM` of a model folder (or `tiny://` path) on `device`, in eval mode.
 
     `dtype="auto"` is float32 on CPU (bf16 is several times slower on CPUs without AMX) and
     bfloat16 on CUDA.

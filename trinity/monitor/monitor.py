@@ -104,7 +104,7 @@ class Monitor:
             if k.startswith("eval/") and k.endswith("/accuracy"):
                 parts.append(f"[green]{k[5:]} {v:.3f}[/]")
         parts.append(f"{dt:.1f}s")
-        self.console.print(" | ".join(parts))
+        self.console.print(" | ".join(parts), soft_wrap=True)
 
     def close(self) -> None:
         self.flush()

@@ -111,14 +111,14 @@ def _read_file(f: Path) -> list[tuple[dict, str]]:
     if suffix == ".csv":
         with f.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = []
+            located = []
             for row in reader:
                 if None in row:  # more cells than header columns
                     raise TasksetError(
                         f"{f}:{reader.line_num}: row has more cells than the header has columns"
                     )
-                rows.append((dict(row), f"{f}:{reader.line_num}"))
-            return rows
+                located.append((dict(row), f"{f}:{reader.line_num}"))
+            return located
     raise TasksetError(
         f"{str(f)!r}: unsupported file type {suffix!r}; use one of {', '.join(_SUFFIXES)} "
         "or a `datasets` save folder"
