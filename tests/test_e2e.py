@@ -114,7 +114,7 @@ def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
     r = run_trinity(cfg, env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "kaboom from the user workflow" in r.stderr
-    assert "boom.py\", line 4, in run" in r.stderr, r.stderr[-3000:]  # the actor traceback
+    assert 'boom.py", line 4, in run' in r.stderr, r.stderr[-3000:]  # the actor traceback
     assert "2 tries" in r.stderr  # bounded retries: 1 + max_retry_times
 
 

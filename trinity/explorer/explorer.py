@@ -110,8 +110,10 @@ class Explorer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def run(self, total_steps: int) -> dict[str, Any]:
+    async def run(self, total_steps: int, sync: bool = True) -> dict[str, Any]:
         """Explore `total_steps` steps, syncing weights on schedule; then close the buffer.
+
+        `sync=False` (mode explore: no trainer in this run) keeps the starting weights.
 
         1. evaluate at start (`explorer.eval_on_startup`)
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the

@@ -165,16 +165,14 @@ def run_stage(
             sizes.update(d)
         total = _plan_steps(cfg, explores, sizes)
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
-        monitor.begin_stage(
-            name, sources, offset + total, {"final_eval"} if evaluates else set()
-        )
+        monitor.begin_stage(name, sources, offset + total, {"final_eval"} if evaluates else set())
         # 3.
         eval_start: dict[str, float] = {}
         if explorer is not None and not explores and cfg.explorer.eval_on_startup:
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
         if explores:
-            refs.append(explorer.run.remote(total))
+            refs.append(explorer.run.remote(total, sync=trains))
         if trainer is not None:
             refs.append(trainer.run.remote(total))
         outs = _wait_all(refs, hub, monitor)
@@ -188,7 +186,9 @@ def run_stage(
         if explorer is not None and evaluates:
             if trainer is not None:
                 _wait(explorer.sync_to.remote(train_out["train_steps"]), hub, monitor)
-            eval_end = _accuracies(_wait(explorer.evaluate.remote(steps, source="final_eval"), hub, monitor))
+            eval_end = _accuracies(
+                _wait(explorer.evaluate.remote(steps, source="final_eval"), hub, monitor)
+            )
         monitor.flush()
         return StageResult(
             name=name,

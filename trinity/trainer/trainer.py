@@ -28,7 +28,6 @@ from trinity.trainer.checkpoint import save_hf_checkpoint, state_dict_numpy
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
-
 # metrics computed through the Aggregator (global counts), so micro-batch values sum to the total
 ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy"})
 
