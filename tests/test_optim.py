@@ -11,7 +11,14 @@ from trinity.trainer.optim import build_optimizer, lr_factor, warmup_steps
 
 def test_warmup_then_constant():
     # warmup 4: factors 1/4, 2/4, 3/4, 4/4, then 1
-    assert [lr_factor(s, 4, 10, "constant", 0.0) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [lr_factor(s, 4, 10, "constant", 0.0) for s in range(6)] == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+        1.0,
+    ]
 
 
 def test_linear_and_cosine_decay_to_min_ratio():

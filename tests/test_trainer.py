@@ -95,3 +95,17 @@ def test_metrics_and_checkpoint_roundtrip(tmp_path, tiny_model_dir):
     loaded = AutoModelForCausalLM.from_pretrained(path)
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v)
+
+
+def test_several_updates_recompute_old_logprobs(tmp_path, tiny_model_dir):
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2, ppo_epochs=2, ppo_mini_batch_size=3
+    )
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    m = trainer.train_step(experiences(vocab))
+    assert "timing/train_old_logprob" in m  # a no-grad pass before the first update
+    # 2 epochs x 2 mini-batches of 3 = 4 optimizer updates, each stepping the lr schedule
+    assert trainer.scheduler.last_epoch == 4
+    # after the first update the weights differ from the old ones, so the ratio moved off 1
+    assert m["train/ppo_kl"] != 0.0

@@ -259,6 +259,15 @@ class TrainerConfig(ConfigSection):
     logprob_chunk_size: int = Field(
         1024, ge=1, description="Tokens whose logits are materialised at once (unit: tokens)."
     )
+    ppo_epochs: int = Field(
+        1, ge=1, description="Passes over each train batch; > 1 recomputes old logprobs first."
+    )
+    ppo_mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Experiences per optimizer update inside a train step (None = the whole "
+        "train batch, one update per step).",
+    )
 
 
 MonitorType = Literal["tensorboard", "jsonl", "console", "wandb", "mlflow", "swanlab"]

@@ -7,7 +7,6 @@ It never calls the trainer. It meets it through the buffer (experiences out) and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import statistics
 import time
 import traceback
@@ -282,7 +281,3 @@ def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, flo
 def _first(*values: Any) -> Any:
     return next(v for v in values if v is not None)
 
-
-def _replace_eid(e: Experience, **changes: Any) -> Experience:
-    e.eid = dataclasses.replace(e.eid, **changes)
-    return e

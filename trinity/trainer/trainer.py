@@ -61,8 +61,8 @@ class Trainer:
         self.clip_grad = tcfg.grad_clip if tcfg.grad_clip is not None else opt.clip_grad
         self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
         self.step = 0
-        self.ppo_epochs = getattr(tcfg, "ppo_epochs", 1)
-        self.mini_batch_size = getattr(tcfg, "ppo_mini_batch_size", None)
+        self.ppo_epochs = tcfg.ppo_epochs
+        self.mini_batch_size = tcfg.ppo_mini_batch_size
 
     # -- the step ----------------------------------------------------------------------------
 
