@@ -11,6 +11,7 @@ token for token (`rollout/logprob_diff`).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,8 +64,8 @@ class HFRolloutEngine:
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
     ) -> None:
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU: choose explicitly
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)

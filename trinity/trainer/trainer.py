@@ -13,6 +13,7 @@ are recomputed in a no-grad pass before the first update, as in PPO.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,8 @@ ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy
 class Trainer:
     def __init__(self, config: Any, model_path: str, total_steps: int) -> None:
         tcfg = config.trainer
-        if tcfg.num_threads:
-            torch.set_num_threads(tcfg.num_threads)
+        # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU: choose explicitly
+        torch.set_num_threads(tcfg.num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.seed)
         self.config = config
         self.algo = resolve_algorithm(config.algorithm)
