@@ -280,4 +280,3 @@ def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, flo
 
 def _first(*values: Any) -> Any:
     return next(v for v in values if v is not None)
-
