@@ -23,6 +23,8 @@ def response_logprobs(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
     ).last_hidden_state  # [B, T, H]
     rows, cols = torch.nonzero(batch.valid_mask, as_tuple=True)  # N valid response tokens
+    if rows.numel() == 0:
+        raise ValueError("train batch has no response tokens: every experience is prompt-only")
     h = hidden[rows, batch.response_pos[rows, cols]]  # [N, H]
     labels = batch.response_ids[rows, cols]  # [N]
     lp_parts, ent_parts = [], []
