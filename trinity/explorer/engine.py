@@ -1,8 +1,14 @@
 """Rollout engine on Hugging Face transformers: batched sampling with per-token logprobs.
 
-It wraps `model.generate` (the portable path; vLLM is the GPU path where installed) and adds what
-RL needs: the logprob of every sampled token, the exact sampled ids, a finish reason, and a
-`model_version` that `update_weights` bumps.
+Any transformers causal LM (the portable path; vLLM is the GPU path where installed), driven by our
+own decode loop rather than `model.generate`, for what RL rollouts need:
+- each distinct prompt is prefilled once and its KV cache fanned out to the `n` samples
+  (`generate` would prefill every copy: n times the prompt compute for GRPO's groups);
+- rows that sampled eos leave the batch at once, so long and short answers don't pay for each other;
+- the logprob of every sampled token is taken at each step, never keeping [B, R, V] logits;
+- sampling (temperature, top-k, top-p; `sampling.py`) draws from a per-engine seeded generator.
+It also returns the exact sampled ids, a finish reason, and the `model_version` that
+`update_weights` bumps. Greedy output equals `model.generate`'s (tested).
 
 Logprobs are those of the raw policy, log_softmax(logits) at temperature 1, whatever the sampling
 temperature/top-p/top-k: that is the distribution the trainer recomputes, so the two can be compared
@@ -18,7 +24,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
+from trinity.explorer.sampling import sample_next
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 
 
@@ -86,6 +94,7 @@ class HFRolloutEngine:
             if self.tokenizer.pad_token_id is not None
             else next(iter(self.eos_ids))
         )
+        self._eos_tensor = torch.tensor(sorted(self.eos_ids), device=self.device)
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
 
     # -- sampling --------------------------------------------------------------------------------
@@ -93,15 +102,24 @@ class HFRolloutEngine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
         """Sample `params.n` continuations for each prompt. Returns one list per prompt."""
-        flat = [p for p in prompts for _ in range(params.n)]
-        out: list[Sample] = []
-        for start in range(0, len(flat), self.max_batch_size):
-            out.extend(self._generate_batch(flat[start : start + self.max_batch_size], params))
-        return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
+        out: list[list[Sample]] = []
+        for start in range(0, len(prompts), per_chunk):
+            out.extend(self._generate_batch(prompts[start : start + per_chunk], params))
+        return out
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[list[Sample]]:
+        """Prefill each prompt once, fan its KV cache out to `n` rows, decode until all stop.
+
+        1. left-pad the prompts; positions count real tokens only
+        2. prefill the B distinct prompts, then repeat each row's cache `n` times
+        3. decode: raw-policy logprob of the drawn token, drop rows that sampled eos
+        4. cut each row at its first eos (kept: it is a trained token)
+        """
         t0 = time.perf_counter()
-        # 1. left-pad the prompts into one tensor  # [B, P]
+        # 1.  # [B, P]
         width = max(len(p) for p in prompts)
         max_new = params.max_tokens
         if self.max_model_len is not None:
@@ -115,54 +133,87 @@ class HFRolloutEngine:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p) :] = 1
-        # 2. sample, keeping the raw logits of every step  # [B, P + R]
-        sampling: dict[str, Any] = {"do_sample": False}
-        if not params.greedy:
-            sampling = {
-                "do_sample": True,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else None,
-            }
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            max_new_tokens=max_new,
-            min_new_tokens=0,
-            eos_token_id=sorted(self.eos_ids),
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-            **sampling,
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = (
+            t.to(self.device) for t in (input_ids, attention, positions)
         )
-        responses = out.sequences[:, width:]  # [B, R]
-        # 3. logprob of each sampled token under the raw policy  # [B, R]
-        logits = torch.stack(out.logits, dim=1).float()  # [B, R, V]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-        # 4. cut each row at its first eos (kept, it is a trained token)
-        responses, logprobs = responses.cpu(), logprobs.cpu()
-        is_eos = torch.zeros_like(responses, dtype=torch.bool)
-        for e in self.eos_ids:
-            is_eos |= responses == e
-        samples = []
+        # 2.  # logits [B, V] -> [B*n, V]
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        n = params.n
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attention = attention.repeat_interleave(n, dim=0)
+            positions = positions.repeat_interleave(n, dim=0)
+        rows = len(prompts) * n
+        next_pos = positions[:, -1:] + 1  # [b, 1]
+        alive = torch.arange(rows, device=self.device)  # original row of each live row
+        tokens = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
+        lengths = torch.full((rows,), max_new, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        # 3.
+        for t in range(max_new):
+            tok = sample_next(
+                logits,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                generator=self.generator,
+            )  # [b]
+            raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
+            tokens[alive, t] = tok
+            logprobs[alive, t] = raw.gather(-1, tok[:, None]).squeeze(-1)
+            done = torch.isin(tok, self._eos_tensor)
+            if bool(done.any()):
+                lengths[alive[done]] = t + 1
+                stopped[alive[done]] = True
+                keep = torch.nonzero(~done).squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                alive, tok = alive[keep], tok[keep]
+                attention, next_pos = attention[keep], next_pos[keep]
+            if t + 1 == max_new:
+                break
+            attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=-1)
+            logits = self.model(
+                input_ids=tok[:, None],
+                attention_mask=attention,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+        # 4.
+        tokens, logprobs = tokens.cpu(), logprobs.cpu()
+        lengths_l, stopped_l = lengths.tolist(), stopped.tolist()
+        out: list[list[Sample]] = []
         for i, prompt in enumerate(prompts):
-            eos_pos = torch.nonzero(is_eos[i])
-            if len(eos_pos):
-                n, reason = int(eos_pos[0]) + 1, "stop"
-            else:
-                n, reason = responses.shape[1], "length"
-            samples.append(
-                Sample(
-                    prompt_ids=list(prompt),
-                    response_ids=responses[i, :n].tolist(),
-                    logprobs=logprobs[i, :n].tolist(),
-                    finish_reason=reason,
-                    model_version=self.model_version,
+            group = []
+            for r in range(i * n, (i + 1) * n):
+                k = lengths_l[r]
+                group.append(
+                    Sample(
+                        prompt_ids=list(prompt),
+                        response_ids=tokens[r, :k].tolist(),
+                        logprobs=logprobs[r, :k].tolist(),
+                        finish_reason="stop" if stopped_l[r] else "length",
+                        model_version=self.model_version,
+                    )
                 )
-            )
-            self.stats["generated_tokens"] += n
+                self.stats["generated_tokens"] += k
+            out.append(group)
         self.stats["generate_seconds"] += time.perf_counter() - t0
-        return samples
+        return out
 
     @torch.inference_mode()
     def logprobs(self, tokens: list[int]) -> list[float]:

@@ -1,0 +1,67 @@
+"""Next-token sampling for the rollout engine: temperature, top-k, top-p, greedy.
+
+Pure tensor functions, applied in the order vLLM and transformers use: divide the logits by the
+temperature, keep the `top_k` largest, then keep the smallest set of tokens, most likely first,
+whose probability reaches `top_p` (nucleus sampling, Holtzman et al. 2020, "The Curious Case of
+Neural Text Degeneration"). A token is kept when the probability of the tokens ranked strictly
+above it is below `top_p`, so the most likely token is always kept.
+
+The logprob an RL trainer needs is that of the *raw* policy (temperature 1, nothing filtered);
+the engine computes it separately from the unfiltered logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
+) -> torch.Tensor:
+    """Scaled logits with filtered-out tokens set to -inf.
+
+    logits: [B, V]. temperature > 0; top_k <= 0 or >= V keeps all; top_p >= 1 keeps all.
+    Returns [B, V] float32 whose softmax is the sampling distribution.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to sample, got {temperature} (0 means greedy)")
+    out = logits.float() / temperature
+    vocab = out.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(out, top_k, dim=-1).values[:, -1:]  # [B, 1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)  # [B, V]
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_above = torch.cumsum(probs, dim=-1) - probs  # probability ranked strictly above
+        drop_sorted = mass_above >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def sample_next(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row of logits [B, V]: argmax when temperature == 0, else a draw. -> [B]
+
+    The draw inverts the CDF: with c_k = p_0 + ... + p_k and u ~ U[0, c_last), token k is the
+    first with c_k > u, so P(k) = c_k - c_(k-1) = p_k and a filtered-out token (p_k = 0) is never
+    drawn. One uniform per row instead of one random number per vocabulary entry: several times
+    cheaper than torch.multinomial on CPU.
+    """
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)  # [B, V]
+    cdf = torch.cumsum(probs, dim=-1)  # [B, V]
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device)  # [B, 1]
+    total = cdf[:, -1:].contiguous()  # [B, 1], 1 up to rounding
+    picked = torch.searchsorted(cdf, u * total, right=True)  # [B, 1]
+    # if u * total rounds up to total, fall back to the last token with probability > 0
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(picked, last).squeeze(-1)
