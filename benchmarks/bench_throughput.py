@@ -5,6 +5,7 @@
 Rows (one run, one model, one batch):
   rollout/raw_generate      model.generate on the batch, tokens it generated per second
   rollout/engine            HFRolloutEngine.generate in-process (+ logprob of every token)
+  rollout_long/*            the same two with a --long-prompt token system prompt before each task
   rollout/explorer          the explorer path: math workflows → request batcher → engine Ray actor
   train/raw_fwd_bwd         forward + cross-entropy on response tokens + backward + AdamW step
   train/trainer_pg          Trainer.train_step, GRPO without reference model
@@ -43,6 +44,34 @@ def best_of(fn, repeats: int) -> tuple[float, float]:
     return tokens, secs
 
 
+def rollout_rows(rows, group, model, engine, tok, prompts, params, repeats) -> None:
+    """`<group>/raw_generate` (model.generate on the padded batch) and `<group>/engine` rows."""
+    eos = model.generation_config.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        att[i, width - len(p) :] = 1
+    ids, att = ids.repeat_interleave(params.n, 0), att.repeat_interleave(params.n, 0)
+
+    @torch.inference_mode()
+    def raw_generate() -> int:
+        out = model.generate(
+            input_ids=ids, attention_mask=att, do_sample=True, temperature=params.temperature,
+            max_new_tokens=params.max_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        return int((out[:, width:] != tok.pad_token_id).sum())
+
+    def engine_generate() -> int:
+        out = engine.generate(prompts, params)
+        return sum(len(s.response_ids) for group in out for s in group)
+
+    for name, fn in (("raw_generate", raw_generate), ("engine", engine_generate)):
+        tokens, seconds = best_of(fn, repeats)
+        rows[f"{group}/{name}"] = {"tokens": tokens, "seconds": seconds, "prompt_tokens": width}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="1m")
@@ -50,6 +79,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="samples per task")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--long-prompt", type=int, default=256, help="system prompt tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
     args = ap.parse_args()
@@ -75,51 +105,27 @@ def main() -> None:
         generator_args={"digits": 2, "num_tasks": args.tasks, "seed": 0},
     )  # fmt: skip
     tasks = load_taskset(storage, default_reward_fn_type="arithmetic_reward")
-    prompts = [
-        list(
-            tok.apply_chat_template(
-                t.to_messages(), add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-        for t in tasks
-    ]
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     rows: dict[str, dict] = {}
-
-    # -- rollout: raw model.generate ----------------------------------------------------------
     model = load_model(model_dir)
-    eos = model.generation_config.eos_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        att[i, width - len(p) :] = 1
-    ids, att = ids.repeat_interleave(args.n, 0), att.repeat_interleave(args.n, 0)
-
-    @torch.inference_mode()
-    def raw_generate() -> int:
-        out = model.generate(
-            input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0,
-            max_new_tokens=args.max_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-        )  # fmt: skip
-        resp = out[:, width:]
-        return int((resp != tok.pad_token_id).sum())
-
-    rows["rollout/raw_generate"] = dict(
-        zip(("tokens", "seconds"), best_of(raw_generate, args.repeats), strict=True)
-    )
-
-    # -- rollout: our engine in-process ---------------------------------------------------------
     engine = HFRolloutEngine(str(model_dir), seed=0, num_threads=args.threads)
 
-    def engine_generate() -> int:
-        out = engine.generate(prompts, params)
-        return sum(len(s.response_ids) for group in out for s in group)
+    def chat_ids(messages: list[dict]) -> list[int]:
+        return list(
+            tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
-    rows["rollout/engine"] = dict(
-        zip(("tokens", "seconds"), best_of(engine_generate, args.repeats), strict=True)
-    )
+    prompts = [chat_ids(t.to_messages()) for t in tasks]
+    # the same tasks behind a long system prompt (instructions, few-shot examples in real use)
+    filler = " ".join(f"{i}+{i + 1}={2 * i + 1}." for i in range(400))
+    system = tok.decode(tok.encode(filler, add_special_tokens=False)[: args.long_prompt])
+    long_prompts = [
+        chat_ids([{"role": "system", "content": system}, *t.to_messages()]) for t in tasks
+    ]
+    for group, batch_prompts in (("rollout", prompts), ("rollout_long", long_prompts)):
+        rollout_rows(rows, group, model, engine, tok, batch_prompts, params, args.repeats)
 
     # -- rollout: the explorer path (workflows + batcher + engine actor over Ray) ---------------
     import ray
@@ -225,6 +231,7 @@ def main() -> None:
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
     base = {
         "rollout": rows["rollout/raw_generate"]["tokens_per_s"],
+        "rollout_long": rows["rollout_long/raw_generate"]["tokens_per_s"],
         "train": rows["train/raw_fwd_bwd"]["tokens_per_s"],
     }
     for k, r in rows.items():
