@@ -73,7 +73,6 @@ def test_decode_loop_matches_generate_with_padding_and_early_stops(tiny_model_di
     seen = [t for g in first for t in g[0].response_ids]
     stops = sorted(set(seen), key=seen.index)[1:3]
     engine.eos_ids |= set(stops)
-    engine._eos_tensor = torch.tensor(sorted(engine.eos_ids))
     out = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=12))
     lengths = set()
     for p, group in zip(prompts, out, strict=True):

@@ -40,10 +40,6 @@ class SamplingParams:
     top_k: int = -1
     max_tokens: int = 64
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
 
 @dataclass
 class Sample:
@@ -94,7 +90,6 @@ class HFRolloutEngine:
             if self.tokenizer.pad_token_id is not None
             else next(iter(self.eos_ids))
         )
-        self._eos_tensor = torch.tensor(sorted(self.eos_ids), device=self.device)
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
 
     # -- sampling --------------------------------------------------------------------------------
@@ -160,6 +155,7 @@ class HFRolloutEngine:
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
         lengths = torch.full((rows,), max_new, dtype=torch.long, device=self.device)
         stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        stop_ids = torch.tensor(sorted(self.eos_ids), device=self.device)
         # 3.
         for t in range(max_new):
             tok = sample_next(
@@ -172,7 +168,7 @@ class HFRolloutEngine:
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             tokens[alive, t] = tok
             logprobs[alive, t] = raw.gather(-1, tok[:, None]).squeeze(-1)
-            done = torch.isin(tok, self._eos_tensor)
+            done = torch.isin(tok, stop_ids)
             if bool(done.any()):
                 lengths[alive[done]] = t + 1
                 stopped[alive[done]] = True
