@@ -75,10 +75,15 @@ def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
     cfg = _load(config, overrides)
+    from trinity.config import ConfigError
     from trinity.launcher.run import run as run_config
 
     try:
         run_config(cfg, console)
+    except ConfigError as e:
+        err.print("[red]config error[/]")
+        err.print(str(e), markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except (NotImplementedError, FileNotFoundError) as e:
         err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None

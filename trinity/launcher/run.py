@@ -18,7 +18,8 @@ from rich.console import Console
 
 from trinity.algorithm import resolve_algorithm
 from trinity.buffer.queue import QueueActor
-from trinity.config import resolve, stage_configs
+from trinity.config import ConfigError, resolve, stage_configs
+from trinity.config.support import not_built_problems
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
@@ -71,7 +72,9 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     t0 = time.perf_counter()
     stages = stage_configs(config)
     for cfg in stages:  # fail before starting anything
-        _check_supported(cfg)
+        refused = not_built_problems(cfg)
+        if refused:
+            raise ConfigError(refused)
         resolve_algorithm(cfg.algorithm)
     init_ray(config.cluster.ray_address)
     run_dir = Path(resolve(config).run_dir)
@@ -240,32 +243,6 @@ def _wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
         _pump(hub, monitor)
     _pump(hub, monitor)
     return ray.get(refs)
-
-
-def _check_supported(cfg: Any) -> None:
-    """Reject, before any work, the documented options this build does not run yet."""
-    problems = []
-    if cfg.mode in ("bench", "serve"):
-        problems.append(f"mode: {cfg.mode!r} is not available yet (use both, explore or train)")
-    if cfg.synchronizer.sync_method == "nccl":
-        problems.append(
-            "synchronizer.sync_method: 'nccl' is not available yet (memory, checkpoint)"
-        )
-    if cfg.synchronizer.sync_style != "fixed":
-        problems.append(
-            f"synchronizer.sync_style: {cfg.synchronizer.sync_style!r} is not available yet"
-        )
-    if cfg.trainer.trainer_strategy != "torch":
-        problems.append(
-            f"trainer.trainer_strategy: {cfg.trainer.trainer_strategy!r} (multi-rank) is not "
-            "available yet; use 'torch'"
-        )
-    if cfg.model.lora_configs:
-        problems.append("model.lora_configs: LoRA is not available yet")
-    if cfg.buffer.trainer_input.auxiliary_buffers:
-        problems.append("buffer.trainer_input.auxiliary_buffers: not available yet")
-    if problems:
-        raise NotImplementedError("; ".join(problems))
 
 
 def print_summary(result: RunResult, console: Console) -> None:
