@@ -18,7 +18,7 @@ from rich.console import Console
 
 from trinity.algorithm import resolve_algorithm
 from trinity.buffer.queue import QueueActor
-from trinity.config import ConfigError, resolve, stage_configs
+from trinity.config import ConfigError, resolve, seeds, stage_configs
 from trinity.config.support import not_built_problems
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
@@ -82,7 +82,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     types = [types] if isinstance(types, str) else list(types)
     monitor = Monitor(run_dir, types, console)
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
-    model_path = config.model.model_path
+    model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
     try:

@@ -26,8 +26,12 @@ def load_taskset(
     is_eval: bool = False,
     default_workflow_type: str | None = None,
     default_reward_fn_type: str | None = None,
+    default_seed: int = 0,
 ) -> list[Task]:
     """Read every row of `storage` and wrap it as a Task.
+
+    `default_seed` (the run's global seed) seeds a synthetic generator whose `generator_args`
+    set no `seed`.
 
     1. read rows: a file/folder (`storage_type: file`) or a generator (`synthetic`)
     2. per row: pick the prompt (plaintext or messages), the truth, and the taskset settings
@@ -39,7 +43,7 @@ def load_taskset(
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
         located = read_located_rows(storage.path, storage.split, storage.subset_name)
     elif storage.storage_type == "synthetic":
-        located = _synthetic_rows(storage, name)
+        located = _synthetic_rows(storage, name, default_seed)
     else:
         raise TasksetError(
             f"taskset {name!r}: storage_type {storage.storage_type!r} cannot hold tasks; "
@@ -75,11 +79,11 @@ def load_taskset(
     return tasks
 
 
-def _synthetic_rows(storage: Any, name: str) -> list[tuple[dict, str]]:
+def _synthetic_rows(storage: Any, name: str, default_seed: int) -> list[tuple[dict, str]]:
     if not storage.path:
         raise TasksetError(f"taskset {name!r}: storage_type 'synthetic' needs a generator as path")
     args = dict(storage.generator_args or {})
-    seed = int(args.pop("seed", 0))
+    seed = int(args.pop("seed", default_seed))
     num_tasks = int(args.pop("num_tasks", 1000))
     rows = generate(storage.path, storage.split, seed, num_tasks, **args)
     return [(row, f"generator {storage.path!r} row {i}") for i, row in enumerate(rows)]
