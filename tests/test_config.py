@@ -57,7 +57,8 @@ def test_minimal_config_loads_with_defaults(tmp_path: Path) -> None:
     assert cfg.mode == "both"
     assert cfg.algorithm.algorithm_type == "grpo"
     assert cfg.algorithm.optimizer.betas == (0.9, 0.999)
-    assert cfg.synchronizer.sync_method == "memory"
+    assert cfg.synchronizer.sync_method is None  # unset: the best available here
+    assert resolve(cfg).sync_method == "memory"
     assert cfg.trainer.micro_batch_size_per_gpu == 8
     assert cfg.stages == [] and cfg.stage_name == ""
 
