@@ -340,7 +340,7 @@ def test_env_interpolation_missing_var(tmp_path: Path, monkeypatch: pytest.Monke
     probs = problems_of(path)
     assert set(probs) == {"algorithm.repeat_times", "group"}
     assert "TRINITY_TEST_UNSET is not set" in probs["algorithm.repeat_times"].message
-    assert "unsupported interpolation" in probs["group"].message
+    assert "foo is not set" in probs["group"].message  # a reference to a missing key
 
 
 # --- overrides -------------------------------------------------------------------------------
