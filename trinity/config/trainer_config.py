@@ -18,7 +18,7 @@ Trinity-RFT hands verl experiences with `n = 1`, so here it is experiences, as i
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -101,9 +101,8 @@ def _checked(value: Any, info: Any) -> Any:
     """`value` validated like our field `info` (a FieldInfo, or None for free *_args keys)."""
     if info is None:
         return value
-    from typing import Annotated
-
-    return TypeAdapter(Annotated[info.annotation, *info.metadata]).validate_python(value)
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return TypeAdapter(annotation).validate_python(value)
 
 
 def trainer_config_problems(cfg: BaseModel) -> list[Problem]:
