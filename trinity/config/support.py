@@ -553,3 +553,15 @@ def not_applicable_notes(cfg: TrinityConfig) -> list[str]:
     """One line per deprecated spelling the file used and per key that is set but has no effect
     here, with the reason (pure: no I/O)."""
     return [*cfg.rename_notes, *_with_stages(cfg, _own_notes)]
+
+
+def not_built_markdown() -> str:
+    """The not-built part of the table as Markdown, one line per feature (for the docs)."""
+    by_feature: dict[str, list[str]] = {}
+    for k in KEY_STATES:
+        if k.refused:
+            values = "|".join(str(v) for v in k.refused)
+            by_feature.setdefault(k.refused_reason, []).append(f"`{k.path}`: {values}")
+        elif k.state == "not_built":
+            by_feature.setdefault(k.reason, []).append(f"`{k.path}`")
+    return "\n".join(f"- {feature}: {', '.join(keys)}" for feature, keys in by_feature.items())
