@@ -109,7 +109,7 @@ def _storage_entries() -> list[KeyState]:
             ),
             acted(f"{p}.default_workflow_type", "the explorer's workflow choice"),
             acted(f"{p}.default_reward_fn_type", "the reward function choice"),
-            acted(f"{p}.repeat_times", "samples per task of this set"),
+            not_built(f"{p}.format.reply_prefix", "forcing the reply to start with a prefix"),
             not_built(f"{p}.rollout_args.logprobs", "top-k logprobs per token", inert=(None, 0)),
             not_built(f"{p}.format.image_key", "multi-modal tasks (images)"),
             not_built(f"{p}.format.video_key", "multi-modal tasks (videos)"),
@@ -126,6 +126,12 @@ def _storage_entries() -> list[KeyState]:
             not_applicable(f"{p}.schema_type", "the task schema is fixed here"),
         ]
     out += [
+        *(acted(f"{p}.repeat_times", "samples per task of this set") for p in _TASKSETS),
+        not_built(
+            f"{_EVAL}.repeat_times",
+            "several samples per eval task via repeat_times (rollout_args.n does it)",
+            inert=(None, 1),
+        ),
         acted(
             "buffer.explorer_input.taskset.data_selector",
             "the order of training tasks",
@@ -160,6 +166,7 @@ def _storage_entries() -> list[KeyState]:
                 "total_epochs",
             )
         ),
+        not_built(f"{e}.format.reply_prefix", "forcing the reply to start with a prefix"),
         not_built(f"{e}.format.image_key", "multi-modal data (images)"),
         not_built(f"{e}.format.video_key", "multi-modal data (videos)"),
         not_applicable(f"{e}.format.chosen_key", "DPO preference column; DPO is not built"),
