@@ -3,8 +3,9 @@
     cfg = load_config("examples/quickstart/gsm8k.yaml", ["algorithm.optimizer.lr=2e-6"])
     for stage_cfg in stage_configs(cfg): ...
 
-Steps of `load_config`: 1. read YAML, 2. apply overrides, 3. interpolate `${oc.env:...}`,
-4. validate everything including stages, 5. raise one `ConfigError` listing every problem.
+Steps of `load_config`: 1. read YAML, 2. apply overrides, 3. interpolate `${oc.env:...}` and
+`${other.key}` references, 4. validate everything including stages, 5. raise one `ConfigError`
+listing every problem.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrinityConfi
     Steps:
         1. read the YAML file (missing file, bad YAML, duplicate keys are errors);
         2. apply `overrides` (`a.b.c=value`, list items by index), checked against the schema;
-        3. resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` in string values;
-        4. validate all fields, cross-field rules and every stage;
+        3. resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` and `${other.key}` references;
+        4. read deprecated spellings as current names (notes kept on the config), then
+           validate all fields, cross-field rules and every stage;
         5. raise one `ConfigError` with every problem, or return the config.
 
     The returned config holds exactly the user's values plus defaults; see `resolve()` for the
