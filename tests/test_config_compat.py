@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from trinity.config import ConfigError, TrinityConfig, format_batch_table, load_config, resolve
+from trinity.config import (
+    ConfigError,
+    TrinityConfig,
+    dump_config,
+    format_batch_table,
+    load_config,
+    resolve,
+)
 from trinity.config.resolved import effective_config
 from trinity.config.support import not_applicable_notes
 from trinity.config.yaml_io import interpolate
@@ -50,6 +57,13 @@ def test_corpus_config_validates(path: Path, monkeypatch: pytest.MonkeyPatch) ->
     cfg = load_config(path)
     table = format_batch_table(resolve(cfg))
     assert "rollout engine" in table and "trainer strategy" in table
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_corpus_config_dumps_and_loads_again(path: Path, tmp_path: Path) -> None:
+    cfg = load_config(path)
+    again = load_config(write(tmp_path, dump_config(cfg)))
+    assert effective_config(again).model_dump() == effective_config(cfg).model_dump()
 
 
 def test_corpus_references_and_trainer_config_resolve(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ import yaml
 
 from trinity.config.overrides import apply_overrides
 from trinity.config.problems import ConfigError
+from trinity.config.resolved import effective_config
 from trinity.config.schema import TrinityConfig
 from trinity.config.validation import validate_all, validate_stages
 from trinity.config.yaml_io import interpolate, read_yaml
@@ -101,8 +102,11 @@ def stage_configs(cfg: TrinityConfig) -> list[TrinityConfig]:
 def dump_config(cfg: TrinityConfig) -> str:
     """The config with every default filled in, as YAML (loadable again by `load_config`).
 
-    Stages are printed as written (only their overrides); `stage_name` only when set.
+    Values that `trainer.trainer_config` (verl) gives to our unset keys are written at our keys,
+    so the dump loads again without the two disagreeing. Stages are printed as written (only
+    their overrides); `stage_name` only when set.
     """
+    cfg = effective_config(cfg)
     data: dict[str, Any] = {}
     for name in TrinityConfig.model_fields:
         if name == "stage_name" and not cfg.stage_name:
