@@ -24,13 +24,13 @@ def test_engine_replicas_are_seeded_from_the_global_seed_unless_set():
 
 
 def test_selector_uses_the_default_seed_only_when_it_has_none():
-    unset = StorageConfig(task_selector={"selector_type": "shuffle"})
-    assert make_selector(unset.task_selector, default_seed=5).seed == 5
-    own = StorageConfig(task_selector={"selector_type": "shuffle", "seed": 2})
-    assert make_selector(own.task_selector, default_seed=5).seed == 2
+    unset = StorageConfig(data_selector={"selector_type": "shuffle"})
+    assert make_selector(unset.data_selector, default_seed=5).seed == 5
+    own = StorageConfig(data_selector={"selector_type": "shuffle", "seed": 2})
+    assert make_selector(own.data_selector, default_seed=5).seed == 2
     # the seed decides the order: the global seed 5 here, the selector's own 2 there
-    from_global = make_selector(unset.task_selector, default_seed=5).epoch_order(50, 0)
-    from_own = make_selector(own.task_selector, default_seed=5).epoch_order(50, 0)
+    from_global = make_selector(unset.data_selector, default_seed=5).epoch_order(50, 0)
+    from_own = make_selector(own.data_selector, default_seed=5).epoch_order(50, 0)
     assert from_global == make_selector("shuffle", default_seed=5).epoch_order(50, 0)
     assert from_own == make_selector("shuffle", default_seed=2).epoch_order(50, 0)
     assert from_global != from_own

@@ -3,7 +3,7 @@
     seed: 3                     # top level: reaches every source below unless a section says
     model: {model_path: tiny://1m}                   # tiny model init: seed 3 (URL ?seed=N wins)
     explorer.rollout_model.seed                      # engine sampling; replica i uses seed + i
-    buffer.explorer_input.taskset.task_selector.seed # shuffle / random task order
+    buffer.explorer_input.taskset.data_selector.seed # shuffle / random task order
     buffer.explorer_input.taskset.generator_args.seed  # which synthetic problems are drawn
     # the trainer seeds torch (dropout, any sampling inside a loss) with the global seed
 

@@ -17,6 +17,7 @@ import ray
 
 from trinity.common.experience import EID, Experience
 from trinity.config import seeds
+from trinity.config.resolved import resolve
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer, resolve_model_path
@@ -57,9 +58,10 @@ class Explorer:
     async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
         """Start the engines, load tasksets. Returns task counts (for step planning)."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
-        if rm.engine_type != "transformers":
+        engine_type = resolve(cfg).engine_type  # unset = the best available here
+        if engine_type != "transformers":
             raise ValueError(
-                f"explorer.rollout_model.engine_type={rm.engine_type!r} is not available yet; "
+                f"explorer.rollout_model.engine_type={engine_type!r} is not available yet; "
                 "use 'transformers'"
             )
         engine_cls = ray.remote(HFRolloutEngine)
@@ -104,7 +106,7 @@ class Explorer:
 
     def _batches(self) -> Iterator[list[Task]]:
         inp = self.cfg.buffer.explorer_input
-        selector_cfg = (inp.taskset or inp.tasksets[0]).task_selector
+        selector_cfg = (inp.taskset or inp.tasksets[0]).data_selector
         selector = make_selector(selector_cfg, default_seed=self.cfg.seed)
         return selector.batches(
             self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs

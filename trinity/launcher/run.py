@@ -128,7 +128,7 @@ def run_stage(
     opts = {"num_cpus": 0, "max_concurrency": 64}
     try:
         # 1.
-        sync = ray.remote(SynchronizerActor).options(**opts).remote(cfg.synchronizer.sync_method)
+        sync = ray.remote(SynchronizerActor).options(**opts).remote(resolve(cfg).sync_method)
         actors.append(sync)
         buffer = None
         if explores:

@@ -67,7 +67,7 @@ class DatasetSource:
         ]
         self.batch_size = config.buffer.train_batch_size or config.buffer.batch_size
         epochs = storage.total_epochs or config.buffer.total_epochs
-        self._iter: Iterator[list[Any]] = make_selector(storage.task_selector, config.seed).batches(
+        self._iter: Iterator[list[Any]] = make_selector(storage.data_selector, config.seed).batches(
             self.experiences, self.batch_size, epochs
         )
 
