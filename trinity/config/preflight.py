@@ -121,8 +121,9 @@ def _lookup(registry: Any, name: str, path: str) -> tuple[Any, Problem | None]:
         try:
             return registry.get(name), None
         except Exception as e:  # a user's module may raise anything while it is imported
-            text = str(e) if isinstance(e, LookupError) else f"{type(e).__name__}: {e}"
-            return None, Problem(path, f"cannot load {name!r}: {text}")
+            if isinstance(e, LookupError):  # the registry's own message names the module
+                return None, Problem(path, str(e))
+            return None, Problem(path, f"cannot import {name!r}: {type(e).__name__}: {e}")
     valid = registry.names()
     return None, Problem(
         path,
@@ -376,19 +377,24 @@ def _check_data(
         return
     bad = loaded.bad_rows
     if bad and storage.skip_bad_rows:
-        report.skipped.append(f"{path}: {len(bad)} bad rows will be skipped; the first: {bad[0]}")
+        report.skipped.append(f"{path}: {_rows(len(bad))} will be skipped; the first: {bad[0]}")
     elif bad:
         report.problems += [Problem(path, row) for row in bad[:MAX_ROWS_SHOWN]]
         if len(bad) > MAX_ROWS_SHOWN:
             report.problems.append(
-                Problem(path, f"... and {len(bad) - MAX_ROWS_SHOWN} more bad rows")
+                Problem(path, f"... and {_rows(len(bad) - MAX_ROWS_SHOWN, 'more bad')}")
             )
         report.problems.append(
             Problem(
                 f"{path}.skip_bad_rows",
-                f"{len(bad)} bad rows; fix them, or set skip_bad_rows: true to skip them",
+                f"{_rows(len(bad))}; fix them, or set skip_bad_rows: true to skip them",
             )
         )
     if loaded.n_tasks == 0 and not (bad and not storage.skip_bad_rows):
         why = "every row is bad" if bad else "it holds no rows"
         report.problems.append(Problem(path, f"no tasks to run: {why}"))
+
+
+def _rows(n: int, what: str = "bad") -> str:
+    """`1 bad row`, `3 bad rows`."""
+    return f"{n} {what} row" + ("" if n == 1 else "s")
