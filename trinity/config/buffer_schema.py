@@ -70,7 +70,9 @@ class TaskSelectorConfig(ConfigSection):
         description="'sequential' = file order; 'shuffle' = a new permutation each epoch; "
         "'random' = sample with replacement.",
     )
-    seed: int = Field(42, description="Seed for 'shuffle' and 'random'.")
+    seed: int | None = Field(
+        None, description="Seed for 'shuffle' and 'random'; None = the global seed."
+    )
 
 
 class StorageConfig(ConfigSection):

@@ -98,6 +98,7 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
             "is_eval": is_eval,
             "default_workflow_type": workflow_default,
             "default_reward_fn_type": inp.default_reward_fn_type,
+            "default_seed": cfg.seed,
         }
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
@@ -106,7 +107,8 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         problems = _generator_problems(path, buf) if buf.storage_type == "synthetic" else []
         report.problems += problems
         if not problems:  # read by trinity.trainer.sft_data.DatasetSource
-            _check_data(path, buf, {"is_eval": False, "require_response": True}, data_cache, report)
+            kwargs = {"is_eval": False, "default_seed": cfg.seed, "require_response": True}
+            _check_data(path, buf, kwargs, data_cache, report)
     return report
 
 

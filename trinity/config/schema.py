@@ -165,7 +165,10 @@ class InferenceModelConfig(ConfigSection):
     engine_num: int = Field(1, ge=1, description="Number of engine replicas.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine replica.")
     dtype: Dtype = Field("auto", description="Weight dtype of the engine.")
-    seed: int = Field(42, description="Sampling seed of the engine.")
+    seed: int | None = Field(
+        None,
+        description="Sampling seed of the engine (replica i uses seed + i); None = the global seed.",
+    )
     enable_openai_api: bool = Field(
         False, description="Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."
     )
@@ -360,7 +363,11 @@ class TrinityConfig(ConfigSection):
     continue_from_checkpoint: bool = Field(
         False, description="Resume from the latest checkpoint in the run folder."
     )
-    seed: int = Field(42, description="Global random seed.")
+    seed: int = Field(
+        42,
+        description="Global random seed: tiny:// model init, engine sampling, task selectors, "
+        "synthetic generators and the trainer, unless a section sets its own.",
+    )
     stage_name: str = Field(
         "", description="Set on the per-stage configs returned by stage_configs(); not for users."
     )

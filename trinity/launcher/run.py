@@ -17,7 +17,7 @@ import ray
 from rich.console import Console
 
 from trinity.buffer.queue import QueueActor
-from trinity.config import resolve, stage_configs
+from trinity.config import resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
@@ -78,7 +78,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     types = [types] if isinstance(types, str) else list(types)
     monitor = Monitor(run_dir, types, console)
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
-    model_path = config.model.model_path
+    model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
     try:

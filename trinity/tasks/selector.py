@@ -68,14 +68,17 @@ class RandomSelector(TaskSelector):
         return [rng.randrange(n) for _ in range(n)]
 
 
-def make_selector(config: Any = None) -> TaskSelector:
-    """A selector from a `task_selector` config (selector_type, seed), a name, or None."""
+def make_selector(config: Any = None, default_seed: int = 0) -> TaskSelector:
+    """A selector from a `task_selector` config (selector_type, seed), a name, or None.
+
+    `default_seed` (the run's global seed) is used when the config sets no seed of its own.
+    """
     if config is None:
         return SequentialSelector()
     if isinstance(config, str):
-        return SELECTORS.get(config)()
+        return SELECTORS.get(config)(seed=default_seed)
     if isinstance(config, dict):
-        kind, seed = config.get("selector_type", "sequential"), config.get("seed", 42)
+        kind, seed = config.get("selector_type", "sequential"), config.get("seed")
     else:
         kind, seed = config.selector_type, config.seed
-    return SELECTORS.get(kind)(seed=seed)
+    return SELECTORS.get(kind)(seed=default_seed if seed is None else seed)

@@ -34,6 +34,7 @@ def load_taskset(
     is_eval: bool = False,
     default_workflow_type: str | None = None,
     default_reward_fn_type: str | None = None,
+    default_seed: int = 0,
     require_response: bool = False,
     bad_rows: list[str] | None = None,
 ) -> list[Task]:
@@ -44,6 +45,8 @@ def load_taskset(
     3. bad rows: raise at the first, or (`storage.skip_bad_rows`) drop them with a warning
 
     Args:
+        default_seed: the run's global seed; it seeds a synthetic generator whose
+            `generator_args` set no `seed`.
         require_response: every row needs its reference answer (`format.response_key`), or for
             `prompt_type: messages` a last assistant turn (SFT data). Also implied when the
             taskset's reward fn is marked as needing the truth (`trinity.rewards.needs_truth`).
@@ -59,7 +62,7 @@ def load_taskset(
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
         located = read_located_rows(storage.path, storage.split, storage.subset_name, collected)
     elif storage.storage_type == "synthetic":
-        located = _synthetic_rows(storage, name)
+        located = _synthetic_rows(storage, name, default_seed)
     else:
         raise TasksetError(
             f"taskset {name!r}: storage_type {storage.storage_type!r} cannot hold tasks; "
@@ -141,11 +144,11 @@ def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) 
     )
 
 
-def _synthetic_rows(storage: Any, name: str) -> list[tuple[dict, str]]:
+def _synthetic_rows(storage: Any, name: str, default_seed: int) -> list[tuple[dict, str]]:
     if not storage.path:
         raise TasksetError(f"taskset {name!r}: storage_type 'synthetic' needs a generator as path")
     args = dict(storage.generator_args or {})
-    seed = int(args.pop("seed", 0))
+    seed = int(args.pop("seed", default_seed))
     num_tasks = int(args.pop("num_tasks", 1000))
     rows = generate(storage.path, storage.split, seed, num_tasks, **args)
     return [(row, f"generator {storage.path!r} row {i}") for i, row in enumerate(rows)]
