@@ -202,3 +202,27 @@ def test_not_applicable_notes_printed_by_both_verbs(verb, monkeypatch, tmp_path,
     result = CliRunner().invoke(app, [verb, "--config", str(CORPUS / "mode_serve.yaml")])
     assert result.exit_code == 2
     assert "not applicable here:\n  explorer.foo: not used here" in result.output
+
+
+def test_readers_collect_bad_rows_instead_of_raising(tmp_path):
+    from trinity.tasks import read_located_rows
+
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"q": 1}\n{"q": \n"text"\n{"q": 4}\n')
+    bad: list[str] = []
+    rows = read_located_rows(jsonl, bad_rows=bad)
+    assert [loc for _, loc in rows] == [f"{jsonl}:1", f"{jsonl}:4"]
+    assert [b.split(": ", 1)[0] for b in bad] == [f"{jsonl}:2", f"{jsonl}:3"]
+    js = tmp_path / "t.json"
+    js.write_text('[{"q": 1}, 2, {"q": 3}]')
+    bad = []
+    assert len(read_located_rows(js, bad_rows=bad)) == 2
+    assert bad == [f"{js} row 1: row is a int, expected a JSON object"]
+    csv = tmp_path / "t.csv"
+    csv.write_text("q,a\n1,2\n3,4,5\n6,7\n")
+    bad = []
+    assert [r for r, _ in read_located_rows(csv, bad_rows=bad)] == [
+        {"q": "1", "a": "2"},
+        {"q": "6", "a": "7"},
+    ]
+    assert bad == [f"{csv}:3: row has more cells than the header has columns"]

@@ -181,7 +181,12 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
     if problem is not None:
         return [problem]
     if not isinstance(spec, AlgorithmSpec):
-        return [Problem("algorithm.algorithm_type", f"{algo.algorithm_type!r} is no AlgorithmSpec")]
+        return [
+            Problem(
+                "algorithm.algorithm_type",
+                f"{algo.algorithm_type!r} does not name an AlgorithmSpec",
+            )
+        ]
     problems: list[Problem] = []
     for piece, (registry, _) in PIECES.items():
         default = getattr(spec, piece)
