@@ -167,6 +167,11 @@ class StorageConfig(ConfigSection):
         None, ge=1, description="Passes over this set; None = buffer.total_epochs."
     )
     enable_progress_bar: bool = Field(False, description="Show a progress bar while loading.")
+    skip_bad_rows: bool = Field(
+        False,
+        description="Count and skip malformed rows (invalid JSON, missing or mistyped prompt or "
+        "answer) instead of refusing the dataset; validate and run report how many.",
+    )
 
 
 class ExplorerInput(ConfigSection):

@@ -77,6 +77,32 @@ def resolve_model_path(model_path: str | Path) -> str:
     return str(out)
 
 
+def model_path_problem(model_path: str) -> str | None:
+    """Why `model_path` cannot be loaded here, or None when it can; builds nothing, loads nothing.
+
+    A `tiny://` URL is fine when it parses (it is built on first use); anything else must be a
+    local Hugging Face folder (with config.json), since nothing is downloaded.
+    """
+    if model_path.startswith(TINY_SCHEME):
+        try:
+            parse_tiny_url(model_path)
+        except ValueError as e:
+            return str(e)
+        return None
+    p = Path(model_path).expanduser()
+    if not p.exists():
+        local = model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1
+        if local:
+            return f"no such folder {str(p)!r}"
+        return (
+            f"{model_path!r} is not a local folder, and models are not downloaded here: "
+            "download it first and give its folder, or use a tiny://<preset>?seed=<N> model"
+        )
+    if not p.is_dir() or not (p / "config.json").is_file():
+        return f"{str(p)!r} is not a Hugging Face model folder (no config.json)"
+    return None
+
+
 def _check_model_dir(path: str | Path, what: str) -> Path:
     p = Path(resolve_model_path(path))
     if not p.exists():

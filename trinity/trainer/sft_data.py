@@ -59,7 +59,9 @@ class DatasetSource:
 
     def __init__(self, config: Any, tokenizer: Any) -> None:
         storage = config.buffer.trainer_input.experience_buffer
-        tasks = load_taskset(storage, is_eval=False, default_seed=config.seed)
+        tasks = load_taskset(
+            storage, is_eval=False, default_seed=config.seed, require_response=True
+        )
         m = config.model
         self.experiences = [
             task_to_sft_experience(t, tokenizer, m.max_prompt_tokens, m.max_response_tokens)
