@@ -12,10 +12,19 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_trinity(config: Path, env_extra: dict | None = None, timeout: int = 240):
-    env = {**os.environ, "TRINITY_CACHE_DIR": str(config.parent / "cache"), **(env_extra or {})}
+def run_trinity(
+    config: Path,
+    env_extra: dict | None = None,
+    timeout: int = 240,
+    overrides: list[str] = (),
+    cache: Path | None = None,
+):
+    """`trinity run --config config --set o ...` as a subprocess; tiny:// builds go to `cache`."""
+    cache = cache or config.parent / "cache"
+    env = {**os.environ, "TRINITY_CACHE_DIR": str(cache), **(env_extra or {})}
+    sets = [arg for o in overrides for arg in ("--set", o)]
     return subprocess.run(
-        [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)],
+        [sys.executable, "-m", "trinity.cli", "run", "--config", str(config), *sets],
         capture_output=True,
         text=True,
         cwd=ROOT,

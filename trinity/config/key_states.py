@@ -187,7 +187,7 @@ def _model_entries(p: str, rollout: bool) -> list[KeyState]:
         acted(f"{p}.max_batch_size", "sequences per generate call"),
         not_built(f"{p}.enable_openai_api", "the OpenAI-compatible endpoint"),
         not_built(f"{p}.enable_history", "recording model calls for workflows"),
-        not_built(f"{p}.enable_thinking", "the chat-template enable_thinking switch"),
+        acted(f"{p}.enable_thinking", "chat templates of rollout prompts (overrides model.*)"),
         *(
             not_applicable(f"{p}.{k}", _VLLM)
             for k in (
@@ -250,7 +250,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("model.top_k", "rollout sampling"),
     acted("model.custom_chat_template", "tokenizer chat template"),
     not_built("model.lora_configs", "LoRA"),
-    not_built("model.enable_thinking", "the chat-template enable_thinking switch"),
+    acted("model.enable_thinking", "chat templates of rollout and SFT prompts"),
     not_applicable(
         "model.enable_prompt_truncation",
         "rollout prompts are not truncated here: one too long for max_model_len is an error "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trinity.config.schema import TrinityConfig
 from trinity.config.trainer_config import effective_config as _effective
@@ -193,3 +194,15 @@ def format_batch_table(r: ResolvedConfig) -> str:
         else:
             lines.append(f"{label:<{label_w}}  {value}")
     return "\n".join(lines)
+
+
+def chat_template_kwargs(cfg: TrinityConfig) -> dict[str, Any]:
+    """Extra variables every chat template is rendered with (rollout prompts and SFT prompts).
+
+    `enable_thinking` (reasoning models such as Qwen3 branch on it) is passed when
+    `explorer.rollout_model.enable_thinking` or else `model.enable_thinking` is set; templates
+    that do not use it ignore it.
+    """
+    own = cfg.explorer.rollout_model.enable_thinking
+    value = cfg.model.enable_thinking if own is None else own
+    return {} if value is None else {"enable_thinking": value}

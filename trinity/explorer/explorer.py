@@ -17,7 +17,7 @@ import ray
 
 from trinity.common.experience import EID, Experience
 from trinity.config import seeds
-from trinity.config.resolved import resolve
+from trinity.config.resolved import chat_template_kwargs, resolve
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer, resolve_model_path
@@ -241,7 +241,9 @@ class Explorer:
         ecfg = self.cfg.explorer
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
         workflow_cls = WORKFLOW.get(name)
-        handle = TaskModelHandle(self.client, self.tokenizer, params)
+        handle = TaskModelHandle(
+            self.client, self.tokenizer, params, chat_template_kwargs(self.cfg)
+        )
         errors = []
         for attempt in range(ecfg.max_retry_times + 1):
             try:

@@ -76,10 +76,17 @@ class BatchingClient:
 class TaskModelHandle:
     """What one workflow run sees: the model with this task's default sampling params."""
 
-    def __init__(self, client: BatchingClient, tokenizer: Any, defaults: SamplingParams) -> None:
+    def __init__(
+        self,
+        client: BatchingClient,
+        tokenizer: Any,
+        defaults: SamplingParams,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self._client = client
         self.tokenizer = tokenizer
         self.defaults = defaults
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
     @property
     def model_version(self) -> int:
@@ -94,7 +101,11 @@ class TaskModelHandle:
 
     async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **self.chat_template_kwargs,
         )
         return await self._client.generate(list(ids), self._params(sampling))
 

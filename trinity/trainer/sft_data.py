@@ -17,11 +17,16 @@ from typing import Any
 import torch
 
 from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.config.resolved import chat_template_kwargs
 from trinity.tasks import Task, load_taskset, make_selector
 
 
 def task_to_sft_experience(
-    task: Task, tokenizer: Any, max_prompt_tokens: int | None, max_response_tokens: int | None
+    task: Task,
+    tokenizer: Any,
+    max_prompt_tokens: int | None,
+    max_response_tokens: int | None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> Experience:
     messages = task.to_messages()
     if task.truth is not None:
@@ -35,7 +40,11 @@ def task_to_sft_experience(
         )
     prompt_ids = list(
         tokenizer.apply_chat_template(
-            prompt_msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+            prompt_msgs,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **(chat_template_kwargs or {}),
         )
     )
     response_ids = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
@@ -63,8 +72,11 @@ class DatasetSource:
             storage, is_eval=False, default_seed=config.seed, require_response=True
         )
         m = config.model
+        template_kwargs = chat_template_kwargs(config)
         self.experiences = [
-            task_to_sft_experience(t, tokenizer, m.max_prompt_tokens, m.max_response_tokens)
+            task_to_sft_experience(
+                t, tokenizer, m.max_prompt_tokens, m.max_response_tokens, template_kwargs
+            )
             for t in tasks
         ]
         self.batch_size = config.buffer.train_batch_size or config.buffer.batch_size
