@@ -23,6 +23,7 @@ from trinity.config.support import not_built_problems
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
+from trinity.sync.schedule import versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
 from trinity.trainer.runner import TrainerRunner
 
@@ -128,7 +129,9 @@ def run_stage(
     opts = {"num_cpus": 0, "max_concurrency": 64}
     try:
         # 1.
-        sync = ray.remote(SynchronizerActor).options(**opts).remote(cfg.synchronizer.sync_method)
+        scfg = cfg.synchronizer
+        keep = versions_to_keep(scfg.sync_interval, scfg.sync_offset, explores and trains)
+        sync = ray.remote(SynchronizerActor).options(**opts).remote(scfg.sync_method, keep)
         actors.append(sync)
         buffer = None
         if explores:
@@ -177,7 +180,8 @@ def run_stage(
         if explores:
             refs.append(explorer.run.remote(total, sync=trains))
         if trainer is not None:
-            refs.append(trainer.run.remote(total))
+            # publish only for a consumer: an explorer that syncs; the final evaluation
+            refs.append(trainer.run.remote(total, explores, evaluates))
         outs = _wait_all(refs, hub, monitor)
         if explores and cfg.explorer.eval_on_startup:
             first = next((r for r in monitor.history if r["step"] == offset), {})
