@@ -171,7 +171,9 @@ def run_stage(
             sizes.update(d)
         total = _plan_steps(cfg, explores, sizes)
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
-        monitor.begin_stage(name, sources, offset + total, {"final_eval"} if evaluates else set())
+        monitor.begin_stage(
+            name, sources, offset + total, {"final_eval"} if evaluates else set(), first_step=offset
+        )
         # 3.
         eval_start: dict[str, float] = {}
         if explorer is not None and not explores and cfg.explorer.eval_on_startup:
@@ -196,7 +198,7 @@ def run_stage(
             eval_end = _accuracies(
                 _wait(explorer.evaluate.remote(steps, source="final_eval"), hub, monitor)
             )
-        monitor.flush()
+        monitor.end_stage()
         return StageResult(
             name=name,
             mode=mode,
