@@ -15,11 +15,14 @@ def trinity(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 GOOD = """
-model: {model_path: /models/any}
+model: {model_path: "tiny://1m?seed=0"}
 buffer:
   batch_size: 4
   explorer_input:
-    taskset: {storage_type: synthetic, path: arithmetic}
+    taskset:
+      storage_type: synthetic
+      path: arithmetic
+      format: {prompt_key: question, response_key: answer}
 """
 
 

@@ -21,8 +21,9 @@ from trinity.models import (
     preset_config,
     resolve_dtype,
     resolve_model_path,
+    tiny,
 )
-from trinity.models.tiny import IM_END, IM_START, tokenizer_corpus
+from trinity.models.tiny import IM_END, IM_START, builder_fingerprint, tokenizer_corpus
 
 # Range each preset's name promises.
 PRESET_RANGES = {
@@ -204,7 +205,7 @@ def test_resolve_plain_paths():
 
 
 def test_parse_tiny_url():
-    assert parse_tiny_url("tiny://1m") == ("1m", 0)
+    assert parse_tiny_url("tiny://1m") == ("1m", None)  # a run config adds its global seed
     assert parse_tiny_url("tiny://5m?seed=7") == ("5m", 7)
     for bad in ("tiny://3m", "tiny://1m?seed=x", "tiny://1m?sed=1", "tiny://"):
         with pytest.raises(ValueError, match="tiny"):
@@ -222,7 +223,7 @@ def test_resolve_tiny_builds_once_under_a_lock(tmp_path, monkeypatch, tiny_model
         t.start()
     for t in threads:
         t.join()
-    expected = tmp_path / "models" / "qwen2-1m-seed0"
+    expected = tmp_path / "models" / f"qwen2-1m-seed0-{builder_fingerprint()}"
     assert results == [str(expected)] * 2
     weights = expected / "model.safetensors"
     assert _sha(weights) == _sha(tiny_model_dir / "model.safetensors")
@@ -231,6 +232,33 @@ def test_resolve_tiny_builds_once_under_a_lock(tmp_path, monkeypatch, tiny_model
     assert weights.stat().st_mtime_ns == mtime
     leftovers = [p.name for p in (tmp_path / "models").iterdir() if ".tmp-" in p.name]
     assert leftovers == []
+
+
+def test_builder_fingerprint_follows_what_the_build_reads(monkeypatch):
+    before = builder_fingerprint()
+    assert builder_fingerprint() == before  # stable within a process (and cached)
+    builder_fingerprint.cache_clear()
+    monkeypatch.setattr(tiny, "tokenizer_corpus", lambda: [*tokenizer_corpus(), "new text"])
+    changed_corpus = builder_fingerprint()
+    builder_fingerprint.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setitem(tiny.PRESETS, "1m", {**tiny.PRESETS["1m"], "num_hidden_layers": 5})
+    changed_preset = builder_fingerprint()
+    builder_fingerprint.cache_clear()
+    monkeypatch.undo()
+    assert builder_fingerprint() == before
+    assert len({before, changed_corpus, changed_preset}) == 3
+
+
+def test_a_build_by_another_builder_is_not_reused(tmp_path, monkeypatch, tiny_model_dir):
+    """A cached folder whose marker names another fingerprint is stale: never taken as current."""
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    marker = json.loads((tiny_model_dir / tiny.MARKER).read_text())
+    assert marker["fingerprint"] == builder_fingerprint()
+    (stale / tiny.MARKER).write_text(json.dumps({**marker, "fingerprint": "0" * 12}))
+    assert tiny.is_tiny_model_dir(tiny_model_dir, marker["preset"], marker["seed"])
+    assert not tiny.is_tiny_model_dir(stale, marker["preset"], marker["seed"])
 
 
 def test_loading_a_model_prints_no_progress_bar(tiny_model_dir):

@@ -37,7 +37,7 @@ def test_warmup_steps_from_ratio_and_bad_style():
     assert warmup_steps(cfg, 50) == 5
     cfg.lr_warmup_steps = 3
     assert warmup_steps(cfg, 50) == 3
-    with pytest.raises(ValueError, match="warmup_style"):
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
         lr_factor(5, 0, 10, "exponential", 0.0)
 
 
@@ -45,7 +45,7 @@ def test_scheduler_drives_the_optimizer_lr():
     model = torch.nn.Linear(2, 2)
     opt_cfg = SimpleNamespace(
         lr=0.1, betas=(0.9, 0.999), weight_decay=0.0, lr_warmup_steps=2,
-        lr_warmup_steps_ratio=0.0, warmup_style="constant", min_lr_ratio=0.0,
+        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0,
     )  # fmt: skip
     opt, sched = build_optimizer(model, opt_cfg, total_steps=10)
     seen = []

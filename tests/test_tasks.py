@@ -288,3 +288,35 @@ def test_random_selector_draws_with_replacement():
         list(sel.batches(_tasks(3), 0, 1))
     with pytest.raises(KeyError, match="Valid names: random, sequential, shuffle"):
         make_selector("easy2hard")
+
+
+def test_carry_slip_forgets_the_ones_carry_or_borrow():
+    from trinity.tasks.synthetic import carry_slip
+
+    assert carry_slip(47, "+", 38) == 75  # 7+8=15: ones 5, tens 4+3=7 without the carry
+    assert carry_slip(74, "+", 56) == 120  # 4+6=10: ones 0, tens 7+5=12 without the carry
+    assert carry_slip(52, "-", 38) == 24  # 2<8: ones 12-8=4, tens 5-3=2 without the borrow
+    assert carry_slip(41, "+", 38) is None  # 1+8=9: no carry, nothing to forget
+    assert carry_slip(58, "-", 32) is None
+    assert carry_slip(47, "*", 38) is None
+
+
+def test_teacher_answers_slip_at_the_given_rate_on_carry_problems_only():
+    from trinity.tasks.synthetic import arithmetic, carry_slip
+
+    def rows(rate):
+        return arithmetic("train", 0, 4000, digits=2, ops="+", teacher_slip_rate=rate)
+
+    assert "teacher_answer" not in arithmetic("train", 0, 10, digits=2)[0]
+    assert all(r["teacher_answer"] == r["answer"] for r in rows(0.0))
+    always = rows(1.0)
+    for r in always:
+        slip = carry_slip(r["a"], r["op"], r["b"])
+        assert r["teacher_answer"] == (r["answer"] if slip is None else str(slip))
+    some = [r for r in rows(0.7) if carry_slip(r["a"], r["op"], r["b"]) is not None]
+    slipped = sum(r["teacher_answer"] != r["answer"] for r in some) / len(some)
+    assert abs(slipped - 0.7) < 0.04  # ~1800 carry problems: 4 standard errors ≈ 0.043
+    # a problem's teacher answer depends on (seed, question), not on how many were drawn
+    first = {r["question"]: r["teacher_answer"] for r in rows(0.7)[:100]}
+    fewer = arithmetic("train", 0, 100, digits=2, ops="+", teacher_slip_rate=0.7)
+    assert {r["question"]: r["teacher_answer"] for r in fewer} == first

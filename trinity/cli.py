@@ -40,26 +40,50 @@ SetOpt = Annotated[
 ]
 
 
-def _load(config: Path, overrides: list[str] | None):
+def _config_error(text: str) -> typer.Exit:
+    err.print("[red]config error[/]")
+    err.print(text, markup=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _check(config: Path, overrides: list[str] | None):
+    """The one check pass of `validate` and `run`: schema (`load_config`), then pre-flight.
+
+    Prints the "not applicable here" notes and the rows that will be skipped (stderr); exits 2
+    with every problem and its key path when there is any. Starts nothing, writes nothing.
+    """
     from trinity.config import ConfigError, load_config
+    from trinity.config.preflight import preflight
 
     try:
-        return load_config(config, overrides or [])
+        cfg = load_config(config, overrides or [])
+        report = preflight(cfg)
     except ConfigError as e:
-        err.print("[red]config error[/]")
-        err.print(str(e), markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _config_error(str(e)) from None
+    if report.notes:
+        err.print("not applicable here:")
+        for note in report.notes:
+            err.print(f"  {note}", markup=False, soft_wrap=True)
+    if report.skipped:
+        err.print("bad rows to skip:")
+        for line in report.skipped:
+            err.print(f"  {line}", markup=False, soft_wrap=True)
+    if report.problems:
+        raise _config_error(str(ConfigError(report.problems, str(config))))
+    return cfg
 
 
 @app.command()
 def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
     """Check a config without running it: print the resolved config and the batch table.
 
-    Reports every problem at once with its key path; exits 2 if there is any.
+    Checks everything `run` checks before it starts: the schema, registry names and their
+    arguments, model folders, and every row of every dataset the run reads. Reports every
+    problem at once with its key path; exits 2 if there is any.
     """
     from trinity.config import dump_config, format_batch_table, resolve, stage_configs
 
-    cfg = _load(config, overrides)
+    cfg = _check(config, overrides)
     typer.echo(dump_config(cfg))
     for stage in stage_configs(cfg):
         title = f"stage {stage.stage_name}" if stage.stage_name else "batch table"
@@ -71,19 +95,18 @@ def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
 def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
     """Run a config: explorer, trainer, buffer and synchronizer on Ray (local if none is running).
 
+    Performs `validate`'s checks first and starts nothing if they find a problem (exit 2).
     Writes checkpoints, metrics.jsonl and TensorBoard files under
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
-    cfg = _load(config, overrides)
+    cfg = _check(config, overrides)
     from trinity.config import ConfigError
     from trinity.launcher.run import run as run_config
 
     try:
         run_config(cfg, console)
     except ConfigError as e:
-        err.print("[red]config error[/]")
-        err.print(str(e), markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _config_error(str(e)) from None
     except (NotImplementedError, FileNotFoundError) as e:
         err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None

@@ -181,19 +181,24 @@ class ResolvedAlgorithm:
         return out
 
 
-def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> None:
-    """Raises TypeError if `fn` does not accept every key of `args` as a keyword."""
+def accepted_args(piece: str, fn: Callable[..., Any]) -> set[str] | None:
+    """The `<piece>_args` names `fn` accepts as keywords; None when it takes `**kwargs`."""
     params = list(inspect.signature(fn).parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
+        return None
     n_fixed = PIECES[piece][1]
-    accepted = {
+    return {
         p.name
         for p in params[n_fixed:]
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         and p.name != "agg"
     }
-    unknown = sorted(set(args) - accepted)
+
+
+def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> None:
+    """Raises TypeError if `fn` does not accept every key of `args` as a keyword."""
+    accepted = accepted_args(piece, fn)
+    unknown = [] if accepted is None else sorted(set(args) - accepted)
     if unknown:
         raise TypeError(
             f"{piece} {name!r} got unknown {piece}_args {unknown}; it accepts {sorted(accepted)}"

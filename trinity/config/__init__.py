@@ -5,7 +5,8 @@
     print(format_batch_table(resolve(cfg)))
 
 `load_config` rejects unknown keys with a suggestion, reports every problem at once with its key
-path, supports `${oc.env:VAR,default}` and dotted overrides, and never does I/O beyond reading
+path, supports `${oc.env:VAR,default}`, `${other.key}` references and dotted overrides, reads
+Trinity-RFT's deprecated spellings as current names, and never does I/O beyond reading
 the file or rewrites user values. Derived numbers (batch sizes in their units, run directory) come
 from `resolve()`; multi-stage runs expand with `stage_configs()`.
 """

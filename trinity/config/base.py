@@ -7,7 +7,7 @@ accepted as strings, because YAML and `${oc.env:...}` interpolation type them ea
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -24,6 +24,11 @@ class ConfigSection(BaseModel):
         protected_namespaces=(),
         validate_default=False,
     )
+
+    renamed_keys: ClassVar[dict[str, str]] = {}
+    """Deprecated key -> current key of this section (see `aliases.py`)."""
+    renamed_values: ClassVar[dict[str, dict[str, str]]] = {}
+    """Field -> {deprecated value -> current value} (see `aliases.py`)."""
 
 
 def _check_top_k(value: int) -> int:

@@ -10,7 +10,7 @@ Example: `buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -42,6 +42,12 @@ class FormatConfig(ConfigSection):
     reply_prefix: str | None = Field(
         None, description="Text the assistant reply is forced to start with; None = nothing."
     )
+    image_key: str | None = Field(
+        None, description="Column holding images (multi-modal models); None = no images."
+    )
+    video_key: str | None = Field(
+        None, description="Column holding videos (multi-modal models); None = no videos."
+    )
 
 
 class RolloutArgs(ConfigSection):
@@ -60,6 +66,12 @@ class RolloutArgs(ConfigSection):
     n: int | None = Field(
         None, ge=1, description="Samples per task; None = algorithm.repeat_times."
     )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        description="Top alternatives whose logprobs are returned per token; "
+        "None = model.logprobs.",
+    )
 
 
 class TaskSelectorConfig(ConfigSection):
@@ -70,11 +82,28 @@ class TaskSelectorConfig(ConfigSection):
         description="'sequential' = file order; 'shuffle' = a new permutation each epoch; "
         "'random' = sample with replacement.",
     )
-    seed: int = Field(42, description="Seed for 'shuffle' and 'random'.")
+    seed: int | None = Field(
+        None, description="Seed for 'shuffle' and 'random'; None = the global seed."
+    )
+
+
+class ReplayBufferConfig(ConfigSection):
+    """Experience replay from a queue: experiences are reused by priority."""
+
+    enable: bool = Field(False, description="Reuse experiences by priority.")
+    priority_fn: str = Field("linear_decay", description="Priority function (registry name).")
+    reuse_cooldown_time: float | None = Field(
+        None, ge=0, description="Seconds before an experience may be reused; None = no wait."
+    )
+    priority_fn_args: dict[str, Any] = Field(
+        default_factory=lambda: {"decay": 2.0}, description="Priority function arguments."
+    )
 
 
 class StorageConfig(ConfigSection):
     """One dataset, queue or table: a taskset, an eval set or an experience buffer."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"task_selector": "data_selector"}
 
     name: str = Field("", description="Display name; used in metric keys of eval sets.")
     storage_type: Literal["file", "queue", "sql", "synthetic"] = Field(
@@ -124,13 +153,25 @@ class StorageConfig(ConfigSection):
         description="Keyword arguments of the generator (storage_type 'synthetic'), e.g. "
         "{num_tasks: 1000, max_operand: 99}.",
     )
-    task_selector: TaskSelectorConfig = Field(
-        default_factory=TaskSelectorConfig, description="Order in which tasks are drawn."
+    data_selector: TaskSelectorConfig = Field(
+        default_factory=TaskSelectorConfig,
+        description="Order in which tasks are drawn (was task_selector).",
+    )
+    replay_buffer: ReplayBufferConfig = Field(
+        default_factory=ReplayBufferConfig, description="Experience replay (queue storage)."
+    )
+    schema_type: str | None = Field(
+        None, description="Row schema of this storage (e.g. 'sft', 'dpo'); None = the algorithm's."
     )
     total_epochs: int | None = Field(
         None, ge=1, description="Passes over this set; None = buffer.total_epochs."
     )
     enable_progress_bar: bool = Field(False, description="Show a progress bar while loading.")
+    skip_bad_rows: bool = Field(
+        False,
+        description="Count and skip malformed rows (invalid JSON, missing or mistyped prompt or "
+        "answer) instead of refusing the dataset; validate and run report how many.",
+    )
 
 
 class ExplorerInput(ConfigSection):

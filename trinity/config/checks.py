@@ -13,6 +13,7 @@ from numbers import Real
 
 from trinity.config.problems import Problem
 from trinity.config.schema import TrinityConfig
+from trinity.config.trainer_config import trainer_config_problems
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
 Loc = tuple[str | int, ...]
@@ -163,4 +164,18 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
         if counts[stage.stage_name] > 1:
             yield Problem(
                 f"stages[{i}].stage_name", f"stage name '{stage.stage_name}' is used more than once"
+            )
+
+
+@_check("trainer", "algorithm")
+def _trainer_config_agrees(cfg: TrinityConfig) -> Iterator[Problem]:
+    yield from trainer_config_problems(cfg)
+
+
+@_check("explorer.auxiliary_models")
+def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
+    for i, aux in enumerate(cfg.explorer.auxiliary_models):
+        if not aux.model_path:
+            yield Problem(
+                f"explorer.auxiliary_models[{i}].model_path", "required for an auxiliary model"
             )

@@ -3,8 +3,9 @@
     cfg = load_config("examples/quickstart/gsm8k.yaml", ["algorithm.optimizer.lr=2e-6"])
     for stage_cfg in stage_configs(cfg): ...
 
-Steps of `load_config`: 1. read YAML, 2. apply overrides, 3. interpolate `${oc.env:...}`,
-4. validate everything including stages, 5. raise one `ConfigError` listing every problem.
+Steps of `load_config`: 1. read YAML, 2. apply overrides, 3. interpolate `${oc.env:...}` and
+`${other.key}` references, 4. validate everything including stages, 5. raise one `ConfigError`
+listing every problem.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 
 from trinity.config.overrides import apply_overrides
 from trinity.config.problems import ConfigError
+from trinity.config.resolved import effective_config
 from trinity.config.schema import TrinityConfig
 from trinity.config.validation import validate_all, validate_stages
 from trinity.config.yaml_io import interpolate, read_yaml
@@ -48,8 +50,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrinityConfi
     Steps:
         1. read the YAML file (missing file, bad YAML, duplicate keys are errors);
         2. apply `overrides` (`a.b.c=value`, list items by index), checked against the schema;
-        3. resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` in string values;
-        4. validate all fields, cross-field rules and every stage;
+        3. resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` and `${other.key}` references;
+        4. read deprecated spellings as current names (notes kept on the config), then
+           validate all fields, cross-field rules and every stage;
         5. raise one `ConfigError` with every problem, or return the config.
 
     The returned config holds exactly the user's values plus defaults; see `resolve()` for the
@@ -99,8 +102,11 @@ def stage_configs(cfg: TrinityConfig) -> list[TrinityConfig]:
 def dump_config(cfg: TrinityConfig) -> str:
     """The config with every default filled in, as YAML (loadable again by `load_config`).
 
-    Stages are printed as written (only their overrides); `stage_name` only when set.
+    Values that `trainer.trainer_config` (verl) gives to our unset keys are written at our keys,
+    so the dump loads again without the two disagreeing. Stages are printed as written (only
+    their overrides); `stage_name` only when set.
     """
+    cfg = effective_config(cfg)
     data: dict[str, Any] = {}
     for name in TrinityConfig.model_fields:
         if name == "stage_name" and not cfg.stage_name:

@@ -123,6 +123,9 @@ def child_annotation(annotation: Any, key: str | int) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         if isinstance(key, str) and key in ann.model_fields:
             return ann.model_fields[key].annotation
+        renamed = getattr(ann, "renamed_keys", {}).get(key)
+        if renamed is not None:  # a deprecated spelling (see aliases.py)
+            return ann.model_fields[renamed].annotation
         raise UnknownKey(key, list(ann.model_fields))
     origin, args = get_origin(ann), get_args(ann)
     if origin in (list, tuple) or ann in (list, tuple):

@@ -3,6 +3,12 @@
 `resolve(cfg)` is pure (no I/O, no filesystem): it turns the user's settings into the numbers the
 runtime uses, and `format_batch_table` prints them at start-up with the unit of every number, so
 "is batch_size in tasks or in samples?" is answered before the first step.
+
+Choices left unset mean "the best available here", decided in `resolve()` and printed with the
+reason: the rollout engine (`explorer.rollout_model.engine_type`), the weight-sync method
+(`synchronizer.sync_method`) and the trainer strategy (`trainer.trainer_strategy`). Trinity-RFT's
+defaults for these (vllm, nccl, verl's fsdp) are not built here. Values from
+`trainer.trainer_config` (a verl tree) take the place of our unset keys (`effective_config`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,21 @@ import math
 from dataclasses import dataclass
 
 from trinity.config.schema import TrinityConfig
+from trinity.config.trainer_config import effective_config as _effective
+
+# (value, why) chosen for each "best available here" key when it is unset
+BEST_ENGINE = ("transformers", "unset: the vLLM engine is not built, transformers serves rollouts")
+BEST_SYNC = ("memory", "unset: trainer and explorer share one Ray cluster, the object store")
+BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
+
+
+def effective_config(cfg: TrinityConfig) -> TrinityConfig:
+    """`cfg` with `trainer.trainer_config` (verl) values in place of our unset keys (pure).
+
+    The trainer reads this config, so a verl micro-batch size or clip ratio acts as ours.
+    """
+    result: TrinityConfig = _effective(cfg)
+    return result
 
 
 @dataclass(frozen=True)
@@ -34,11 +55,28 @@ class ResolvedConfig:
     total_steps_source: str  # the key total_steps came from, "" when None
     sync_interval: int  # train steps between weight syncs
     sync_offset: int  # explore steps the explorer runs ahead
-    sync_method: str
+    sync_method: str  # memory | checkpoint | nccl
+    sync_method_source: str  # the key, or why it was chosen when unset
+    engine_type: str  # rollout engine of explorer.rollout_model
+    engine_type_source: str
+    trainer_strategy: str  # torch | fsdp | fsdp2
+    trainer_strategy_source: str
+    ppo_epochs: int  # passes over each train batch
+    ppo_mini_batch_size: int | None  # experiences per optimizer update; None = whole batch
+    grad_clip: float  # max global gradient norm
 
 
 def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     """Derive the run directory, batch numbers and sync settings of `cfg` (pure function)."""
+    cfg = effective_config(cfg)
+    engine, engine_src = _chosen(
+        cfg.explorer.rollout_model.engine_type, "explorer.rollout_model.engine_type", BEST_ENGINE
+    )
+    sync, sync_src = _chosen(cfg.synchronizer.sync_method, "synchronizer.sync_method", BEST_SYNC)
+    strategy, strategy_src = _chosen(
+        cfg.trainer.trainer_strategy, "trainer.trainer_strategy", BEST_STRATEGY
+    )
+    clip = cfg.trainer.grad_clip
     tasks = cfg.buffer.batch_size
     samples = cfg.algorithm.repeat_times
     derived = cfg.buffer.train_batch_size <= 0
@@ -70,8 +108,21 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         total_steps_source=total_source,
         sync_interval=cfg.synchronizer.sync_interval,
         sync_offset=cfg.synchronizer.sync_offset,
-        sync_method=cfg.synchronizer.sync_method,
+        sync_method=sync,
+        sync_method_source=sync_src,
+        engine_type=engine,
+        engine_type_source=engine_src,
+        trainer_strategy=strategy,
+        trainer_strategy_source=strategy_src,
+        ppo_epochs=cfg.trainer.ppo_epochs,
+        ppo_mini_batch_size=cfg.trainer.ppo_mini_batch_size,
+        grad_clip=clip if clip is not None else cfg.algorithm.optimizer.clip_grad,
     )
+
+
+def _chosen(value: str | None, key: str, best: tuple[str, str]) -> tuple[str, str]:
+    """(value, where it came from): the user's value, or the best available here and why."""
+    return (value, key) if value is not None else best
 
 
 def format_batch_table(r: ResolvedConfig) -> str:
@@ -129,7 +180,9 @@ def format_batch_table(r: ResolvedConfig) -> str:
         steps,
         ("train steps per weight sync", str(r.sync_interval), "synchronizer.sync_interval"),
         ("explore steps ahead (offset)", str(r.sync_offset), "synchronizer.sync_offset"),
-        ("weight sync method", r.sync_method, "synchronizer.sync_method"),
+        ("weight sync method", r.sync_method, r.sync_method_source),
+        ("rollout engine", r.engine_type, r.engine_type_source),
+        ("trainer strategy", r.trainer_strategy, r.trainer_strategy_source),
     ]
     label_w = max(len(label) for label, _, _ in rows)
     value_w = max(len(value) for _, value, note in rows if note)

@@ -12,17 +12,32 @@ batch sizes or paths); derived numbers are computed by `trinity.config.resolve()
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from trinity.config.base import ConfigSection, Dtype, TopK
 from trinity.config.buffer_schema import BufferConfig
+from trinity.config.engine_schema import InferenceModelConfig
+from trinity.config.side_schema import (
+    DataProcessorConfig,
+    LogConfig,
+    ServiceConfig,
+    TinkerConfig,
+)
 
 
 class OptimizerConfig(ConfigSection):
     """Optimizer and learning-rate schedule of the trainer."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"warmup_style": "lr_scheduler_type"}
 
     lr: float = Field(1e-6, ge=0, description="Peak learning rate.")
     lr_warmup_steps: int = Field(
@@ -34,10 +49,15 @@ class OptimizerConfig(ConfigSection):
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate as a fraction of lr (cosine/linear)."
     )
-    warmup_style: Literal["constant", "cosine", "linear"] = Field(
-        "constant", description="Schedule after warm-up: constant, cosine or linear decay."
+    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field(
+        "constant",
+        description="Schedule after warm-up: constant, cosine or linear decay (was warmup_style).",
     )
-    optimizer_type: Literal["adamw"] = Field("adamw", description="Optimizer.")
+    optimizer_type: Literal["adam", "adamw"] = Field(
+        "adamw",
+        description="Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with "
+        "decoupled weight_decay.",
+    )
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam β1, β2, each in [0, 1).")
     weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay.")
     clip_grad: float = Field(
@@ -141,6 +161,27 @@ class ModelConfig(ConfigSection):
     lora_configs: list[dict[str, Any]] | None = Field(
         None, description="LoRA adapter settings (rank, alpha, target modules); None = full FT."
     )
+    enable_thinking: bool | None = Field(
+        None,
+        description="Chat-template switch of reasoning models (Qwen3): true/false is passed to "
+        "the template as enable_thinking; None = the template's own default.",
+    )
+    enable_prompt_truncation: bool = Field(
+        True,
+        description="Truncate prompts longer than max_prompt_tokens (false = such a prompt is "
+        "an error).",
+    )
+    logprobs: int = Field(
+        0, ge=0, description="Top alternatives whose logprobs are returned per token; 0 = none."
+    )
+    external_model: dict[str, Any] | None = Field(
+        None,
+        description="An externally served model (an API endpoint) used for rollouts instead of "
+        "local engines; None = local engines.",
+    )
+    tinker: TinkerConfig = Field(
+        default_factory=TinkerConfig, description="Tinker (remote training service) backend."
+    )
 
 
 class ClusterConfig(ConfigSection):
@@ -149,28 +190,11 @@ class ClusterConfig(ConfigSection):
     ray_address: str = Field(
         "auto", description="Ray address; 'auto' joins a running cluster or starts a local one."
     )
-    node_num: int = Field(1, ge=1, description="Number of nodes.")
-    gpu_per_node: int = Field(0, ge=0, description="GPUs per node; 0 = CPU only.")
-
-
-class InferenceModelConfig(ConfigSection):
-    """An inference engine pool serving rollouts."""
-
-    model_path: str | None = Field(
-        None, description="Model to serve; None = model.model_path (rollout model)."
+    node_num: int | None = Field(
+        None, ge=1, description="Number of nodes; None = detected from the Ray cluster."
     )
-    engine_type: Literal["transformers", "vllm"] = Field(
-        "transformers", description="Inference backend."
-    )
-    engine_num: int = Field(1, ge=1, description="Number of engine replicas.")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine replica.")
-    dtype: Dtype = Field("auto", description="Weight dtype of the engine.")
-    seed: int = Field(42, description="Sampling seed of the engine.")
-    enable_openai_api: bool = Field(
-        False, description="Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."
-    )
-    max_batch_size: int = Field(
-        256, ge=1, description="Sequences per generate call (unit: sequences)."
+    gpu_per_node: int | None = Field(
+        None, ge=0, description="GPUs per node; None = detected from the Ray cluster."
     )
 
 
@@ -195,18 +219,40 @@ class ExplorerConfig(ConfigSection):
     auxiliary_models: list[InferenceModelConfig] = Field(
         default_factory=list, description="Extra engines (e.g. a judge model) for workflows."
     )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables set in workflow runners."
+    )
+    max_repeat_times_per_runner: int | None = Field(
+        None,
+        ge=1,
+        description="Split a task's repeat_times samples over runners, at most this many per "
+        "runner; None = all samples of a task in one runner.",
+    )
+    bench_on_latest_checkpoint: bool = Field(
+        False, description="Mode 'bench': evaluate only the latest checkpoint."
+    )
 
 
 class SynchronizerConfig(ConfigSection):
     """How and when trained weights reach the explorer."""
 
-    sync_method: Literal["checkpoint", "memory", "nccl"] = Field(
-        "memory",
+    renamed_values: ClassVar[dict[str, dict[str, str]]] = {
+        "sync_style": {
+            "dynamic_by_explorer": "explorer_driven",
+            "dynamic_by_trainer": "trainer_driven",
+        }
+    }
+
+    sync_method: Literal["checkpoint", "memory", "nccl"] | None = Field(
+        None,
         description="'checkpoint' = via files on disk; 'memory' = via the Ray object store; "
-        "'nccl' = a collective broadcast (gloo on CPU).",
+        "'nccl' = a collective broadcast (gloo on CPU); None = the best available here "
+        "('memory', see resolve()).",
     )
-    sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = Field(
-        "fixed", description="'fixed' = every sync_interval steps; dynamic = when one side asks."
+    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = Field(
+        "fixed",
+        description="'fixed' = every sync_interval steps; 'explorer_driven' / 'trainer_driven' "
+        "= when that side asks (were dynamic_by_explorer / dynamic_by_trainer).",
     )
     sync_interval: int = Field(
         1, ge=1, description="Train steps between weight syncs (unit: train steps)."
@@ -221,9 +267,25 @@ class TrainerConfig(ConfigSection):
     """The trainer: turns experiences into gradient steps."""
 
     name: str = Field("trainer", description="Actor name.")
-    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] = Field(
-        "torch", description="'torch' = single process; 'fsdp'/'fsdp2' = sharded data parallel."
+    trainer_type: Literal["verl", "tinker"] | None = Field(
+        None,
+        description="Trinity-RFT's training backend: 'verl' or 'tinker' (a remote service); "
+        "None = the built-in PyTorch trainer. Not the same key as trainer_strategy.",
     )
+    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] | None = Field(
+        None,
+        description="'torch' = single process on one device; 'fsdp'/'fsdp2' = sharded data "
+        "parallel; None = the best available here ('torch', see resolve()).",
+    )
+    ulysses_sequence_parallel_size: int = Field(
+        1, ge=1, description="Devices one sequence is split over (Ulysses sequence parallel)."
+    )
+    trainer_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the "
+        "keys that mean something here map to our fields (see trainer_config.py).",
+    )
+    enable_preview: bool = Field(True, description="Show sample rollouts in the wandb monitor.")
     save_interval: int = Field(
         0, ge=0, description="Checkpoint every this many train steps; 0 = only at the end."
     )
@@ -341,6 +403,10 @@ class StageConfig(ConfigSection):
     synchronizer: Any = Field(None, description="Overrides deep-merged onto `synchronizer`.")
     trainer: Any = Field(None, description="Overrides deep-merged onto `trainer`.")
     monitor: Any = Field(None, description="Overrides deep-merged onto `monitor`.")
+    data_processor: Any = Field(None, description="Overrides deep-merged onto `data_processor`.")
+    service: Any = Field(None, description="Overrides deep-merged onto `service`.")
+    log: Any = Field(None, description="Overrides deep-merged onto `log`.")
+    schema_type: Any = Field(None, description="Override of the top-level `schema_type`.")
 
 
 class TrinityConfig(ConfigSection):
@@ -360,7 +426,11 @@ class TrinityConfig(ConfigSection):
     continue_from_checkpoint: bool = Field(
         False, description="Resume from the latest checkpoint in the run folder."
     )
-    seed: int = Field(42, description="Global random seed.")
+    seed: int = Field(
+        42,
+        description="Global random seed: tiny:// model init, engine sampling, task selectors, "
+        "synthetic generators and the trainer, unless a section sets its own.",
+    )
     stage_name: str = Field(
         "", description="Set on the per-stage configs returned by stage_configs(); not for users."
     )
@@ -374,8 +444,31 @@ class TrinityConfig(ConfigSection):
     )
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics.")
+    data_processor: DataProcessorConfig = Field(
+        default_factory=DataProcessorConfig, description="Task and experience pipelines."
+    )
+    service: ServiceConfig = Field(
+        default_factory=ServiceConfig, description="Outside services (Data-Juicer)."
+    )
+    log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
+    schema_type: str | None = Field(
+        None,
+        description="Experience schema of the run (e.g. 'experience', 'dpo', 'sft'); None = "
+        "the algorithm's own.",
+    )
     stages: list[StageConfig] = Field(
         default_factory=list,
         description="Stages run in order, each a deep-merged override of this config, each "
         "starting from the previous stage's model.",
     )
+
+    _rename_notes: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def rename_notes(self) -> tuple[str, ...]:
+        """One line per deprecated key or value the loaded file used (read as its new name)."""
+        return self._rename_notes
+
+    def set_rename_notes(self, notes: list[str]) -> None:
+        """Record the rename notes of the file this config was loaded from (loader only)."""
+        self._rename_notes = tuple(notes)

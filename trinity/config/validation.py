@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trinity.config.aliases import apply_renames
 from trinity.config.checks import Loc, check_config
 from trinity.config.problems import Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
@@ -116,8 +117,16 @@ def validate_stages(
 
 
 def validate_all(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
-    """Validate a config dict and all its stages; returns the config and every problem."""
-    cfg, problems = validate_raw(data)
+    """Validate a config dict and all its stages; returns the config and every problem.
+
+    Deprecated spellings are read as their current names first (`aliases.py`); the notes saying
+    so are kept on the returned config (`TrinityConfig.rename_notes`).
+    """
+    data, problems, notes = apply_renames(dict(data), TrinityConfig)
+    cfg, found = validate_raw(data)
+    problems += found
+    if cfg is not None:
+        cfg.set_rename_notes(notes)
     stages = data.get("stages")
     if isinstance(stages, list) and stages:
         _, stage_problems = validate_stages(data, stages, known=problems)

@@ -7,11 +7,13 @@ expect when writing configs: `1e-6` is a float (not a string), only `true`/`fals
 Interpolation follows OmegaConf's `oc.env` resolver: `${oc.env:VAR}` and `${oc.env:VAR,default}`
 anywhere inside a string value. When the whole value is one interpolation, the result is typed
 like a YAML scalar (`${oc.env:N,4}` gives the integer 4); inside longer text it is substituted as
-text. Other interpolations (`${a.b}`) are rejected rather than silently left in place.
+text. References to other keys (`${model.model_path}`, `${trainer.trainer_config.x.y}`) are
+resolved too; other resolvers are rejected rather than silently left in place.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Mapping
@@ -135,41 +137,144 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-# --- ${oc.env:...} interpolation ----------------------------------------------------------
+# --- interpolation: ${oc.env:...} and ${other.key} ----------------------------------------
+#
+# Why not OmegaConf itself: it stops at the first bad interpolation (we report every one, each with
+# its key path), it would parse the YAML again with its own rules (we read YAML 1.2 scalars and
+# reject duplicate keys) and it would add a dependency for two small features. The subset Trinity
+# configs use is implemented here with OmegaConf's meaning: `${oc.env:VAR}`, `${oc.env:VAR,default}`
+# and absolute references `${a.b.c}` / `${a.list[0].b}` to other keys of the same file.
 
 _INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+_KEY_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*|\[\d+\]|\.\d+)*")
+_PART = re.compile(r"[^.\[\]]+|\[\d+\]")
+
+Loc = tuple[str | int, ...]
 
 
 class _Unresolved(Exception):
     """An interpolation that cannot be resolved; the message says why."""
 
 
-def _resolve_one(expr: str, env: Mapping[str, str]) -> tuple[Any, str]:
-    """Resolve the inside of `${...}`; returns (typed value, text value)."""
-    if not expr.startswith("oc.env:"):
-        raise _Unresolved(
-            f"unsupported interpolation '${{{expr}}}': only ${{oc.env:VAR}} and "
-            "${oc.env:VAR,default} are supported"
-        )
+def _env_value(expr: str, env: Mapping[str, str]) -> Any:
+    """The typed value of `oc.env:VAR[,default]`."""
     var, sep, default = expr.removeprefix("oc.env:").partition(",")
     var = var.strip()
     if not var:
         raise _Unresolved(f"interpolation '${{{expr}}}' names no environment variable")
     if var in env:
-        raw = env[var]
-    elif sep:
-        raw = default.strip()
-    else:
-        raise _Unresolved(f"environment variable {var} is not set and '${{{expr}}}' has no default")
-    typed = parse_scalar(raw)
-    text = typed if isinstance(typed, str) else raw
-    return typed, text
+        return parse_scalar(env[var])
+    if sep:
+        return parse_scalar(default.strip())
+    raise _Unresolved(f"environment variable {var} is not set and '${{{expr}}}' has no default")
 
 
-def interpolate(
-    data: Any, env: Mapping[str, str] | None = None, _loc: tuple[str | int, ...] = ()
-) -> tuple[Any, list[Problem]]:
-    """A copy of `data` with every `${oc.env:...}` in its strings resolved.
+def _key_loc(expr: str) -> Loc:
+    """`a.b[0].c` -> ('a', 'b', 0, 'c'); an unsupported form raises _Unresolved."""
+    if expr.startswith("."):
+        raise _Unresolved(
+            f"relative interpolation '${{{expr}}}' is not supported; write the full key"
+        )
+    if ":" in expr:
+        raise _Unresolved(
+            f"unsupported interpolation '${{{expr}}}': only ${{oc.env:VAR}}, "
+            "${oc.env:VAR,default} and references to other keys (${a.b.c}) are supported"
+        )
+    if not _KEY_PATH.fullmatch(expr.strip()):
+        raise _Unresolved(f"interpolation '${{{expr}}}' is not a key path like a.b.c")
+    return tuple(
+        int(p.strip("[]")) if p.startswith("[") or p.isdigit() else p
+        for p in _PART.findall(expr.strip())
+    )
+
+
+class _Resolver:
+    """Resolves every interpolation of one config, following references to other keys."""
+
+    def __init__(self, root: Any, env: Mapping[str, str]) -> None:
+        self.root = root
+        self.env = env
+        self.done: dict[Loc, Any] = {}
+        self.failed: dict[Loc, str] = {}
+        self.stack: list[Loc] = []
+
+    def value(self, node: Any, loc: Loc) -> Any:
+        """The resolved copy of `node` (found at `loc`)."""
+        if isinstance(node, dict):
+            return {k: self.value(v, (*loc, k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.value(v, (*loc, i)) for i, v in enumerate(node)]
+        if not isinstance(node, str) or "${" not in node:
+            return node
+        if loc in self.done:
+            return self.done[loc]
+        if loc in self.failed:
+            return node
+        if loc in self.stack:
+            chain = [*self.stack[self.stack.index(loc) :], loc]
+            raise _Unresolved("interpolation cycle: " + " -> ".join(map(format_path, chain)))
+        self.stack.append(loc)
+        try:
+            whole = _INTERPOLATION.fullmatch(node)
+            if whole:
+                result = self._one(whole.group(1))
+            else:
+                result = _INTERPOLATION.sub(lambda m: self._text(m.group(1)), node)
+        except _Unresolved as exc:
+            self.failed[loc] = str(exc)
+            return node
+        finally:
+            self.stack.pop()
+        self.done[loc] = result
+        return result
+
+    def _text(self, expr: str) -> str:
+        value = self._one(expr)
+        if isinstance(value, (dict, list)):
+            raise _Unresolved(f"'${{{expr}}}' is a section or list and cannot be part of a text")
+        return (
+            value
+            if isinstance(value, str)
+            else yaml.safe_dump(value).strip().removesuffix("...").strip()
+        )
+
+    def _one(self, expr: str) -> Any:
+        if expr.startswith("oc.env:"):
+            return _env_value(expr, self.env)
+        loc = _key_loc(expr)
+        node = self.root
+        for i, part in enumerate(loc):
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                raise _Unresolved(
+                    f"'${{{expr}}}' refers to {format_path(loc)}, but "
+                    f"{format_path(loc[: i + 1])} is not set in this config"
+                ) from None
+        if not isinstance(node, str):  # a section or list that holds this very reference
+            inside = next((s for s in self.stack if s[: len(loc)] == loc), None)
+            if inside is not None:
+                raise _Unresolved(
+                    f"interpolation cycle: {format_path(inside)} refers to {format_path(loc)}, "
+                    "which contains it"
+                )
+        resolved = self.value(node, loc)
+        if isinstance(node, str) and loc in self.failed:
+            if self.failed[loc].startswith("interpolation cycle"):
+                raise _Unresolved(self.failed[loc])
+            raise _Unresolved(
+                f"'${{{expr}}}' refers to {format_path(loc)}, which cannot be resolved"
+            )
+        return copy.deepcopy(resolved)
+
+
+def interpolate(data: Any, env: Mapping[str, str] | None = None) -> tuple[Any, list[Problem]]:
+    """A copy of `data` with every `${oc.env:...}` and `${other.key}` in its strings resolved.
+
+    A whole-value interpolation keeps the type of what it refers to (`${oc.env:N,4}` gives the
+    integer 4, `${model.max_model_len}` the number there); inside longer text it is substituted
+    as text. References are absolute key paths and may chain; a cycle or a missing target is a
+    problem at the key holding the interpolation.
 
     Args:
         data: plain YAML data (dicts, lists, scalars); not modified.
@@ -178,27 +283,7 @@ def interpolate(
     Returns:
         The resolved copy, and one problem (with its key path) per unresolvable interpolation.
     """
-    env = os.environ if env is None else env
-    if isinstance(data, dict):
-        out: dict[Any, Any] = {}
-        problems: list[Problem] = []
-        for key, value in data.items():
-            out[key], found = interpolate(value, env, (*_loc, key))
-            problems += found
-        return out, problems
-    if isinstance(data, list):
-        items, problems = [], []
-        for i, value in enumerate(data):
-            item, found = interpolate(value, env, (*_loc, i))
-            items.append(item)
-            problems += found
-        return items, problems
-    if not isinstance(data, str) or "${" not in data:
-        return data, []
-    try:
-        whole = _INTERPOLATION.fullmatch(data)
-        if whole:
-            return _resolve_one(whole.group(1), env)[0], []
-        return _INTERPOLATION.sub(lambda m: _resolve_one(m.group(1), env)[1], data), []
-    except _Unresolved as exc:
-        return data, [Problem(format_path(_loc), str(exc))]
+    resolver = _Resolver(data, os.environ if env is None else env)
+    out = resolver.value(data, ())
+    problems = [Problem(format_path(loc), msg) for loc, msg in resolver.failed.items()]
+    return out, problems

@@ -16,6 +16,8 @@ from typing import Any
 import ray
 
 from trinity.common.experience import EID, Experience
+from trinity.config import seeds
+from trinity.config.resolved import resolve
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer, resolve_model_path
@@ -56,9 +58,10 @@ class Explorer:
     async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
         """Start the engines, load tasksets. Returns task counts (for step planning)."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
-        if rm.engine_type != "transformers":
+        engine_type = resolve(cfg).engine_type  # unset = the best available here
+        if engine_type != "transformers":
             raise ValueError(
-                f"explorer.rollout_model.engine_type={rm.engine_type!r} is not available yet; "
+                f"explorer.rollout_model.engine_type={engine_type!r} is not available yet; "
                 "use 'transformers'"
             )
         engine_cls = ray.remote(HFRolloutEngine)
@@ -66,7 +69,7 @@ class Explorer:
             engine_cls.options(num_cpus=0, name=None).remote(
                 self.model_path,
                 dtype=rm.dtype,
-                seed=rm.seed + i,
+                seed=seeds.engine_seed(cfg, i),
                 max_batch_size=rm.max_batch_size,
                 max_model_len=cfg.model.max_model_len,
                 num_threads=cfg.trainer.num_threads,
@@ -88,6 +91,7 @@ class Explorer:
                         is_eval=False,
                         default_workflow_type=inp.default_workflow_type,
                         default_reward_fn_type=inp.default_reward_fn_type,
+                        default_seed=cfg.seed,
                     )
         for i, ts in enumerate(inp.eval_tasksets):
             name = ts.name or f"eval{i}"
@@ -96,13 +100,14 @@ class Explorer:
                 is_eval=True,
                 default_workflow_type=inp.default_eval_workflow_type or inp.default_workflow_type,
                 default_reward_fn_type=inp.default_reward_fn_type,
+                default_seed=cfg.seed,
             )
         return {"train_tasks": len(self.train_tasks)}
 
     def _batches(self) -> Iterator[list[Task]]:
         inp = self.cfg.buffer.explorer_input
-        selector_cfg = (inp.taskset or inp.tasksets[0]).task_selector
-        selector = make_selector(selector_cfg)
+        selector_cfg = (inp.taskset or inp.tasksets[0]).data_selector
+        selector = make_selector(selector_cfg, default_seed=self.cfg.seed)
         return selector.batches(
             self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs
         )

@@ -16,10 +16,8 @@ from typing import Any
 import ray
 from rich.console import Console
 
-from trinity.algorithm import resolve_algorithm
 from trinity.buffer.queue import QueueActor
-from trinity.config import ConfigError, resolve, stage_configs
-from trinity.config.support import not_built_problems
+from trinity.config import resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
@@ -68,22 +66,20 @@ def init_ray(address: str) -> None:
 
 
 def run(config: Any, console: Console | None = None) -> RunResult:
-    """Run every stage of `config` in order, each starting from the previous stage's model."""
+    """Run every stage of `config` in order, each starting from the previous stage's model.
+
+    `config` must have passed `trinity.config.preflight.preflight` (as `trinity run` does).
+    """
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
     stages = stage_configs(config)
-    for cfg in stages:  # fail before starting anything
-        refused = not_built_problems(cfg)
-        if refused:
-            raise ConfigError(refused)
-        resolve_algorithm(cfg.algorithm)
     init_ray(config.cluster.ray_address)
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
     types = [types] if isinstance(types, str) else list(types)
     monitor = Monitor(run_dir, types, console)
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
-    model_path = config.model.model_path
+    model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
     try:
@@ -129,9 +125,9 @@ def run_stage(
     opts = {"num_cpus": 0, "max_concurrency": 64}
     try:
         # 1.
-        scfg = cfg.synchronizer
-        keep = versions_to_keep(scfg.sync_interval, scfg.sync_offset, explores and trains)
-        sync = ray.remote(SynchronizerActor).options(**opts).remote(scfg.sync_method, keep)
+        rcfg = resolve(cfg)
+        keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains)
+        sync = ray.remote(SynchronizerActor).options(**opts).remote(rcfg.sync_method, keep)
         actors.append(sync)
         buffer = None
         if explores:

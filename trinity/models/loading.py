@@ -3,13 +3,17 @@
     model.model_path: tiny://1m?seed=0       # built on first use into $TRINITY_CACHE_DIR/models
     model.model_path: ~/models/Qwen2.5-0.5B  # any local Hugging Face folder
 
+`tiny://<preset>?seed=<N>` maps to `$TRINITY_CACHE_DIR/models/qwen2-<preset>-seed<N>-<fingerprint>`
+(cache root `~/.cache/trinity` by default; the fingerprint changes with the builder, see
+`trinity.models.tiny.builder_fingerprint`). Without `?seed=` the seed is 0 here; a run config
+adds its global `seed` first (`trinity.config.seeds.model_path`).
+
+The first process to need a build makes it under an exclusive `fcntl.flock` on a lock file
+beside it; the others wait and then reuse the finished folder.
+
 Loading is quiet: transformers' "Loading weights" and download progress bars are switched off in
 the loading process (`quiet_transformers`), so Ray actors do not scatter them over the console;
 the driver shows one progress bar of its own (`trinity.monitor.monitor`).
-
-`tiny://<preset>?seed=<N>` maps to `$TRINITY_CACHE_DIR/models/qwen2-<preset>-seed<N>` (cache root
-`~/.cache/trinity` by default). The first process to need it builds it under an exclusive
-`fcntl.flock` on a lock file beside it; the others wait and then reuse the finished folder.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("TRINITY_CACHE_DIR") or "~/.cache/trinity").expanduser()
 
 
-def parse_tiny_url(model_path: str) -> tuple[str, int]:
-    """(preset, seed) of `tiny://<preset>?seed=<N>`; ValueError naming the path otherwise."""
+def parse_tiny_url(model_path: str) -> tuple[str, int | None]:
+    """(preset, seed) of `tiny://<preset>?seed=<N>` (seed None when the URL names none).
+
+    Raises ValueError naming the path when it is not such a URL.
+    """
     from trinity.models.tiny import PRESETS
 
     parts = urlsplit(model_path)
@@ -42,7 +49,7 @@ def parse_tiny_url(model_path: str) -> tuple[str, int]:
             f"one of {', '.join(PRESETS)} and only the 'seed' parameter"
         )
     try:
-        seed = int(query["seed"][-1]) if "seed" in query else 0
+        seed = int(query["seed"][-1]) if "seed" in query else None
     except ValueError as e:
         raise ValueError(f"bad tiny model path {model_path!r}: seed must be an integer") from e
     return preset, seed
@@ -59,10 +66,11 @@ def resolve_model_path(model_path: str | Path) -> str:
     if not model_path.startswith(TINY_SCHEME):
         return str(Path(model_path).expanduser())
     # 2.
-    from trinity.models.tiny import create_tiny_model, is_tiny_model_dir
+    from trinity.models.tiny import builder_fingerprint, create_tiny_model, is_tiny_model_dir
 
-    preset, seed = parse_tiny_url(model_path)
-    out = cache_root() / "models" / f"qwen2-{preset}-seed{seed}"
+    preset, url_seed = parse_tiny_url(model_path)
+    seed = 0 if url_seed is None else url_seed
+    out = cache_root() / "models" / f"qwen2-{preset}-seed{seed}-{builder_fingerprint()}"
     if is_tiny_model_dir(out, preset, seed):
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +79,32 @@ def resolve_model_path(model_path: str | Path) -> str:
         if not is_tiny_model_dir(out, preset, seed):
             create_tiny_model(out, preset=preset, seed=seed, overwrite=out.exists())
     return str(out)
+
+
+def model_path_problem(model_path: str) -> str | None:
+    """Why `model_path` cannot be loaded here, or None when it can; builds nothing, loads nothing.
+
+    A `tiny://` URL is fine when it parses (it is built on first use); anything else must be a
+    local Hugging Face folder (with config.json), since nothing is downloaded.
+    """
+    if model_path.startswith(TINY_SCHEME):
+        try:
+            parse_tiny_url(model_path)
+        except ValueError as e:
+            return str(e)
+        return None
+    p = Path(model_path).expanduser()
+    if not p.exists():
+        local = model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1
+        if local:
+            return f"no such folder {str(p)!r}"
+        return (
+            f"{model_path!r} is not a local folder, and models are not downloaded here: "
+            "download it first and give its folder, or use a tiny://<preset>?seed=<N> model"
+        )
+    if not p.is_dir() or not (p / "config.json").is_file():
+        return f"{str(p)!r} is not a Hugging Face model folder (no config.json)"
+    return None
 
 
 def _check_model_dir(path: str | Path, what: str) -> Path:

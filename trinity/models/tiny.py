@@ -8,11 +8,13 @@ arithmetic and countdown tasks, short word problems and chat words), digits spli
 with Qwen's ChatML template and special tokens. It does not depend on the seed; the weights do.
 The same (preset, seed) gives byte-identical `model.safetensors` and `tokenizer.json` on every
 build. The result is an ordinary Hugging Face folder that `AutoModelForCausalLM` and
-`AutoTokenizer` load unchanged; a marker file `trinity_tiny.json` records how it was built.
+`AutoTokenizer` load unchanged; a marker file `trinity_tiny.json` records how it was built,
+including `builder_fingerprint()`, so a build by a changed builder is never taken for current.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -181,6 +183,33 @@ def model_vocab_size() -> int:
     return (n + 63) // 64 * 64
 
 
+@lru_cache(maxsize=1)
+def builder_fingerprint() -> str:
+    """12 hex digits that change whenever a build could produce different bytes.
+
+    Hashes everything a build reads: the tokenizer corpus and its training settings, the chat
+    template, the presets, and the versions of torch (weight init), transformers (config and
+    weight files) and tokenizers (BPE training). The `tiny://` cache keys its folders by it, so a
+    changed builder never reuses a stale model.
+    """
+    import tokenizers
+    import torch
+    import transformers
+
+    parts = {
+        "corpus": tokenizer_corpus(),
+        "special_tokens": SPECIAL_TOKENS,
+        "vocab_target": TOKENIZER_VOCAB_TARGET,
+        "pretokenize": QWEN2_PRETOKENIZE_REGEX,
+        "chat_template": CHAT_TEMPLATE,
+        "presets": PRESETS,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
+    }
+    blob = json.dumps(parts, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
 # -- model -------------------------------------------------------------------------------------
 
 
@@ -242,17 +271,26 @@ def _build(out: Path, preset: str, seed: int) -> None:
     with _quiet_progress():
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker = {"preset": preset, "seed": seed, "params": sum(p.numel() for p in model.parameters())}
+    marker = {
+        "preset": preset,
+        "seed": seed,
+        "params": sum(p.numel() for p in model.parameters()),
+        "fingerprint": builder_fingerprint(),
+    }
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
 def is_tiny_model_dir(path: Path, preset: str, seed: int) -> bool:
-    """True when `path` holds a finished build of (preset, seed)."""
+    """True when `path` holds a finished build of (preset, seed) by the current builder."""
     try:
         marker = json.loads((Path(path) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("preset") == preset and marker.get("seed") == seed
+    return (
+        marker.get("preset") == preset
+        and marker.get("seed") == seed
+        and marker.get("fingerprint") == builder_fingerprint()
+    )
 
 
 def create_tiny_model(

@@ -9,7 +9,7 @@ A dotted path (`my_pkg.rewards.my_fn`) loads a user's function.
 """
 
 from trinity.rewards.arithmetic import arithmetic_reward, last_number
-from trinity.rewards.base import REWARD_FN, RewardFn
+from trinity.rewards.base import REWARD_FN, RewardFn, needs_truth
 from trinity.rewards.countdown import countdown_reward, parse_expression
 from trinity.rewards.math_answer import (
     DEFAULT_FORMAT_PATTERN,
@@ -32,5 +32,6 @@ __all__ = [
     "last_number",
     "math_reward",
     "math_with_format",
+    "needs_truth",
     "parse_expression",
 ]

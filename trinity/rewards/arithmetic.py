@@ -10,7 +10,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from trinity.rewards.base import REWARD_FN, require_truth
+from trinity.rewards.base import REWARD_FN, needs_truth, require_truth
 
 # An optional sign, then 1,234 / 1234 / 12.50.
 _NUMBER = re.compile(r"([+-]?)\s*(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!\d)")
@@ -30,8 +30,9 @@ def last_number(text: str) -> Fraction | None:
 
 
 @REWARD_FN.register("arithmetic_reward")
+@needs_truth
 def arithmetic_reward(
-    response: str, truth: str | None, task_raw: dict[str, Any], **args: Any
+    response: str, truth: str | None, task_raw: dict[str, Any]
 ) -> dict[str, float]:
     """{"accuracy": 1.0} when the last number of the response equals int(truth), else 0.0."""
     expected = last_number(require_truth("arithmetic_reward", truth))

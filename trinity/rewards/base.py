@@ -4,14 +4,17 @@
     buffer.explorer_input.taskset.reward_fn_args: {format_score: 0.1}
 
 A reward fn is `fn(response, truth, task_raw, **args) -> dict[str, float]`: named components whose
-SUM is the experience's reward. By convention every fn returns an "accuracy" component in {0, 1}
+SUM is the experience's reward. It names the keyword arguments it accepts, so pre-flight checks
+`reward_fn_args` against them (a `**kwargs` catch-all turns that check off); a fn that cannot score
+without the reference answer is decorated with `@needs_truth`, so pre-flight requires
+`format.response_key` on every row of the tasksets it scores. By convention every fn returns an "accuracy" component in {0, 1}
 (the eval metric), plus e.g. "format" for partial credit; a fn returns the same keys on every
 call, so the monitor sees a steady set of metrics.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from trinity.common.registry import Registry
 
@@ -23,6 +26,13 @@ class RewardFn(Protocol):
 
 
 REWARD_FN: Registry[RewardFn] = Registry("reward_fn")
+F = TypeVar("F")
+
+
+def needs_truth(fn: F) -> F:
+    """Mark a reward fn that needs the task's reference answer (`truth` not None)."""
+    fn.needs_truth = True  # type: ignore[attr-defined]
+    return fn
 
 
 def require_truth(name: str, truth: str | None) -> str:

@@ -77,7 +77,6 @@ def countdown_reward(
     truth: str | None,
     task_raw: dict[str, Any],
     format_score: float = 0.1,
-    **args: Any,
 ) -> dict[str, float]:
     """Score a countdown answer (see the module docstring)."""
     if "numbers" not in task_raw or "target" not in task_raw:

@@ -20,7 +20,7 @@ import re
 import threading
 from typing import Any
 
-from trinity.rewards.base import REWARD_FN, require_truth
+from trinity.rewards.base import REWARD_FN, needs_truth, require_truth
 
 _TIMEOUT_S = 5
 _GSM8K = re.compile(r"####\s*([^\n]*?)\s*$", re.MULTILINE)
@@ -85,9 +85,8 @@ def answers_match(response: str, truth: str) -> bool:
 
 
 @REWARD_FN.register("math_reward")
-def math_reward(
-    response: str, truth: str | None, task_raw: dict[str, Any], **args: Any
-) -> dict[str, float]:
+@needs_truth
+def math_reward(response: str, truth: str | None, task_raw: dict[str, Any]) -> dict[str, float]:
     """{"accuracy": 1.0} when the response's final answer equals the truth's, else 0.0."""
     truth = require_truth("math_reward", truth)
     return {"accuracy": float(answers_match(response, truth))}
@@ -100,20 +99,19 @@ def format_reward(
     task_raw: dict[str, Any],
     pattern: str = DEFAULT_FORMAT_PATTERN,
     format_score: float = 0.1,
-    **args: Any,
 ) -> dict[str, float]:
     """{"format": format_score} when `pattern` (re.search) matches the response, else 0.0."""
     return {"format": float(format_score) if re.search(pattern, response) else 0.0}
 
 
 @REWARD_FN.register("math_with_format")
+@needs_truth
 def math_with_format(
     response: str,
     truth: str | None,
     task_raw: dict[str, Any],
     pattern: str = DEFAULT_FORMAT_PATTERN,
     format_score: float = 0.1,
-    **args: Any,
 ) -> dict[str, float]:
     """The components of `math_reward` and `format_reward` together (their sum is the reward)."""
     return {

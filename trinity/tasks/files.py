@@ -5,6 +5,8 @@
 
 Every row is a dict. A malformed row raises `TasksetError` naming the file and the line (jsonl,
 csv) or row index (json, parquet, datasets), so a bad line in a 100k-row file is found at once.
+Pass a list as `bad_rows` to collect every malformed row's message there and skip the row
+instead (pre-flight reports them all; `skip_bad_rows: true` counts and drops them).
 Nothing here touches the network: a hub id that is not a local path is a "not found" error.
 """
 
@@ -35,22 +37,52 @@ def read_rows(path: str | Path, split: str = "train", subset_name: str | None = 
 
 
 def read_located_rows(
-    path: str | Path, split: str = "train", subset_name: str | None = None
+    path: str | Path,
+    split: str = "train",
+    subset_name: str | None = None,
+    bad_rows: list[str] | None = None,
 ) -> list[tuple[dict, str]]:
-    """Like `read_rows`, each row paired with where it is: "file:line" or "file row i"."""
+    """Like `read_rows`, each row paired with where it is: "file:line" or "file row i".
+
+    Args:
+        bad_rows: None = a malformed row raises `TasksetError`; a list = its message
+            ("file:line: problem") is appended there and the row is skipped. Problems with the
+            file as a whole (missing, unreadable, unsupported type) always raise.
+    """
     p = Path(path).expanduser()
     if not p.exists():
         raise TasksetError(f"taskset path not found: {str(p)!r}")
     if p.is_dir():
-        return _read_dir(p, split, subset_name)
-    return _read_file(p)
+        return _read_dir(p, split, subset_name, bad_rows)
+    return _read_file(p, bad_rows)
 
 
-def _read_dir(d: Path, split: str, subset_name: str | None) -> list[tuple[dict, str]]:
+def _bad(message: str, bad_rows: list[str] | None) -> None:
+    """Raise a malformed row's `TasksetError`, or record it when collecting."""
+    if bad_rows is None:
+        raise TasksetError(message)
+    bad_rows.append(message)
+
+
+def _checked(rows: list[Any], where: str, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
+    """(row, "where row i") for every row that is a dict; the others are bad rows."""
+    out = []
+    for i, row in enumerate(rows):
+        loc = f"{where} row {i}"
+        if isinstance(row, dict):
+            out.append((row, loc))
+        else:
+            _bad(f"{loc}: row is a {type(row).__name__}, expected a JSON object", bad_rows)
+    return out
+
+
+def _read_dir(
+    d: Path, split: str, subset_name: str | None, bad_rows: list[str] | None
+) -> list[tuple[dict, str]]:
     if subset_name and (d / subset_name).is_dir():
         d = d / subset_name
     if any((d / m).is_file() for m in _DATASETS_MARKERS):
-        return _read_saved_dataset(d, split)
+        return _read_saved_dataset(d, split, bad_rows)
     files = _split_files(d, split)
     if not files:
         found = sorted(x.name for x in d.iterdir())[:20]
@@ -61,7 +93,7 @@ def _read_dir(d: Path, split: str, subset_name: str | None) -> list[tuple[dict, 
         )
     rows: list[tuple[dict, str]] = []
     for f in files:
-        rows.extend(_read_file(f))
+        rows.extend(_read_file(f, bad_rows))
     return rows
 
 
@@ -77,7 +109,7 @@ def _split_files(d: Path, split: str) -> list[Path]:
     return found
 
 
-def _read_saved_dataset(d: Path, split: str) -> list[tuple[dict, str]]:
+def _read_saved_dataset(d: Path, split: str, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
     import datasets
 
     try:
@@ -90,16 +122,15 @@ def _read_saved_dataset(d: Path, split: str) -> list[tuple[dict, str]]:
                 f"{str(d)!r}: split {split!r} not found; available splits: {sorted(ds)}"
             )
         ds = ds[split]
-    rows = ds.to_list()
-    return [(_check_row(r, loc := f"{d} row {i}"), loc) for i, r in enumerate(rows)]
+    return _checked(ds.to_list(), str(d), bad_rows)
 
 
-def _read_file(f: Path) -> list[tuple[dict, str]]:
+def _read_file(f: Path, bad_rows: list[str] | None = None) -> list[tuple[dict, str]]:
     suffix = f.suffix.lower()
     if suffix in _JSONL:
-        return _read_jsonl(f)
+        return _read_jsonl(f, bad_rows)
     if suffix == ".json":
-        return _read_json(f)
+        return _read_json(f, bad_rows)
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -107,16 +138,18 @@ def _read_file(f: Path) -> list[tuple[dict, str]]:
             rows = pq.read_table(f).to_pylist()
         except Exception as e:  # pyarrow raises ArrowInvalid & co.
             raise TasksetError(f"{str(f)!r}: cannot read parquet: {e}") from e
-        return [(_check_row(r, loc := f"{f} row {i}"), loc) for i, r in enumerate(rows)]
+        return _checked(rows, str(f), bad_rows)
     if suffix == ".csv":
         with f.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             located = []
             for row in reader:
                 if None in row:  # more cells than header columns
-                    raise TasksetError(
-                        f"{f}:{reader.line_num}: row has more cells than the header has columns"
+                    _bad(
+                        f"{f}:{reader.line_num}: row has more cells than the header has columns",
+                        bad_rows,
                     )
+                    continue
                 located.append((dict(row), f"{f}:{reader.line_num}"))
             return located
     raise TasksetError(
@@ -125,21 +158,26 @@ def _read_file(f: Path) -> list[tuple[dict, str]]:
     )
 
 
-def _read_jsonl(f: Path) -> list[tuple[dict, str]]:
+def _read_jsonl(f: Path, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
     rows = []
     with f.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
+            loc = f"{f}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise TasksetError(f"{f}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from e
-            rows.append((_check_row(row, loc := f"{f}:{lineno}"), loc))
+                _bad(f"{loc}: invalid JSON: {e.msg} (column {e.colno})", bad_rows)
+                continue
+            if not isinstance(row, dict):
+                _bad(f"{loc}: row is a {type(row).__name__}, expected a JSON object", bad_rows)
+                continue
+            rows.append((row, loc))
     return rows
 
 
-def _read_json(f: Path) -> list[tuple[dict, str]]:
+def _read_json(f: Path, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
     try:
         data = json.loads(f.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -151,11 +189,4 @@ def _read_json(f: Path) -> list[tuple[dict, str]]:
             f'{str(f)!r}: a .json taskset must be a list of objects or {{"data": [...]}}, '
             f"got {type(data).__name__}"
         )
-    return [(_check_row(r, loc := f"{f} row {i}"), loc) for i, r in enumerate(data)]
-
-
-def _check_row(row: Any, loc: str) -> dict:
-    """`row` if it is a dict; `loc` says where it is ("file:line" or "file row i")."""
-    if not isinstance(row, dict):
-        raise TasksetError(f"{loc}: row is a {type(row).__name__}, expected a JSON object")
-    return row
+    return _checked(data, str(f), bad_rows)

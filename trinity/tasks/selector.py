@@ -1,6 +1,6 @@
 """Task selectors: the order in which a taskset is served, batch by batch.
 
-    buffer.explorer_input.taskset.task_selector: {selector_type: shuffle, seed: 0}
+    buffer.explorer_input.taskset.data_selector: {selector_type: shuffle, seed: 0}
 
 Every selector serves `total_epochs` epochs of `ceil(len(items) / batch_size)` batches each; the
 last batch of an epoch may be partial (it is kept, never padded or merged with the next epoch).
@@ -68,14 +68,17 @@ class RandomSelector(TaskSelector):
         return [rng.randrange(n) for _ in range(n)]
 
 
-def make_selector(config: Any = None) -> TaskSelector:
-    """A selector from a `task_selector` config (selector_type, seed), a name, or None."""
+def make_selector(config: Any = None, default_seed: int = 0) -> TaskSelector:
+    """A selector from a `data_selector` config (selector_type, seed), a name, or None.
+
+    `default_seed` (the run's global seed) is used when the config sets no seed of its own.
+    """
     if config is None:
         return SequentialSelector()
     if isinstance(config, str):
-        return SELECTORS.get(config)()
+        return SELECTORS.get(config)(seed=default_seed)
     if isinstance(config, dict):
-        kind, seed = config.get("selector_type", "sequential"), config.get("seed", 42)
+        kind, seed = config.get("selector_type", "sequential"), config.get("seed")
     else:
         kind, seed = config.selector_type, config.seed
-    return SELECTORS.get(kind)(seed=seed)
+    return SELECTORS.get(kind)(seed=default_seed if seed is None else seed)

@@ -137,6 +137,32 @@ def _arith_row(a: int, op: str, b: int) -> dict[str, Any]:
     return {"question": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b)), "a": a, "b": b, "op": op}
 
 
+def carry_slip(a: int, op: str, b: int) -> int | None:
+    """The answer of a solver who forgets the carry (or borrow) out of the ones digit.
+
+    `+`: 47+38 → 75 instead of 85 (the tens digit misses the carry); `-`: 52-38 → 24 instead of 14
+    (the tens digit misses the borrow). None when the ones digits produce no carry or borrow, or
+    for `*`, where the slip is not defined.
+    """
+    if op == "+" and a % 10 + b % 10 >= 10:
+        return a + b - 10
+    if op == "-" and a % 10 < b % 10:
+        return a - b + 10
+    return None
+
+
+def _add_teacher(rows: list[dict[str, Any]], seed: int, slip_rate: float) -> None:
+    """Give every row a `teacher_answer`: the answer, or with `slip_rate` a carry slip.
+
+    The draw is per (seed, question), so a problem's teacher answer does not depend on
+    `num_tasks` or on the order rows were generated in.
+    """
+    for row in rows:
+        slip = carry_slip(row["a"], row["op"], row["b"])
+        slipped = slip is not None and random.Random(f"teacher:{seed}:{row['question']}").random()
+        row["teacher_answer"] = str(slip) if slipped and slipped < slip_rate else row["answer"]
+
+
 @GENERATORS.register("arithmetic")
 def arithmetic(
     split: str,
@@ -147,13 +173,25 @@ def arithmetic(
     max_operand: int | None = None,
     allow_negative: bool = False,
     eval_fraction: float = 0.1,
+    teacher_slip_rate: float | None = None,
 ) -> list[dict[str, Any]]:
     """Problems like `23+45=` with answer `68`.
 
     Operands are in [0, 10**digits - 1] (or [0, max_operand]); `ops` is any of "+-*". With
     `allow_negative=False`, subtraction keeps the larger operand first. Rows carry `a`, `b`, `op`.
+
+    `teacher_slip_rate` (in [0, 1]) adds a `teacher_answer` column: demonstrations from an
+    imperfect teacher who, on problems whose ones digits carry (or borrow), forgets the carry with
+    that probability (`carry_slip`) and is right otherwise. SFT on `teacher_answer` imitates the
+    slip; a reward that checks `answer` can then teach the model past its teacher.
     """
     _check_common("arithmetic", num_tasks, eval_fraction)
+    if teacher_slip_rate is not None and not 0.0 <= teacher_slip_rate <= 1.0:
+        raise ValueError(
+            f"arithmetic: teacher_slip_rate must be in [0, 1], got {teacher_slip_rate}"
+        )
+    if teacher_slip_rate and "*" in ops:
+        raise ValueError("arithmetic: teacher_slip_rate is defined for ops '+' and '-' only")
     if not ops or any(op not in _OPS for op in ops):
         raise ValueError(f"arithmetic: ops must be a non-empty string of '+-*', got {ops!r}")
     if max_operand is None:
@@ -180,7 +218,10 @@ def arithmetic(
         return _arith_row(a, op, b)
 
     space = len(op_list) * (max_operand + 1) ** 2
-    return _select("arithmetic", split, seed, num_tasks, eval_fraction, space, enumerate_all, draw)
+    rows = _select("arithmetic", split, seed, num_tasks, eval_fraction, space, enumerate_all, draw)
+    if teacher_slip_rate is not None:
+        _add_teacher(rows, seed, teacher_slip_rate)
+    return rows
 
 
 # -- countdown ---------------------------------------------------------------------------------

@@ -6,12 +6,19 @@
 
 `storage` is any object with the attributes of `trinity.config.buffer_schema.StorageConfig`
 (name, storage_type, path, subset_name, split, format, rollout_args, workflow_args,
-reward_fn_args, default_workflow_type, default_reward_fn_type, repeat_times, generator_args).
-Per-taskset defaults win over the explorer-wide defaults passed in.
+reward_fn_args, default_workflow_type, default_reward_fn_type, repeat_times, generator_args,
+skip_bad_rows). Per-taskset defaults win over the explorer-wide defaults passed in.
+
+A bad row (invalid JSON, not an object, no prompt, a prompt of the wrong type, no reference answer
+where one is needed) raises `TasksetError` naming "file:line". With `skip_bad_rows: true` on the
+storage, bad rows are dropped and counted instead (a warning names the count and the first one);
+pre-flight (`trinity validate`) loads every taskset through this same function, so it reports
+exactly the rows the run would refuse or skip.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from trinity.tasks.files import TasksetError, read_located_rows
@@ -19,6 +26,7 @@ from trinity.tasks.synthetic import generate
 from trinity.tasks.task import Task
 
 _ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "n")
+log = logging.getLogger(__name__)
 
 
 def load_taskset(
@@ -26,20 +34,35 @@ def load_taskset(
     is_eval: bool = False,
     default_workflow_type: str | None = None,
     default_reward_fn_type: str | None = None,
+    default_seed: int = 0,
+    require_response: bool = False,
+    bad_rows: list[str] | None = None,
 ) -> list[Task]:
     """Read every row of `storage` and wrap it as a Task.
 
     1. read rows: a file/folder (`storage_type: file`) or a generator (`synthetic`)
     2. per row: pick the prompt (plaintext or messages), the truth, and the taskset settings
+    3. bad rows: raise at the first, or (`storage.skip_bad_rows`) drop them with a warning
+
+    Args:
+        default_seed: the run's global seed; it seeds a synthetic generator whose
+            `generator_args` set no `seed`.
+        require_response: every row needs its reference answer (`format.response_key`), or for
+            `prompt_type: messages` a last assistant turn (SFT data). Also implied when the
+            taskset's reward fn is marked as needing the truth (`trinity.rewards.needs_truth`).
+        bad_rows: a list to collect every bad row's "file:line: problem" message in, skipping
+            those rows, whatever `skip_bad_rows` says (used by pre-flight to report them all).
     """
     # 1.
     name = storage.name or str(storage.path)
+    skip = bool(getattr(storage, "skip_bad_rows", False))
+    collected: list[str] | None = bad_rows if bad_rows is not None else ([] if skip else None)
     if storage.storage_type == "file":
         if not storage.path:
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
-        located = read_located_rows(storage.path, storage.split, storage.subset_name)
+        located = read_located_rows(storage.path, storage.split, storage.subset_name, collected)
     elif storage.storage_type == "synthetic":
-        located = _synthetic_rows(storage, name)
+        located = _synthetic_rows(storage, name, default_seed)
     else:
         raise TasksetError(
             f"taskset {name!r}: storage_type {storage.storage_type!r} cannot hold tasks; "
@@ -50,13 +73,22 @@ def load_taskset(
     rollout_args = _rollout_args(storage.rollout_args)
     workflow_type = storage.default_workflow_type or default_workflow_type
     reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
+    need_truth = require_response or _reward_needs_truth(reward_fn_type)
     tasks = []
-    for index, (row, loc) in enumerate(located):
-        prompt, messages = _prompt_of(row, fmt, loc)
+    for row, loc in located:
+        try:
+            prompt, messages = _prompt_of(row, fmt, loc)
+            if need_truth:
+                _check_response(row, fmt, messages, loc)
+        except TasksetError as e:
+            if collected is None:
+                raise
+            collected.append(str(e))
+            continue
         truth = row.get(fmt.response_key)
         tasks.append(
             Task(
-                index=index,
+                index=len(tasks),
                 raw=row,
                 prompt=prompt,
                 messages=messages,
@@ -72,14 +104,51 @@ def load_taskset(
                 reply_prefix=getattr(fmt, "reply_prefix", None),
             )
         )
+    # 3.
+    if skip and bad_rows is None and collected:
+        log.warning(
+            "taskset %r: skipped %d bad rows (skip_bad_rows); the first: %s",
+            name,
+            len(collected),
+            collected[0],
+        )
     return tasks
 
 
-def _synthetic_rows(storage: Any, name: str) -> list[tuple[dict, str]]:
+def _reward_needs_truth(reward_fn_type: str | None) -> bool:
+    """True when the named reward fn is registered and marked as needing a reference answer."""
+    if not reward_fn_type:
+        return False
+    from trinity.rewards import REWARD_FN
+
+    return reward_fn_type in REWARD_FN and getattr(
+        REWARD_FN.get(reward_fn_type), "needs_truth", False
+    )
+
+
+def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) -> None:
+    """A row must carry its reference answer: `response_key`, or a last assistant turn."""
+    if fmt.response_key in row:
+        value = row[fmt.response_key]
+        if value is None or isinstance(value, dict | list):
+            raise TasksetError(
+                f"{loc}: {fmt.response_key!r} (format.response_key) must be text or a number, "
+                f"got {type(value).__name__}"
+            )
+        return
+    if fmt.prompt_type == "messages" and messages and messages[-1]["role"] == "assistant":
+        return
+    raise TasksetError(
+        f"{loc}: row has no key {fmt.response_key!r} (format.response_key), the reference "
+        f"answer; the row's keys are {sorted(row)}"
+    )
+
+
+def _synthetic_rows(storage: Any, name: str, default_seed: int) -> list[tuple[dict, str]]:
     if not storage.path:
         raise TasksetError(f"taskset {name!r}: storage_type 'synthetic' needs a generator as path")
     args = dict(storage.generator_args or {})
-    seed = int(args.pop("seed", 0))
+    seed = int(args.pop("seed", default_seed))
     num_tasks = int(args.pop("num_tasks", 1000))
     rows = generate(storage.path, storage.split, seed, num_tasks, **args)
     return [(row, f"generator {storage.path!r} row {i}") for i, row in enumerate(rows)]
@@ -113,7 +182,13 @@ def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | 
         return None, messages
     if fmt.prompt_type != "plaintext":
         raise TasksetError(f"{loc}: unknown prompt_type {fmt.prompt_type!r}")
-    prompt = str(_require(row, fmt.prompt_key, loc, "prompt_key"))
+    prompt = _require(row, fmt.prompt_key, loc, "prompt_key")
+    if isinstance(prompt, bool) or not isinstance(prompt, str | int | float):
+        raise TasksetError(
+            f"{loc}: {fmt.prompt_key!r} (format.prompt_key) must be text, "
+            f"got {type(prompt).__name__}"
+        )
+    prompt = str(prompt)
     if system:
         return prompt, [
             {"role": "system", "content": system},

@@ -37,7 +37,7 @@ def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: floa
         return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
     if style == "cosine":
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"unknown warmup_style {style!r}; valid: constant, linear, cosine")
+    raise ValueError(f"unknown lr_scheduler_type {style!r}; valid: constant, linear, cosine")
 
 
 def build_optimizer(
@@ -56,6 +56,8 @@ def build_optimizer(
     warmup = warmup_steps(opt_cfg, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda s: lr_factor(s, warmup, total_steps, opt_cfg.warmup_style, opt_cfg.min_lr_ratio),
+        lambda s: lr_factor(
+            s, warmup, total_steps, opt_cfg.lr_scheduler_type, opt_cfg.min_lr_ratio
+        ),
     )
     return optimizer, scheduler

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from trinity.buffer.queue import BufferClosed
+from trinity.config.resolved import resolve
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.sft_data import DatasetSource
 from trinity.trainer.trainer import Trainer
@@ -112,7 +113,7 @@ class TrainerRunner:
 
     def _publish(self, step: int, final: bool = False) -> None:
         assert self.trainer is not None
-        if self.cfg.synchronizer.sync_method == "checkpoint":
+        if resolve(self.cfg).sync_method == "checkpoint":
             from safetensors.torch import save_file
 
             path = self.stage_dir / "sync" / f"weights_v{step}.safetensors"

@@ -59,7 +59,9 @@ class DatasetSource:
 
     def __init__(self, config: Any, tokenizer: Any) -> None:
         storage = config.buffer.trainer_input.experience_buffer
-        tasks = load_taskset(storage, is_eval=False)
+        tasks = load_taskset(
+            storage, is_eval=False, default_seed=config.seed, require_response=True
+        )
         m = config.model
         self.experiences = [
             task_to_sft_experience(t, tokenizer, m.max_prompt_tokens, m.max_response_tokens)
@@ -67,7 +69,7 @@ class DatasetSource:
         ]
         self.batch_size = config.buffer.train_batch_size or config.buffer.batch_size
         epochs = storage.total_epochs or config.buffer.total_epochs
-        self._iter: Iterator[list[Any]] = make_selector(storage.task_selector).batches(
+        self._iter: Iterator[list[Any]] = make_selector(storage.data_selector, config.seed).batches(
             self.experiences, self.batch_size, epochs
         )
 

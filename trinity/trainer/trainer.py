@@ -23,6 +23,7 @@ import torch
 from trinity.algorithm import Aggregator, resolve_algorithm
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
+from trinity.config.resolved import effective_config
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.trainer.batch import Batch, collate, micro_batches
 from trinity.trainer.checkpoint import save_hf_checkpoint, state_dict_numpy
@@ -35,6 +36,7 @@ ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy
 
 class Trainer:
     def __init__(self, config: Any, model_path: str, total_steps: int) -> None:
+        config = effective_config(config)  # trainer.trainer_config (verl) values in unset keys
         tcfg = config.trainer
         # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU: choose explicitly
         torch.set_num_threads(tcfg.num_threads or os.cpu_count() or 1)

@@ -22,8 +22,14 @@ DEFAULT_REWARD_FN = "math_reward"
 
 @WORKFLOW.register("math_workflow")
 class MathWorkflow(Workflow):
+    default_reward_fn_type = DEFAULT_REWARD_FN  # scores tasks whose taskset names no reward fn
+
+    def __init__(self) -> None:
+        """No workflow_args: pre-flight refuses any key under `workflow_args`."""
+        super().__init__()
+
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
-        reward_name = task.reward_fn_type or DEFAULT_REWARD_FN
+        reward_name = task.reward_fn_type or self.default_reward_fn_type
         reward_fn = REWARD_FN.get(reward_name)
         samples = await model.chat(task.to_messages())
         experiences = []

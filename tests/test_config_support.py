@@ -1,0 +1,138 @@
+"""Tests of the key-state table (trinity/config/support.py): every field has exactly one state."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trinity.config import TrinityConfig
+from trinity.config.support import (
+    KEY_STATES,
+    leaf_paths,
+    not_applicable_notes,
+    not_built_markdown,
+    not_built_problems,
+    schema_paths,
+    state_of,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def test_every_field_has_a_state() -> None:
+    missing = [p for p in leaf_paths() if state_of(p) is None]
+    assert missing == [], f"fields without a state in support.KEY_STATES: {missing}"
+
+
+def test_every_entry_names_an_existing_field() -> None:
+    paths = set(schema_paths())
+    stale = [k.path for k in KEY_STATES if k.path not in paths]
+    assert stale == [], f"KEY_STATES entries naming no schema field: {stale}"
+
+
+def test_one_entry_per_path_and_each_says_why() -> None:
+    seen = [k.path for k in KEY_STATES]
+    assert len(seen) == len(set(seen))
+    for k in KEY_STATES:
+        assert k.reason.strip(), k.path
+        assert bool(k.refused) == bool(k.refused_reason), k.path
+
+
+def test_walk_reaches_list_and_mapping_items() -> None:
+    paths = set(schema_paths())
+    assert "buffer.explorer_input.tasksets[*].data_selector.seed" in paths
+    assert "explorer.auxiliary_models[*].enforce_eager" in paths
+    assert "buffer.trainer_input.auxiliary_buffers[*].path" in paths
+    assert "data_processor.experience_pipeline.inputs[*].format.prompt_key" in paths
+
+
+def test_defaults_are_neither_refused_nor_noted() -> None:
+    cfg = TrinityConfig()
+    assert not_built_problems(cfg) == []
+    assert not_applicable_notes(cfg) == []
+
+
+def test_refusals_name_the_key_and_feature() -> None:
+    cfg = TrinityConfig.model_validate(
+        {
+            "mode": "serve",
+            "model": {"lora_configs": [{"lora_rank": 8}], "logprobs": 0},
+            "explorer": {
+                "rollout_model": {"tensor_parallel_size": 2, "enable_openai_api": True},
+                "auxiliary_models": [{"model_path": "judge"}],
+            },
+            "cluster": {"node_num": 1},
+            "monitor": {"monitor_type": ["jsonl", "swanlab"]},
+            "synchronizer": {"sync_method": "nccl"},
+            "trainer": {"trainer_strategy": "fsdp2", "ulysses_sequence_parallel_size": 1},
+        }
+    )
+    probs = {p.path: p.message for p in not_built_problems(cfg)}
+    assert set(probs) == {
+        "mode",
+        "model.lora_configs",
+        "explorer.rollout_model.tensor_parallel_size",
+        "explorer.rollout_model.enable_openai_api",
+        "explorer.auxiliary_models",
+        "monitor.monitor_type",
+        "synchronizer.sync_method",
+        "trainer.trainer_strategy",
+    }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
+    assert "'serve' is not built yet" in probs["mode"]
+    assert "LoRA" in probs["model.lora_configs"]
+    assert "'swanlab'" in probs["monitor.monitor_type"]
+    assert "tensor-parallel" in probs["explorer.rollout_model.tensor_parallel_size"]
+
+
+def test_not_applicable_keys_are_noted_when_set_with_reason() -> None:
+    cfg = TrinityConfig.model_validate(
+        {
+            "continue_from_checkpoint": True,
+            "explorer": {"rollout_model": {"gpu_memory_utilization": 0.9}},
+            "buffer": {
+                "explorer_input": {
+                    "tasksets": [
+                        {"path": "a", "data_selector": {"selector_type": "shuffle"}},
+                        {"path": "b", "data_selector": {"selector_type": "random"}},
+                    ]
+                }
+            },
+            "trainer": {"trainer_config": {"critic": {"ppo_epochs": 2}}},
+        }
+    )
+    notes = not_applicable_notes(cfg)
+    assert not_built_problems(cfg) == []
+    joined = "\n".join(notes)
+    assert "continue_from_checkpoint: not applicable here (resume is not built yet" in joined
+    # set to its default value, still noted: the key has no effect either way
+    assert "explorer.rollout_model.gpu_memory_utilization: not applicable here (vLLM" in joined
+    assert "tasksets[1].data_selector" in joined and "tasksets[0].data_selector" not in joined
+    assert "trainer.trainer_config.critic.ppo_epochs: not applicable" in joined
+
+
+def test_stage_keys_are_checked_in_each_stage() -> None:
+    cfg = TrinityConfig.model_validate(
+        {
+            "model": {"model_path": "m"},
+            "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
+            "stages": [
+                {"stage_name": "a", "algorithm": {"repeat_times": 2}},
+                {"stage_name": "b", "synchronizer": {"sync_style": "trainer_driven"}},
+            ],
+        }
+    )
+    probs = [str(p) for p in not_built_problems(cfg)]
+    assert probs == [
+        "stages[1].synchronizer.sync_style: 'trainer_driven' is not built yet "
+        "(dynamic sync styles; use fixed)"
+    ]
+
+
+def test_architecture_doc_matches_the_table() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    block = text.split("<!-- not-built:start -->\n", 1)[1].split("\n<!-- not-built:end -->", 1)[0]
+    assert block == not_built_markdown(), (
+        "regenerate docs/architecture.md from not_built_markdown()"
+    )
+    wanted = {k.path for k in KEY_STATES if k.state == "not_built" or k.refused}
+    assert wanted == set(re.findall(r"`([a-z_.\[\]*]+)`", block))

@@ -1,0 +1,228 @@
+"""Pre-flight: every broken config in tests/data/broken_configs is refused by both verbs.
+
+Each `*.yaml` there names, in a `# expect: <key path>` comment, the key path its report must
+contain. Both `validate` and `run` must exit 2 with that path, print no traceback, start no Ray
+and create no run directory. In-process (typer's CliRunner) for speed, plus a few real
+subprocess runs of the `trinity` entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from trinity.cli import app
+from trinity.config import load_config
+from trinity.config.preflight import preflight
+from trinity.tasks import TasksetError, load_taskset
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "data" / "broken_configs"
+BROKEN = sorted(CORPUS.glob("*.yaml"))
+
+
+def expected_paths(config: Path) -> list[str]:
+    lines = config.read_text().splitlines()
+    return [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("# expect:")]
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("ray.init was called for a config with problems")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.chdir(ROOT)  # the corpus names its data files relative to the repository
+
+
+def test_corpus_is_large_and_every_case_names_a_key_path():
+    assert len(BROKEN) >= 20
+    for config in BROKEN:
+        assert expected_paths(config), f"{config.name} has no '# expect: <key path>' line"
+
+
+@pytest.mark.parametrize("config", BROKEN, ids=[c.stem for c in BROKEN])
+@pytest.mark.parametrize("verb", ["validate", "run"])
+def test_broken_config_is_refused_before_anything_starts(config, verb, tmp_path, no_ray):
+    ckpt = tmp_path / "ckpt"
+    args = [verb, "--config", str(config), "--set", f"checkpoint_root_dir={ckpt}"]
+    result = CliRunner().invoke(app, args)
+    out = result.output
+    assert result.exit_code == 2, out
+    for path in expected_paths(config):
+        assert f"{path}" in out, f"{path!r} not reported:\n{out}"
+    assert "Traceback" not in out
+    assert not ckpt.exists()
+
+
+def test_problem_carries_valid_names_and_suggestion(no_ray):
+    result = CliRunner().invoke(
+        app, ["validate", "--config", str(CORPUS / "misspelt_kl_loss_fn_args.yaml")]
+    )
+    assert result.exit_code == 2
+    assert (
+        "algorithm.kl_loss_fn_args.kl_cof: unknown argument of kl_loss_fn 'k3'; "
+        "it accepts: kl_coef (did you mean 'kl_coef'?)"
+    ) in result.output
+
+
+def test_every_bad_row_is_reported_with_file_and_line(no_ray):
+    cfg = load_config(CORPUS / "taskset_bad_json_row.yaml")
+    messages = [p.message for p in preflight(cfg).problems]
+    assert any("bad_json.jsonl:2: invalid JSON" in m for m in messages), messages
+    # line 1 and line 3 are fine: one bad row, counted once in the summary
+    assert not any(":1:" in m or ":3:" in m for m in messages)
+    assert any(m.startswith("1 bad row;") for m in messages)
+
+
+def test_good_configs_pass(no_ray):
+    result = CliRunner().invoke(
+        app, ["validate", "--config", str(ROOT / "examples/quickstart/quickstart.yaml")]
+    )
+    assert result.exit_code == 0, result.output
+
+
+# -- skip_bad_rows ---------------------------------------------------------------------------------
+
+
+def skip_config(tmp_path: Path, rows: list[str], skip: bool) -> Path:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(r + "\n" for r in rows))
+    cfg = tmp_path / "skip.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        "buffer:\n  explorer_input:\n"
+        "    default_reward_fn_type: arithmetic_reward\n"
+        f"    taskset: {{path: {data}, skip_bad_rows: {str(skip).lower()}, "
+        "format: {prompt_key: question, response_key: answer}}\n"
+    )
+    return cfg
+
+
+ROWS = [
+    json.dumps({"question": "1+1=", "answer": "2"}),
+    '{"question": "2+2=", "answer": ',  # invalid JSON
+    json.dumps({"question": "3+3="}),  # no answer, and arithmetic_reward needs one
+    json.dumps({"question": "4+4=", "answer": "8"}),
+]
+
+
+def test_skip_bad_rows_counts_and_skips(tmp_path, no_ray, caplog):
+    # without the option: both bad rows are problems
+    r = CliRunner().invoke(app, ["validate", "--config", str(skip_config(tmp_path, ROWS, False))])
+    assert r.exit_code == 2 and "rows.jsonl:2: invalid JSON" in r.output
+    assert "rows.jsonl:3: row has no key 'answer'" in r.output
+    # with it: validate passes and says how many rows it will skip
+    cfg_path = skip_config(tmp_path, ROWS, True)
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg_path)])
+    assert r.exit_code == 0, r.output
+    assert "buffer.explorer_input.taskset: 2 bad rows will be skipped" in r.output
+    # the runtime's loader (as the explorer calls it) drops the same two rows, with a warning
+    storage = load_config(cfg_path).buffer.explorer_input.taskset
+    with caplog.at_level("WARNING"):
+        tasks = load_taskset(storage, default_reward_fn_type="arithmetic_reward")
+    assert [t.prompt for t in tasks] == ["1+1=", "4+4="]
+    assert [t.index for t in tasks] == [0, 1]
+    assert "skipped 2 bad rows" in caplog.text
+    # and without the option the loader refuses at the first bad row, naming it
+    with pytest.raises(TasksetError, match=r"rows\.jsonl:2: invalid JSON"):
+        load_taskset(storage.model_copy(update={"skip_bad_rows": False}))
+
+
+def test_skip_bad_rows_with_nothing_left_is_a_problem(tmp_path, no_ray):
+    r = CliRunner().invoke(
+        app, ["validate", "--config", str(skip_config(tmp_path, ROWS[1:3], True))]
+    )
+    assert r.exit_code == 2
+    assert "no tasks to run: every row is bad" in r.output
+
+
+# -- the real entry point --------------------------------------------------------------------------
+
+
+def trinity(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "trinity.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["unknown_algorithm_type", "model_path_missing", "taskset_bad_json_row"]
+)
+def test_entry_point_run_exits_2_and_starts_nothing(name, tmp_path):
+    config = CORPUS / f"{name}.yaml"
+    ckpt = tmp_path / "ckpt"
+    r = trinity(
+        "run", "--config", str(config), "--set", f"checkpoint_root_dir={ckpt}", tmp_path=tmp_path
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    for path in expected_paths(config):
+        assert path in out
+    assert "Traceback" not in out
+    assert not ckpt.exists()
+    assert not (tmp_path / "cache").exists()  # no tiny model was built either
+
+
+# -- user code and notes ---------------------------------------------------------------------------
+
+
+def test_user_module_failing_at_import_is_a_problem(tmp_path, monkeypatch, no_ray):
+    (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(CORPUS / "unknown_reward_fn.yaml")
+    inp = cfg.buffer.explorer_input.model_copy(
+        update={"default_reward_fn_type": "broken_rewards.score"}
+    )
+    cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"explorer_input": inp})})
+    [problem] = preflight(cfg).problems
+    assert problem.path == "buffer.explorer_input.default_reward_fn_type"
+    assert "RuntimeError: boom at import" in problem.message
+
+
+@pytest.mark.parametrize("verb", ["validate", "run"])
+def test_not_applicable_notes_printed_by_both_verbs(verb, monkeypatch, tmp_path, no_ray):
+    import trinity.config.preflight as pf
+
+    monkeypatch.setattr(pf, "not_applicable_notes", lambda cfg: ["explorer.foo: not used here"])
+    # a config with a problem, so that `run` stops after printing the notes
+    result = CliRunner().invoke(app, [verb, "--config", str(CORPUS / "mode_serve.yaml")])
+    assert result.exit_code == 2
+    assert "not applicable here:\n  explorer.foo: not used here" in result.output
+
+
+def test_readers_collect_bad_rows_instead_of_raising(tmp_path):
+    from trinity.tasks import read_located_rows
+
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"q": 1}\n{"q": \n"text"\n{"q": 4}\n')
+    bad: list[str] = []
+    rows = read_located_rows(jsonl, bad_rows=bad)
+    assert [loc for _, loc in rows] == [f"{jsonl}:1", f"{jsonl}:4"]
+    assert [b.split(": ", 1)[0] for b in bad] == [f"{jsonl}:2", f"{jsonl}:3"]
+    js = tmp_path / "t.json"
+    js.write_text('[{"q": 1}, 2, {"q": 3}]')
+    bad = []
+    assert len(read_located_rows(js, bad_rows=bad)) == 2
+    assert bad == [f"{js} row 1: row is a int, expected a JSON object"]
+    csv = tmp_path / "t.csv"
+    csv.write_text("q,a\n1,2\n3,4,5\n6,7\n")
+    bad = []
+    assert [r for r, _ in read_located_rows(csv, bad_rows=bad)] == [
+        {"q": "1", "a": "2"},
+        {"q": "6", "a": "7"},
+    ]
+    assert bad == [f"{csv}:3: row has more cells than the header has columns"]

@@ -1,0 +1,72 @@
+"""Schema of an inference engine pool: `explorer.rollout_model` and each `auxiliary_models[*]`.
+
+Trinity-RFT's vLLM knobs (`enforce_eager`, `gpu_memory_utilization`, ...) and OpenAI-API settings
+are accepted with its defaults so that its configs load; `support.py` says which of them act here
+(most are not applicable while the transformers engine serves rollouts).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trinity.config.base import ConfigSection, Dtype
+
+
+class InferenceModelConfig(ConfigSection):
+    """An inference engine pool serving rollouts."""
+
+    model_path: str | None = Field(
+        None, description="Model to serve; None = model.model_path (rollout model)."
+    )
+    engine_type: Literal["transformers", "vllm"] | None = Field(
+        None,
+        description="Inference backend; None = the best available here (see resolve(): "
+        "'transformers', since the vLLM engine is not built).",
+    )
+    engine_num: int = Field(1, ge=1, description="Number of engine replicas.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine replica.")
+    dtype: Dtype = Field("auto", description="Weight dtype of the engine.")
+    seed: int | None = Field(
+        None,
+        description="Sampling seed of the engine (replica i uses seed + i); None = the global seed.",
+    )
+    enable_openai_api: bool = Field(
+        False, description="Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."
+    )
+    max_batch_size: int = Field(
+        256, ge=1, description="Sequences per generate call (unit: sequences)."
+    )
+    use_v1: bool = Field(True, description="vLLM: use the V1 engine.")
+    enforce_eager: bool = Field(True, description="vLLM: no CUDA graphs (eager mode).")
+    enable_prefix_caching: bool = Field(False, description="vLLM: reuse KV cache of prefixes.")
+    enable_chunked_prefill: bool = Field(False, description="vLLM: split long prefills.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
+    )
+    enable_log_requests: bool = Field(False, description="vLLM: log every request.")
+    enable_history: bool = Field(
+        False, description="Record every request and response of this model for the workflow."
+    )
+    enable_auto_tool_choice: bool = Field(
+        False, description="OpenAI API: let the model decide to call tools."
+    )
+    tool_call_parser: str | None = Field(
+        None, description="OpenAI API: parser of tool calls in the output, e.g. 'hermes'."
+    )
+    reasoning_parser: str | None = Field(
+        None, description="OpenAI API: parser of the reasoning part, e.g. 'deepseek_r1'."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="Prompt + response tokens; None = model.max_model_len."
+    )
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Prompt token limit; None = model.max_prompt_tokens."
+    )
+    max_response_tokens: int | None = Field(
+        None, ge=1, description="Response token limit; None = model.max_response_tokens."
+    )
+    enable_thinking: bool | None = Field(
+        None, description="Chat-template reasoning switch; None = model.enable_thinking."
+    )

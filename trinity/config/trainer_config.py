@@ -1,0 +1,156 @@
+"""`trainer.trainer_config`: an inline verl config tree, read for the keys that mean something here.
+
+Trinity-RFT passes `trainer.trainer_config` to verl. This build trains with its own PyTorch
+trainer, so the tree is read, not run: each verl key in `VERL_KEYS` sets one of our fields when our
+own key is unset (`effective_config`), a value given both ways that disagrees is a problem
+(`trainer_config_problems`), and every other key is listed as not applicable
+(`unmapped_keys`, printed by `validate` through `support.not_applicable_notes`).
+
+    trainer:
+      trainer_config:
+        actor_rollout_ref:
+          actor: {ppo_micro_batch_size_per_gpu: 4, clip_ratio_high: 0.28, entropy_coeff: 0.001}
+
+Units: verl counts `ppo_mini_batch_size` in prompts and multiplies it by `rollout.n`;
+Trinity-RFT hands verl experiences with `n = 1`, so here it is experiences, as in our key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from trinity.config.problems import Problem
+
+_ACTOR = "actor_rollout_ref.actor"
+
+VERL_KEYS: dict[str, str] = {
+    f"{_ACTOR}.ppo_micro_batch_size_per_gpu": "trainer.micro_batch_size_per_gpu",
+    f"{_ACTOR}.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
+    f"{_ACTOR}.use_dynamic_bsz": "trainer.use_dynamic_bsz",
+    f"{_ACTOR}.ppo_epochs": "trainer.ppo_epochs",
+    f"{_ACTOR}.ppo_mini_batch_size": "trainer.ppo_mini_batch_size",
+    f"{_ACTOR}.grad_clip": "trainer.grad_clip",
+    f"{_ACTOR}.ulysses_sequence_parallel_size": "trainer.ulysses_sequence_parallel_size",
+    f"{_ACTOR}.loss_agg_mode": "algorithm.loss_agg_mode",
+    f"{_ACTOR}.clip_ratio": "algorithm.policy_loss_fn_args.clip_range",
+    f"{_ACTOR}.clip_ratio_low": "algorithm.policy_loss_fn_args.clip_range_low",
+    f"{_ACTOR}.clip_ratio_high": "algorithm.policy_loss_fn_args.clip_range_high",
+    f"{_ACTOR}.entropy_coeff": "algorithm.entropy_loss_fn_args.entropy_coef",
+    f"{_ACTOR}.optim.lr": "algorithm.optimizer.lr",
+    f"{_ACTOR}.optim.lr_warmup_steps": "algorithm.optimizer.lr_warmup_steps",
+    f"{_ACTOR}.optim.lr_warmup_steps_ratio": "algorithm.optimizer.lr_warmup_steps_ratio",
+    f"{_ACTOR}.optim.min_lr_ratio": "algorithm.optimizer.min_lr_ratio",
+    f"{_ACTOR}.optim.lr_scheduler_type": "algorithm.optimizer.lr_scheduler_type",
+    f"{_ACTOR}.optim.warmup_style": "algorithm.optimizer.lr_scheduler_type",
+    f"{_ACTOR}.optim.weight_decay": "algorithm.optimizer.weight_decay",
+    f"{_ACTOR}.optim.betas": "algorithm.optimizer.betas",
+    f"{_ACTOR}.optim.clip_grad": "algorithm.optimizer.clip_grad",
+    "trainer.save_freq": "trainer.save_interval",
+    "trainer.max_actor_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
+}
+"""verl key (dotted, inside trainer_config) -> our key it sets."""
+
+_PREFIX = "trainer.trainer_config"
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) for every non-mapping value of a nested mapping."""
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, path)
+        else:
+            yield path, value
+
+
+def unmapped_keys(cfg: BaseModel) -> list[str]:
+    """Dotted keys of `trainer.trainer_config` that map to nothing here (sorted)."""
+    tree = cfg.trainer.trainer_config  # type: ignore[attr-defined]
+    return sorted(k for k, _ in _leaves(tree) if k not in VERL_KEYS)
+
+
+def _ours(cfg: BaseModel, target: str) -> tuple[bool, Any, Any]:
+    """(explicitly set?, value, annotation) of our dotted key `target` in `cfg`."""
+    node: Any = cfg
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, BaseModel):
+            info = type(node).model_fields[part]
+            is_set = part in node.model_fields_set
+            value = getattr(node, part)
+            if i == len(parts) - 1:
+                return is_set, value, info
+            node = value
+        else:  # a free-form *_args mapping
+            return part in node, node.get(part), None
+    raise AssertionError(target)
+
+
+def _mapped(cfg: BaseModel) -> Iterator[tuple[str, str, Any]]:
+    """(verl key, our key, verl value) for each mapped key present in trainer_config."""
+    leaves = dict(_leaves(cfg.trainer.trainer_config))  # type: ignore[attr-defined]
+    for verl_key, target in VERL_KEYS.items():
+        if verl_key in leaves:
+            yield verl_key, target, leaves[verl_key]
+
+
+def _checked(value: Any, info: Any) -> Any:
+    """`value` validated like our field `info` (a FieldInfo, or None for free *_args keys)."""
+    if info is None:
+        return value
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return TypeAdapter(annotation).validate_python(value)
+
+
+def trainer_config_problems(cfg: BaseModel) -> list[Problem]:
+    """A problem per mapped verl value that is invalid for our key or disagrees with it."""
+    problems: list[Problem] = []
+    for verl_key, target, value in _mapped(cfg):
+        path = f"{_PREFIX}.{verl_key}"
+        is_set, ours, info = _ours(cfg, target)
+        try:
+            value = _checked(value, info)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            problems.append(Problem(path, f"invalid for {target}: {reason}, got {value!r}"))
+            continue
+        if is_set and ours != value:
+            problems.append(
+                Problem(
+                    path,
+                    f"disagrees with {target} ({value!r} vs {ours!r}); set only one of them",
+                )
+            )
+    return problems
+
+
+def effective_config(cfg: BaseModel) -> Any:
+    """`cfg` with each mapped verl value in place of our key where ours is unset (pure).
+
+    Returns `cfg` itself when trainer_config maps nothing; invalid verl values are skipped
+    (they are reported by `trainer_config_problems` at load time).
+    """
+    updates: list[tuple[str, Any]] = []
+    for _, target, value in _mapped(cfg):
+        is_set, _, info = _ours(cfg, target)
+        if is_set:
+            continue
+        try:
+            updates.append((target, _checked(value, info)))
+        except ValidationError:
+            continue
+    if not updates:
+        return cfg
+    data = cfg.model_dump(exclude_unset=True)
+    for target, value in updates:
+        node = data
+        *parents, last = target.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    out = type(cfg).model_validate(data)
+    out.set_rename_notes(list(cfg.rename_notes))  # type: ignore[attr-defined]
+    return out
