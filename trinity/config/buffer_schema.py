@@ -115,7 +115,7 @@ class StorageConfig(ConfigSection):
     path: str | None = Field(
         None,
         description="Dataset path or hub id (file), database URL (sql) or generator name "
-        "(synthetic). Not checked for existence at validation time.",
+        "(synthetic). Checked to exist by the pre-flight pass (`validate` and `run`), not by the schema.",
     )
     subset_name: str | None = Field(None, description="Dataset subset (HF config name).")
     split: str = Field("train", description="Dataset split to read.")

@@ -100,6 +100,7 @@ def _storage_entries() -> list[KeyState]:
             ),
             not_applicable(f"{p}.enable_progress_bar", "no progress bar while loading here"),
             not_applicable(f"{p}.schema_type", "the task schema is fixed here"),
+            acted(f"{p}.skip_bad_rows", "load_taskset and the pre-flight row check"),
         ]
     out += [
         *(acted(f"{p}.repeat_times", "samples per task of this set") for p in _TASKSETS),
@@ -161,6 +162,7 @@ def _storage_entries() -> list[KeyState]:
         ),
         not_applicable(f"{e}.enable_progress_bar", "no progress bar while loading here"),
         not_applicable(f"{e}.schema_type", "the experience schema follows algorithm_type"),
+        acted(f"{e}.skip_bad_rows", "the train dataset's loader and the pre-flight row check"),
     ]
     return out
 
