@@ -130,7 +130,7 @@ def test_lr_schedule_counts_train_steps_not_updates(tmp_path, tiny_model_dir):
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     cfg = make_config(
         tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6, ppo_epochs=2, ppo_mini_batch_size=3,
-        optim="lr_warmup_steps: 2, warmup_style: linear, min_lr_ratio: 0.1",
+        optim="lr_warmup_steps: 2, lr_scheduler_type: linear, min_lr_ratio: 0.1",
     )  # fmt: skip
     trainer = Trainer(cfg, str(tiny_model_dir), total_steps=5)
     seen = record_update_lrs(trainer)
