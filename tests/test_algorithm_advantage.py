@@ -61,6 +61,41 @@ def test_grpo_group_of_one_and_constant_group() -> None:
     close(adv[:, 0], [5.0 / (1 + EPS), 0.0, 0.0])
 
 
+@pytest.mark.parametrize("fn", ["grpo", "rloo"])
+@pytest.mark.parametrize("value, n", [(0.1, 8), (2.2, 64)])
+def test_flat_group_gives_exactly_zero(fn: str, value: float, n: int) -> None:
+    # every reward equal → r_i - mean_g = 0 by definition, so A = 0 for GRPO (0/(0+ε)) and RLOO.
+    # In float32 the group sum rounds: 8 x 0.1f summed is 0.80000001, mean 0.10000001 (1 ulp off),
+    # std ~1e-8 < ε, so the unfixed GRPO gave (-1.5e-9)/(1e-8+1e-6) ≈ 0.0074; 64 x 2.2f gave ~0.59.
+    rewards = torch.full((n,), value, dtype=torch.float32)
+    groups = torch.zeros(n, dtype=torch.long)
+    adv, ret = ADVANTAGE_FN.get(fn)(rewards, groups, torch.ones(n, 3, dtype=torch.bool))
+    assert adv.dtype == torch.float32
+    assert (adv == 0).all(), adv[:, 0].abs().max()
+    assert (ret == 0).all()
+
+
+def test_flat_group_next_to_a_varied_one() -> None:
+    # group 0: eight 0.1f (flat → exactly 0); group 1: [0, 1] → mean 0.5, std √0.5 → ∓0.5/(√0.5+ε)
+    rewards = torch.tensor([0.1] * 8 + [0.0, 1.0])
+    groups = torch.tensor([0] * 8 + [1, 1])
+    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, groups, torch.ones(10, 1, dtype=torch.bool))
+    assert (adv[:8] == 0).all()
+    a = 0.5 / (math.sqrt(0.5) + EPS)
+    close(adv[8:, 0], [-a, a])
+
+
+def test_reinforce_batch_mean_of_equal_rewards_is_exactly_zero() -> None:
+    # batch_mean baseline: eight 0.1f → r - mean = 0 by definition (float32 mean is 1 ulp off)
+    rewards = torch.full((8,), 0.1)
+    adv, ret = ADVANTAGE_FN.get("reinforce")(
+        rewards, torch.zeros(8, dtype=torch.long), torch.ones(8, 2, dtype=torch.bool),
+        baseline="batch_mean",
+    )  # fmt: skip
+    assert (adv == 0).all()
+    close(ret, torch.full((8, 2), 0.1))
+
+
 def test_rloo_by_hand() -> None:
     # group 7 [1, 0, 1]: baselines (0+1)/2 = 0.5, (1+1)/2 = 1, (1+0)/2 = 0.5 → A = 0.5, -1, 0.5
     # group 3 [2, 4]: baselines 4, 2 → A = -2, 2; singleton group 9 [3] → no baseline → A = 0
@@ -99,6 +134,9 @@ def grpo_oracle(rewards: list[float], groups: list[int], std_normalize: bool) ->
     for i, g in enumerate(groups):
         members = [rewards[j] for j in range(len(groups)) if groups[j] == g]
         n = len(members)
+        if n > 1 and max(members) == min(members):
+            out.append(0.0)  # a flat group: r - mean = 0 exactly
+            continue
         if n == 1:
             mean, std = 0.0, 1.0
         else:
@@ -124,6 +162,7 @@ def random_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     groups = torch.cat([ids[k].repeat(s) for k, s in enumerate(sizes)])
     groups = groups[torch.randperm(len(groups), generator=gen)]  # shuffled, interleaved
     rewards = torch.randn(len(groups), generator=gen, dtype=torch.float64)
+    rewards[groups == ids[0]] = 0.1  # one flat group (of 1 to 5 samples) in every batch
     mask = torch.rand(len(groups), 7, generator=gen) > 0.3
     return rewards, groups, mask
 

@@ -259,3 +259,22 @@ def test_a_build_by_another_builder_is_not_reused(tmp_path, monkeypatch, tiny_mo
     (stale / tiny.MARKER).write_text(json.dumps({**marker, "fingerprint": "0" * 12}))
     assert tiny.is_tiny_model_dir(tiny_model_dir, marker["preset"], marker["seed"])
     assert not tiny.is_tiny_model_dir(stale, marker["preset"], marker["seed"])
+
+
+def test_loading_a_model_prints_no_progress_bar(tiny_model_dir):
+    # a fresh process, as a Ray actor is: transformers' "Loading weights" tqdm bar (on stderr,
+    # forwarded by Ray to the driver's console) must not appear; a warning would still show
+    import subprocess
+    import sys
+
+    code = (
+        "from trinity.models import load_model, load_tokenizer\n"
+        f"load_tokenizer({str(tiny_model_dir)!r}); load_model({str(tiny_model_dir)!r})\n"
+        "print('loaded')\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stderr
+    assert "Loading weights" not in r.stderr and "it/s" not in r.stderr, r.stderr

@@ -4,12 +4,18 @@ import asyncio
 
 import pytest
 
+from trinity.sync.schedule import (
+    explorer_syncs_after,
+    trainer_publishes_after,
+    versions_to_keep,
+    weights_version_after_explore_step,
+)
 from trinity.sync.synchronizer import SynchronizerActor
 
 
 def test_explorer_gets_exactly_the_version_it_asks_for():
     async def main():
-        s = SynchronizerActor("memory")
+        s = SynchronizerActor("memory", max_versions=8)
         for v in (1, 2, 3):
             await s.publish(v, [f"weights-{v}"])
         # the trainer is ahead (offset > 0), but the schedule asks for v1, then v2
@@ -22,7 +28,7 @@ def test_explorer_gets_exactly_the_version_it_asks_for():
 
 def test_wait_blocks_until_published():
     async def main():
-        s = SynchronizerActor("memory")
+        s = SynchronizerActor("memory", max_versions=8)
         waiter = asyncio.create_task(s.wait_for(2, timeout=5))
         await s.publish(1, ["w1"])
         await asyncio.sleep(0.01)
@@ -35,13 +41,13 @@ def test_wait_blocks_until_published():
 
 def test_trainer_failure_wakes_waiters_and_timeout_names_versions():
     async def main():
-        s = SynchronizerActor("memory")
+        s = SynchronizerActor("memory", max_versions=8)
         waiter = asyncio.create_task(s.wait_for(1, timeout=5))
         await asyncio.sleep(0.01)
         await s.fail("RuntimeError: out of memory")
         with pytest.raises(RuntimeError, match="out of memory"):
             await waiter
-        s2 = SynchronizerActor("memory")
+        s2 = SynchronizerActor("memory", max_versions=8)
         with pytest.raises(TimeoutError, match="v3; latest is v0"):
             await s2.wait_for(3, timeout=0.05)
         with pytest.raises(ValueError, match="went back"):
@@ -53,7 +59,7 @@ def test_trainer_failure_wakes_waiters_and_timeout_names_versions():
 
 def test_checkpoint_files_of_skipped_versions_are_deleted(tmp_path):
     async def main():
-        s = SynchronizerActor("checkpoint")
+        s = SynchronizerActor("checkpoint", max_versions=8)
         paths = []
         for v in (1, 2):
             p = tmp_path / f"weights_v{v}.safetensors"
@@ -62,5 +68,70 @@ def test_checkpoint_files_of_skipped_versions_are_deleted(tmp_path):
             await s.publish(v, [str(p)])
         await s.wait_for(2, timeout=1)
         assert not paths[0].exists() and paths[1].exists()
+
+    asyncio.run(main())
+
+
+def test_no_reader_keeps_only_the_newest_version(tmp_path):
+    # mode train (SFT): nobody explores, so only the newest version can still be asked for (the
+    # final evaluation). 200 publishes leave 1 version, not 200 (unfixed: every one was kept).
+    async def main():
+        keep = versions_to_keep(1, 0, explorer_syncs=False)
+        assert keep == 1
+        s = SynchronizerActor("memory", max_versions=keep)
+        for v in range(1, 201):
+            await s.publish(v, [f"weights-{v}"])
+        assert sorted(s._payloads) == [200]
+        assert await s.wait_for(200, timeout=1) == (200, ["weights-200"])
+        # checkpoint sync: the files of dropped versions are deleted as they are dropped
+        c = SynchronizerActor("checkpoint", max_versions=keep)
+        for v in range(1, 6):
+            p = tmp_path / f"weights_v{v}.safetensors"
+            p.write_bytes(b"x")
+            await c.publish(v, [str(p)])
+        assert sorted(q.name for q in tmp_path.iterdir()) == ["weights_v5.safetensors"]
+        await c.publish(5, [str(tmp_path / "weights_v5.safetensors")])  # the same file again
+        assert (tmp_path / "weights_v5.safetensors").exists()
+
+    asyncio.run(main())
+
+
+def test_reader_that_never_asks_leaves_a_bounded_window():
+    # an explorer that syncs with k = 1, d = 1 keeps d // k + 1 = 2 versions, however many arrive
+    async def main():
+        s = SynchronizerActor("memory", max_versions=versions_to_keep(1, 1, explorer_syncs=True))
+        for v in range(1, 101):
+            await s.publish(v, [v])
+        assert sorted(s._payloads) == [99, 100]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("interval", [1, 2, 3])
+@pytest.mark.parametrize("offset", [0, 1, 2, 5])
+def test_bounded_window_still_serves_the_exact_schedule(interval, offset):
+    """Step-by-step simulation: the trainer runs as far ahead as the data allows (train step t
+    needs explore step t), the explorer asks for `s - d` on schedule; with only
+    `versions_to_keep` versions held it still gets exactly the version it asks for (and with
+    one fewer it would not: the window fills up)."""
+
+    async def main():
+        keep = versions_to_keep(interval, offset, explorer_syncs=True)
+        s = SynchronizerActor("memory", max_versions=keep)
+        total, trained, held = 30, 0, 0
+        for step in range(1, total + 1):  # explore step `step`
+            if step > 1 and explorer_syncs_after(step - 1, interval, offset):
+                want = weights_version_after_explore_step(step - 1, interval, offset)
+                got, payload = await s.wait_for(want, timeout=1)
+                assert (got, payload) == (want, [want])
+            # explore step `step` is done: the trainer may catch up to it, publishing on schedule
+            while trained < step:
+                trained += 1
+                if trainer_publishes_after(trained, interval):
+                    await s.publish(trained, [trained])
+                held = max(held, len(s._payloads))
+        await s.publish(trained, [trained])  # the final publish, for the last evaluation
+        assert await s.wait_for(total, timeout=1) == (total, [total])
+        assert held == keep  # the bound is reached: one version fewer would break the schedule
 
     asyncio.run(main())

@@ -1,24 +1,30 @@
 """Trainer invariants: micro-batching is exact, parameters move, checkpoints load in transformers."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from trinity.common.experience import EID, Experience
-from trinity.config import load_config
+from trinity.config import ConfigError, load_config
+from trinity.trainer import trainer as trainer_module
 from trinity.trainer.trainer import Trainer
 
 
 def make_config(tmp_path, model_dir, **trainer_kw):
     agg = trainer_kw.pop("agg", None)
+    algo = trainer_kw.pop("algo", "kl_loss_fn: k3")  # extra algorithm keys, inline YAML
+    optim = trainer_kw.pop("optim", "")  # extra optimizer keys, inline YAML
+    horizon = trainer_kw.pop("max_response_tokens", 8)
     trainer = ", ".join(f"{k}: {v}" for k, v in trainer_kw.items())
     p = tmp_path / "cfg.yaml"
     p.write_text(
-        f"model: {{model_path: {model_dir}}}\n"
-        "algorithm: {algorithm_type: grpo, repeat_times: 3, kl_loss_fn: k3, "
-        f"loss_agg_mode: {agg or 'token-mean'}, optimizer: {{lr: 1.0e-2, weight_decay: 0.0}}}}\n"
+        f"model: {{model_path: {model_dir}, max_response_tokens: {horizon}}}\n"
+        f"algorithm: {{algorithm_type: grpo, repeat_times: 3, {algo}, "
+        f"loss_agg_mode: {agg or 'token-mean'}, "
+        f"optimizer: {{lr: 1.0e-2, weight_decay: 0.0{', ' + optim if optim else ''}}}}}\n"
         f"trainer: {{{trainer}}}\n"
         "buffer: {batch_size: 2, explorer_input: {taskset: {storage_type: synthetic, path: arithmetic}}}\n"
     )
@@ -105,7 +111,120 @@ def test_several_updates_recompute_old_logprobs(tmp_path, tiny_model_dir):
     trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
     m = trainer.train_step(experiences(vocab))
     assert "timing/train_old_logprob" in m  # a no-grad pass before the first update
-    # 2 epochs x 2 mini-batches of 3 = 4 optimizer updates, each stepping the lr schedule
-    assert trainer.scheduler.last_epoch == 4
+    # 2 epochs x 2 mini-batches of 3 = 4 optimizer updates, but ONE lr-schedule step per train step
+    assert trainer.scheduler.last_epoch == 1
     # after the first update the weights differ from the old ones, so the ratio moved off 1
     assert m["train/ppo_kl"] != 0.0
+
+
+def record_update_lrs(trainer: Trainer) -> list[float]:
+    """The lr of every optimizer update from now on (an optimizer step pre-hook)."""
+    seen: list[float] = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"])
+    )
+    return seen
+
+
+def test_lr_schedule_counts_train_steps_not_updates(tmp_path, tiny_model_dir):
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6, ppo_epochs=2, ppo_mini_batch_size=3,
+        optim="lr_warmup_steps: 2, lr_scheduler_type: linear, min_lr_ratio: 0.1",
+    )  # fmt: skip
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=5)
+    seen = record_update_lrs(trainer)
+    reported = [trainer.train_step(experiences(vocab, seed=s))["train/lr"] for s in range(5)]
+    # 2 epochs x 2 mini-batches of 3 = 4 updates per train step, 5 train steps, lr 1e-2,
+    # warm-up 2 train steps, then linear decay to 0.1 at train step 5 (progress (s-2)/(5-2)):
+    #   s=0: 1/2 = 0.5    s=1: 2/2 = 1.0    s=2: 0.1 + 0.9·(1 - 0/3) = 1.0
+    #   s=3: 0.1 + 0.9·(1 - 1/3) = 0.7      s=4: 0.1 + 0.9·(1 - 2/3) = 0.4 (the last step's value)
+    factors = [0.5, 1.0, 1.0, 0.7, 0.4]
+    expected = [1e-2 * f for f in factors for _ in range(4)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    # warm-up spans exactly 2 train steps: all 4 updates of step 0 at half the peak, the peak
+    # first reached by step 1's first update (unfixed: by the 2nd update of step 0)
+    assert seen[:4] == pytest.approx([0.5e-2] * 4) and seen[4] == pytest.approx(1e-2)
+    # the last update of the last step is at the schedule's value for its last step (0.4·lr), and
+    # the schedule's floor min_lr_ratio·lr = 1e-3 comes only after it (not 3/4 of the way through)
+    assert seen[-1] == pytest.approx(0.4e-2)
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-3)
+    assert reported == pytest.approx([1e-2 * f for f in factors])  # train/lr: the step's own lr
+
+
+def test_kl_reward_penalty_keeps_the_outcome_reward(tmp_path, tiny_model_dir):
+    # a hand-built batch: row 0's trailing token has action_mask 0, row 2 has no trained token
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6,
+        algo="kl_loss_fn: none, kl_penalty_fn: k1, kl_penalty_fn_args: {kl_coef: 0.0}",
+    )  # fmt: skip
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=1)
+    seen = {}
+    advantage_fn = trainer.algo.advantage_fn
+
+    def capture(rewards, group_ids, response_mask, **kw):
+        seen["rewards"] = rewards.clone()
+        return advantage_fn(rewards, group_ids, response_mask, **kw)
+
+    trainer.algo = dataclasses.replace(trainer.algo, advantage_fn=capture)
+
+    def exp(run, reward, action_mask):
+        n = len(action_mask)
+        return Experience(
+            tokens=torch.arange(3, 5 + n), prompt_length=2, logprobs=-torch.ones(n),
+            reward=reward, action_mask=torch.tensor(action_mask, dtype=torch.bool),
+            eid=EID(batch=1, task=0, run=run),
+        )  # fmt: skip
+
+    exps = [exp(0, 1.0, [1, 1, 0]), exp(1, 0.5, [1, 1, 1, 1]), exp(2, 2.0, [0, 0])]
+    trainer.train_step(exps)
+    # β = 0: shaping is the identity, so the advantage fn must see the outcome rewards unchanged;
+    # unfixed, row 0's reward sat on its masked last token (lost → 0) and row 2's too (→ 0)
+    assert seen["rewards"].tolist() == [1.0, 0.5, 2.0]
+
+
+def test_outcome_token_rewards_by_hand():
+    from trinity.algorithm import KL_PENALTY_FN
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 0, 1]], dtype=torch.bool)
+    rewards = torch.tensor([1.0, 0.5, 2.0, 3.0])
+    tok, trained = trainer_module.outcome_token_rewards(rewards, mask)
+    # the reward sits on the last True of each mask row: t = 1, 3, none, 3
+    assert tok.tolist() == [[0, 1.0, 0, 0], [0, 0, 0, 0.5], [0, 0, 0, 0], [0, 0, 0, 3.0]]
+    assert trained.tolist() == [True, True, False, True]
+    # k1 penalty with β = 0.1 and kl_t = logπ - logπ_ref = 0.5 on every token:
+    #   row 0: 1.0 - 0.1·0.5·2 = 0.9;  row 1: 0.5 - 0.1·0.5·4 = 0.3;  row 3: 3.0 - 0.1·0.5·2 = 2.9
+    lp, ref = torch.full((4, 4), -1.0), torch.full((4, 4), -1.5)
+    shaped, _ = KL_PENALTY_FN.get("k1")(tok, lp, ref, mask, kl_coef=0.1)
+    summed = (shaped * mask).sum(dim=1)
+    torch.testing.assert_close(summed[trained], torch.tensor([0.9, 0.3, 2.9]), rtol=0, atol=1e-6)
+
+
+def test_sum_norm_horizon_is_fixed_across_mini_batches(tmp_path, tiny_model_dir, monkeypatch):
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    built = []
+
+    class Recording(trainer_module.Aggregator):
+        def __post_init__(self):
+            super().__post_init__()
+            built.append(self)
+
+    monkeypatch.setattr(trainer_module, "Aggregator", Recording)
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6, ppo_mini_batch_size=3,
+        agg="seq-mean-token-sum-norm", max_response_tokens=8,
+    )  # fmt: skip
+    exps = experiences(vocab)
+    lengths = [e.response_length for e in exps]
+    # two mini-batches of 3 whose longest responses differ (so the old per-batch L differed too)
+    assert max(lengths[:3]) != max(lengths[3:])
+    Trainer(cfg, str(tiny_model_dir), total_steps=1).train_step(exps)
+    assert [a.norm_length for a in built] == [8.0, 8.0]  # L = model.max_response_tokens
+
+
+def test_sum_norm_without_max_response_tokens_is_a_config_error(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="max_response_tokens"):
+        make_config(
+            tmp_path, tiny_model_dir, agg="seq-mean-token-sum-norm", max_response_tokens="null"
+        )
+    make_config(tmp_path, tiny_model_dir, agg="token-mean", max_response_tokens="null")  # fine

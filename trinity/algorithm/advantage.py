@@ -10,6 +10,12 @@ per-sequence scalar is broadcast over the masked response tokens and is 0 on unm
 functions are vectorised over groups (`torch.unique` + `index_add_`); the tests compare them with
 plain loop oracles.
 
+Group statistics are computed in float64 and a group whose rewards are all equal (max == min) is
+zero-centred with zero spread exactly, so a flat group gives advantage 0 whatever rounding its mean
+suffers (in float32, eight rewards of 0.1 have a mean 1 ulp off 0.1, and with std ~1e-8 below
+epsilon GRPO turned that ulp into an advantage of ~0.007). Advantages come back in the rewards'
+floating dtype (float32 for integer rewards).
+
 Config: ``advantage_fn: grpo`` with ``advantage_fn_args: {epsilon: 1.0e-6, std_normalize: true}``.
 """
 
@@ -28,26 +34,35 @@ def _broadcast(scores: Tensor, response_mask: Tensor) -> Tensor:
     return scores.unsqueeze(-1) * response_mask.to(scores.dtype)
 
 
-def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group size, group sum and group sum of squared deviations.
+def _out_dtype(rewards: Tensor) -> torch.dtype:
+    """The advantages' dtype: the rewards' own floating dtype, float32 for integer rewards."""
+    return rewards.dtype if rewards.is_floating_point() else torch.float32
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-sample group size, group sum, group sum of squared deviations, and flatness, in float64.
+
+    `flat` marks groups whose rewards are all equal (max == min): callers give them exactly 0
+    instead of trusting `r - total / count` to cancel.
 
     Args:
-        rewards: [N] float.
+        rewards: [N] numbers (any dtype; promoted to float64).
         group_ids: [N] integer group keys.
     Returns:
-        (count [N], sum [N], sq_dev [N]) of each sample's own group, gathered back to [N].
+        (count [N], sum [N], sq_dev [N]) float64 and flat [N] bool, of each sample's own group,
+        gathered back to [N].
     """
+    r = rewards.to(torch.float64)
     _, inv = torch.unique(group_ids, return_inverse=True)  # inv: [N] in 0..G-1
     g = int(inv.max()) + 1 if inv.numel() else 0
-    count = torch.zeros(g, dtype=rewards.dtype, device=rewards.device).index_add_(
-        0, inv, torch.ones_like(rewards)
-    )  # [G]
-    total = torch.zeros(g, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, rewards)
+    zeros = torch.zeros(g, dtype=torch.float64, device=r.device)
+    count = zeros.clone().index_add_(0, inv, torch.ones_like(r))  # [G]
+    hi = zeros.clone().scatter_reduce_(0, inv, r, "amax", include_self=False)  # [G]
+    lo = zeros.clone().scatter_reduce_(0, inv, r, "amin", include_self=False)  # [G]
+    total = zeros.clone().index_add_(0, inv, r)  # [G]
     mean = total / count  # [G]
-    sq_dev = torch.zeros(g, dtype=rewards.dtype, device=rewards.device).index_add_(
-        0, inv, (rewards - mean[inv]) ** 2
-    )  # [G]
-    return count[inv], total[inv], sq_dev[inv]
+    sq_dev = zeros.clone().index_add_(0, inv, (r - mean[inv]) ** 2)  # [G]
+    return count[inv], total[inv], sq_dev[inv], (hi == lo)[inv]
 
 
 @ADVANTAGE_FN.register("grpo")
@@ -65,7 +80,9 @@ def grpo_advantage(
         A_i =  r_i - mean_g                           (std_normalize=False, Dr. GRPO)
 
     std_g is the unbiased (n-1) standard deviation, as `torch.std` and verl. A group of size 1 gets
-    mean 0 and std 1 (verl's convention), i.e. A = r / (1 + epsilon). Returns = advantages.
+    mean 0 and std 1 (verl's convention), i.e. A = r / (1 + epsilon). A larger group whose rewards
+    are all equal gets exactly A = 0 (statistics in float64, flat groups detected by max == min).
+    Returns = advantages.
 
     Papers: "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
     (arXiv:2402.03300); Dr. GRPO: "Understanding R1-Zero-Like Training: A Critical Perspective"
@@ -80,15 +97,17 @@ def grpo_advantage(
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
-    count, total, sq_dev = group_stats(rewards, group_ids)  # [N] each
+    dtype = _out_dtype(rewards)
+    r = rewards.to(torch.float64)
+    count, total, sq_dev, flat = group_stats(r, group_ids)  # [N] each, float64
     single = count == 1
     mean = torch.where(single, torch.zeros_like(total), total / count)
     std = torch.where(single, torch.ones_like(total), (sq_dev / (count - 1).clamp(min=1)).sqrt())
-    scores = rewards - mean
+    scores = r - mean
     if std_normalize:
         scores = scores / (std + epsilon)
-    adv = _broadcast(scores, response_mask)
+    scores = torch.where(flat & ~single, torch.zeros_like(scores), scores)
+    adv = _broadcast(scores.to(dtype), response_mask)
     return adv, adv.clone()
 
 
@@ -101,7 +120,8 @@ def rloo_advantage(
         A_i = r_i - (1 / (n - 1)) · Σ_{j≠i in group} r_j = n/(n-1) · (r_i - mean_g)
 
     A group of size 1 has no other sample to form a baseline; we give it advantage 0 (no learning
-    signal) rather than verl's raw reward. Returns = advantages.
+    signal) rather than verl's raw reward. A group whose rewards are all equal gets exactly 0
+    (float64 statistics, max == min test). Returns = advantages.
 
     Paper: "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
     Feedback in LLMs" (arXiv:2402.14740).
@@ -113,12 +133,13 @@ def rloo_advantage(
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
-    count, total, _ = group_stats(rewards, group_ids)  # [N]
+    dtype = _out_dtype(rewards)
+    r = rewards.to(torch.float64)
+    count, total, _, flat = group_stats(r, group_ids)  # [N], float64
     others = (count - 1).clamp(min=1)
-    baseline = (total - rewards) / others
-    scores = torch.where(count > 1, rewards - baseline, torch.zeros_like(rewards))
-    adv = _broadcast(scores, response_mask)
+    baseline = (total - r) / others
+    scores = torch.where((count > 1) & ~flat, r - baseline, torch.zeros_like(r))
+    adv = _broadcast(scores.to(dtype), response_mask)
     return adv, adv.clone()
 
 
@@ -135,6 +156,8 @@ def reinforce_advantage(
         b = 0                    (baseline="none")
         b = mean_j r_j           (baseline="batch_mean", over the whole batch, groups ignored)
 
+    The batch mean is taken in float64 and a batch of equal rewards gets exactly A = 0.
+
     Paper: Williams, "Simple Statistical Gradient-Following Algorithms for Connectionist
     Reinforcement Learning" (Machine Learning 8, 1992; no arXiv id).
 
@@ -147,11 +170,13 @@ def reinforce_advantage(
         (advantages [N, T], returns [N, T]).
     """
     del group_ids
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    dtype = _out_dtype(rewards)
+    r = rewards.to(torch.float64)
     if baseline == "none":
-        b = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+        scores = r
     elif baseline == "batch_mean":
-        b = rewards.mean() if rewards.numel() else rewards.new_zeros(())
+        flat = r.numel() == 0 or bool(r.max() == r.min())
+        scores = torch.zeros_like(r) if flat else r - r.mean()
     else:
         raise ValueError(f"unknown reinforce baseline {baseline!r}. Valid: none, batch_mean")
-    return _broadcast(rewards - b, response_mask), _broadcast(rewards, response_mask)
+    return _broadcast(scores.to(dtype), response_mask), _broadcast(r.to(dtype), response_mask)

@@ -54,7 +54,8 @@ class Aggregator:
         num_tokens: masked tokens in the whole train batch (micro-batch invariance); None = this
             call's own `mask.sum()`.
         num_seqs: sequences in the whole train batch; None = this call's `loss_mat.shape[0]`.
-        norm_length: horizon L of ``seq-mean-token-sum-norm``; None = `loss_mat.shape[-1]`.
+        norm_length: horizon L of ``seq-mean-token-sum-norm`` (the trainer passes
+            `model.max_response_tokens`, fixed for the run); None = `loss_mat.shape[-1]`.
 
     Call with `loss_mat` [B, T] (float) and `mask` [B, T] (bool or 0/1); returns a 0-dim tensor.
     """

@@ -45,7 +45,7 @@ PAPERS: dict[str, Paper] = {
             "loss_agg_mode": "seq-mean-token-sum-norm",
         },
         "Removes the 1/|o_i| length and 1/std normalisations; the token sum is divided by a "
-        "constant generation budget (Aggregator.norm_length).",
+        "constant generation budget L = model.max_response_tokens (required with this mode).",
     ),
     "dapo": Paper(
         "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",

@@ -71,6 +71,20 @@ def _lengths_fit(cfg: TrinityConfig) -> Iterator[Problem]:
             )
 
 
+@_check("mode", "algorithm.loss_agg_mode", "model.max_response_tokens")
+def _norm_horizon_given(cfg: TrinityConfig) -> Iterator[Problem]:
+    if (
+        cfg.mode in ("both", "train")
+        and cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm"
+        and cfg.model.max_response_tokens is None
+    ):
+        yield Problem(
+            "model.max_response_tokens",
+            "required by algorithm.loss_agg_mode 'seq-mean-token-sum-norm': it is the fixed "
+            "horizon L (tokens) that every sequence's token sum is divided by",
+        )
+
+
 @_check("mode", "buffer.explorer_input.taskset", "buffer.explorer_input.tasksets")
 def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
     inp = cfg.buffer.explorer_input

@@ -21,6 +21,7 @@ from trinity.config import resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
+from trinity.sync.schedule import versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
 from trinity.trainer.runner import TrainerRunner
 
@@ -124,7 +125,9 @@ def run_stage(
     opts = {"num_cpus": 0, "max_concurrency": 64}
     try:
         # 1.
-        sync = ray.remote(SynchronizerActor).options(**opts).remote(resolve(cfg).sync_method)
+        rcfg = resolve(cfg)
+        keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains)
+        sync = ray.remote(SynchronizerActor).options(**opts).remote(rcfg.sync_method, keep)
         actors.append(sync)
         buffer = None
         if explores:
@@ -164,7 +167,9 @@ def run_stage(
             sizes.update(d)
         total = _plan_steps(cfg, explores, sizes)
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
-        monitor.begin_stage(name, sources, offset + total, {"final_eval"} if evaluates else set())
+        monitor.begin_stage(
+            name, sources, offset + total, {"final_eval"} if evaluates else set(), first_step=offset
+        )
         # 3.
         eval_start: dict[str, float] = {}
         if explorer is not None and not explores and cfg.explorer.eval_on_startup:
@@ -173,7 +178,8 @@ def run_stage(
         if explores:
             refs.append(explorer.run.remote(total, sync=trains))
         if trainer is not None:
-            refs.append(trainer.run.remote(total))
+            # publish only for a consumer: an explorer that syncs; the final evaluation
+            refs.append(trainer.run.remote(total, explores, evaluates))
         outs = _wait_all(refs, hub, monitor)
         if explores and cfg.explorer.eval_on_startup:
             first = next((r for r in monitor.history if r["step"] == offset), {})
@@ -188,7 +194,7 @@ def run_stage(
             eval_end = _accuracies(
                 _wait(explorer.evaluate.remote(steps, source="final_eval"), hub, monitor)
             )
-        monitor.flush()
+        monitor.end_stage()
         return StageResult(
             name=name,
             mode=mode,

@@ -10,6 +10,10 @@ adds its global `seed` first (`trinity.config.seeds.model_path`).
 
 The first process to need a build makes it under an exclusive `fcntl.flock` on a lock file
 beside it; the others wait and then reuse the finished folder.
+
+Loading is quiet: transformers' "Loading weights" and download progress bars are switched off in
+the loading process (`quiet_transformers`), so Ray actors do not scatter them over the console;
+the driver shows one progress bar of its own (`trinity.monitor.monitor`).
 """
 
 from __future__ import annotations
@@ -112,6 +116,14 @@ def _check_model_dir(path: str | Path, what: str) -> Path:
     return p
 
 
+def quiet_transformers() -> None:
+    """Switch off transformers' tqdm progress bars (which also switches off the hub's download
+    bars) in this process. Its warnings stay on. Idempotent."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) -> Any:
     """`AutoTokenizer` of a model folder (or `tiny://` path); pad token = eos when it has none;
     padding side as saved.
@@ -120,6 +132,7 @@ def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) ->
     """
     from transformers import AutoTokenizer
 
+    quiet_transformers()
     p = Path(resolve_model_path(path))
     if not p.exists():
         raise FileNotFoundError(f"load_tokenizer: no such folder {str(p)!r}")
@@ -151,10 +164,11 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> An
     """`AutoModelForCausalLM` of a model folder (or `tiny://` path) on `device`, in eval mode.
 
     `dtype="auto"` is float32 on CPU (bf16 is several times slower on CPUs without AMX) and
-    bfloat16 on CUDA.
+    bfloat16 on CUDA. No progress bar (`quiet_transformers`).
     """
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     p = _check_model_dir(path, "load_model")
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype, device))
     return model.to(device).eval()

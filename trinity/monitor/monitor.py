@@ -5,6 +5,10 @@
 Explorer and trainer report each step separately; the monitor merges their reports into one
 record per step (`{"step": 3, "stage": "grpo", "rollout/reward_mean": ..., "train/loss": ...}`)
 and writes it once every expected source has reported (or at close).
+
+Console: when it is a terminal (`isatty`), one rich progress bar per stage with the step count,
+ETA and the latest metrics, and a printed line only for evaluations; otherwise (a log file, a
+pipe) one plain line per step with `step k/N` and the ETA.
 """
 
 from __future__ import annotations
@@ -16,14 +20,28 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 SUPPORTED = {"tensorboard", "jsonl", "console"}
 
 
 class Monitor:
     def __init__(
-        self, run_dir: Path, monitor_types: list[str], console: Console | None = None
+        self,
+        run_dir: Path,
+        monitor_types: list[str],
+        console: Console | None = None,
+        progress_bar: bool | None = None,
     ) -> None:
+        """`progress_bar`: None = a bar when the console's file is a terminal, lines otherwise."""
         unsupported = sorted(set(monitor_types) - SUPPORTED)
         if unsupported:
             raise ValueError(
@@ -40,6 +58,11 @@ class Monitor:
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self.console = console or Console(highlight=False)
+        self.progress_bar = self.console.is_terminal if progress_bar is None else progress_bar
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self.first_step = 0
+        self._t_stage = time.perf_counter()
         self._pending: dict[int, dict[str, Any]] = {}
         self._sources: dict[int, set[str]] = {}
         self.expected: set[str] = set()
@@ -55,12 +78,38 @@ class Monitor:
         expected_sources: set[str],
         last_step: int,
         last_step_sources: set[str] | None = None,
+        first_step: int = 0,
     ) -> None:
         """Start a stage: a step's record is written once all `expected_sources` reported; the
-        stage's last step also waits for `last_step_sources` (e.g. the final evaluation)."""
-        self.flush()
+        stage's last step also waits for `last_step_sources` (e.g. the final evaluation). The
+        stage runs steps `first_step + 1 .. last_step` (its progress bar's length)."""
+        self.end_stage()
         self.stage, self.expected, self.last_step = stage, expected_sources, last_step
         self.last_expected = expected_sources | (last_step_sources or set())
+        self.first_step, self._t_stage = first_step, time.perf_counter()
+        if self.progress_bar:
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("steps"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[metrics]}"),
+                console=self.console,
+            )
+            self._task = self._bar.add_task(
+                stage or "run", total=last_step - first_step, metrics=""
+            )
+            self._bar.start()
+
+    def end_stage(self) -> None:
+        """Write what is pending and close the stage's progress bar (if any)."""
+        self.flush()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar, self._task = None, None
 
     def add(self, source: str, step: int, metrics: dict[str, Any]) -> None:
         self._pending.setdefault(step, {}).update(metrics)
@@ -91,26 +140,53 @@ class Monitor:
     def _print(self, r: dict[str, Any]) -> None:
         now = time.perf_counter()
         dt, self._t_last = now - self._t_last, now
+        metrics = [
+            f"{label} {fmt.format(r[key])}"
+            for key, label, fmt in (
+                ("rollout/reward_mean", "reward", "{:.3f}"),
+                ("train/loss", "loss", "{:.4f}"),
+                ("rollout/tokens_per_s", "gen tok/s", "{:.0f}"),
+                ("train/tokens_per_s", "train tok/s", "{:.0f}"),
+            )
+            if isinstance(r.get(key), int | float)
+        ]
+        evals = [
+            f"[green]{k[5:]} {v:.3f}[/]"
+            for k, v in r.items()
+            if k.startswith("eval/") and k.endswith("/accuracy") and isinstance(v, int | float)
+        ]
+        done, total = r["step"] - self.first_step, self.last_step - self.first_step
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=max(0, done), metrics=" | ".join(metrics))
+            if evals:  # evaluations stay on screen above the bar
+                self.console.print(
+                    f"[bold]{r['stage'] or 'run'}[/] step {r['step']:>4} | " + " | ".join(evals),
+                    soft_wrap=True,
+                )
+            return
         parts = [f"[bold]{r['stage'] or 'run'}[/] step {r['step']:>4}"]
-        for key, label, fmt in (
-            ("rollout/reward_mean", "reward", "{:.3f}"),
-            ("train/loss", "loss", "{:.4f}"),
-            ("rollout/tokens_per_s", "gen tok/s", "{:.0f}"),
-            ("train/tokens_per_s", "train tok/s", "{:.0f}"),
-        ):
-            if key in r:
-                parts.append(f"{label} {fmt.format(r[key])}")
-        for k, v in r.items():
-            if k.startswith("eval/") and k.endswith("/accuracy"):
-                parts.append(f"[green]{k[5:]} {v:.3f}[/]")
+        if total > 0 and 0 < done <= total:
+            parts[0] += f"/{self.last_step}"
+        parts += metrics + evals
         parts.append(f"{dt:.1f}s")
+        if total > 0 and 0 < done < total:
+            eta = (now - self._t_stage) / done * (total - done)
+            parts.append(f"ETA {_duration(eta)}")
         self.console.print(" | ".join(parts), soft_wrap=True)
 
     def close(self) -> None:
-        self.flush()
+        self.end_stage()
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _duration(seconds: float) -> str:
+    """`1:02:03` / `2:03` / `45s`."""
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}" if m else f"{sec}s"
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:

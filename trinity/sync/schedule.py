@@ -10,6 +10,8 @@ With `sync_interval = k` and `sync_offset = d` (all steps 1-indexed):
 
 `k = 1, d = 0` is strictly on-policy (explore step s uses the weights trained on steps < s);
 `k = 1, d = 1` is one-step off-policy: the explorer produces step s+1 while the trainer trains s.
+
+The synchronizer keeps only the versions a reader can still ask for (`versions_to_keep`).
 """
 
 from __future__ import annotations
@@ -44,3 +46,17 @@ def version_for_explore_step(step: int, interval: int, offset: int) -> int:
     """Train-step version of the weights that explore step `step` samples with."""
     _check(interval, offset)
     return max(0, ((step - 1 - offset) // interval) * interval)
+
+
+def versions_to_keep(interval: int, offset: int, explorer_syncs: bool) -> int:
+    """How many published versions the synchronizer must hold, newest first.
+
+    The trainer's step t needs the experiences of explore step t, before which the explorer asked
+    for version a = the last multiple of k not above t - 1 - d (a > t - 1 - d - k). It never asks
+    for anything older again, so the versions it can still want are the multiples of k in (a, t]:
+    at most d // k + 1. (The trainer's final publish comes after the explorer has finished.)
+    With no exploring reader (mode train, or explore without a trainer) only the newest version
+    can be asked for (the final evaluation): 1.
+    """
+    _check(interval, offset)
+    return offset // interval + 1 if explorer_syncs else 1

@@ -21,13 +21,19 @@ from typing import Any
 class SynchronizerActor:
     """Ray actor. `publish` from the trainer, `wait_for` from the explorer.
 
-    Every published version is kept until an explorer has taken it or a newer one, so an explorer
+    A published version is kept until an explorer has taken it or a newer one, so an explorer
     that asks for version v gets exactly v even when the trainer has already moved on
-    (`sync_offset > 0`): the schedule is honoured exactly, not "latest wins".
+    (`sync_offset > 0`): the schedule is honoured exactly, not "latest wins". At most
+    `max_versions` (newest) are held (`schedule.versions_to_keep`: what the schedule can still
+    request; 1 when nobody explores), so memory stays bounded when no one reads; an explorer
+    asking for a version dropped by that bound gets the next newer one, as for a skipped version.
     """
 
-    def __init__(self, sync_method: str) -> None:
+    def __init__(self, sync_method: str, max_versions: int) -> None:
+        if max_versions < 1:
+            raise ValueError(f"max_versions must be >= 1, got {max_versions}")
         self.sync_method = sync_method
+        self.max_versions = max_versions
         self.version = 0
         self._payloads: dict[
             int, list[Any]
@@ -40,7 +46,12 @@ class SynchronizerActor:
             if version < self.version:
                 raise ValueError(f"weights version went back from {self.version} to {version}")
             self.version = version
+            replaced = self._payloads.pop(version, None)
+            if replaced is not None and replaced != payload:
+                self._discard(replaced)
             self._payloads[version] = payload
+            for old in sorted(self._payloads)[: -self.max_versions]:
+                self._discard(self._payloads.pop(old))
             self._cond.notify_all()
 
     async def fail(self, reason: str) -> None:

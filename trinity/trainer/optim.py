@@ -1,4 +1,11 @@
-"""AdamW with warm-up and a constant, linear or cosine schedule (`algorithm.optimizer`)."""
+"""AdamW with warm-up and a constant, linear or cosine schedule (`algorithm.optimizer`).
+
+Unit: the schedule counts TRAIN STEPS, not optimizer updates. The trainer calls
+`scheduler.step()` once at the end of each train step, so every optimizer update inside train step
+s (`trainer.ppo_epochs` x mini-batches of `trainer.ppo_mini_batch_size`) uses lr x
+`lr_factor(s, ...)`, and `lr_warmup_steps` / `total_steps` mean train steps whatever the number
+of updates per step.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +22,11 @@ def warmup_steps(opt_cfg: Any, total_steps: int) -> int:
 
 
 def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: float) -> float:
-    """Multiplier of the base lr for optimizer step `step` (0-indexed).
+    """Multiplier of the base lr for train step `step` (0-indexed; every update of that step).
 
-    Warm-up rises linearly from 1/warmup to 1; then `constant` stays at 1, `linear` and `cosine`
-    decay to `min_lr_ratio` at `total`.
+    Warm-up rises linearly from 1/warmup to 1 over train steps 0..warmup-1; then `constant` stays
+    at 1, `linear` and `cosine` decay to `min_lr_ratio` at `total` (the convention of verl and
+    transformers: the last train step, `total - 1`, is one decay step short of the floor).
     """
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
@@ -35,6 +43,8 @@ def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: floa
 def build_optimizer(
     model: torch.nn.Module, opt_cfg: Any, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its lr schedule over `total_steps` TRAIN steps: step the scheduler once per train
+    step, after all of that step's optimizer updates."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params,

@@ -50,8 +50,14 @@ class TrainerRunner:
         self._pending_total = total_steps
         return {"dataset_size": size}
 
-    def run(self, total_steps: int) -> dict[str, Any]:
+    def run(
+        self, total_steps: int, publish_steps: bool = True, publish_final: bool = True
+    ) -> dict[str, Any]:
         """Train up to `total_steps` steps or until the data runs out.
+
+        Weights are published only for a consumer: `publish_steps` when an explorer syncs during
+        the run (mode both), `publish_final` when someone evaluates or explores with the final
+        weights. An SFT stage with no evaluation publishes nothing.
 
         1. read one train batch (buffer queue, or the SFT dataset)
         2. train step
@@ -75,7 +81,7 @@ class TrainerRunner:
                 metrics = self.trainer.train_step(exps)
                 metrics["timing/train_wait_buffer"] = wait
                 # 3.
-                if trainer_publishes_after(step, cfg.synchronizer.sync_interval):
+                if publish_steps and trainer_publishes_after(step, cfg.synchronizer.sync_interval):
                     self._publish(step)
                 if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
                     last_saved = self.trainer.save_checkpoint(self.stage_dir, step)
@@ -87,7 +93,8 @@ class TrainerRunner:
         final = last_saved
         if final is None or not final.name.endswith(f"_{step}"):
             final = self.trainer.save_checkpoint(self.stage_dir, step)
-        self._publish(step, final=True)
+        if publish_final:
+            self._publish(step, final=True)
         return {"train_steps": step, "checkpoint": str(final)}
 
     def _read(self, n: int) -> list[Any] | None:

@@ -66,6 +66,14 @@ class Trainer:
         self.step = 0
         self.ppo_epochs = tcfg.ppo_epochs
         self.mini_batch_size = tcfg.ppo_mini_batch_size
+        # Dr. GRPO's horizon L: fixed for the whole run, never the longest response of a batch
+        horizon = config.model.max_response_tokens
+        if self.algo.loss_agg_mode == "seq-mean-token-sum-norm" and horizon is None:
+            raise ValueError(
+                "loss_agg_mode 'seq-mean-token-sum-norm' needs model.max_response_tokens "
+                "(its fixed horizon L, in tokens)"
+            )
+        self.norm_length = float(horizon) if horizon is not None else None
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -75,7 +83,8 @@ class Trainer:
         1. sample strategy picks/reorders the experiences, which are collated  # [B, T]
         2. reference logprobs (KL) and, when several updates follow, old logprobs  # [B, R]
         3. advantages from rewards and groups (after KL reward shaping, if any)  # [B, R]
-        4. per mini-batch: micro-batch forward, losses, backward; clip; optimizer step
+        4. per mini-batch: micro-batch forward, losses, backward; clip; optimizer step; then one
+           lr-scheduler step (the schedule counts train steps, see `trinity.trainer.optim`)
         """
         timers, metrics = Timers(), {}
         t_start = time.perf_counter()
@@ -101,17 +110,17 @@ class Trainer:
             if batch.advantages is None and a.advantage_fn is not None:
                 rewards = batch.rewards
                 if batch.ref_logprobs is not None and a.spec.kl_penalty_fn != "none":
-                    token_rewards = torch.zeros_like(batch.rollout_logprobs)
-                    last = batch.valid_mask.sum(dim=1) - 1  # [B]
-                    token_rewards[torch.arange(len(batch)), last] = rewards
+                    mask = batch.response_mask  # [B, R]
+                    token_rewards, trained = outcome_token_rewards(rewards, mask)  # [B, R], [B]
                     shaped, kl_m = a.kl_penalty_fn(
                         token_rewards,
                         batch.rollout_logprobs,
                         batch.ref_logprobs,
-                        batch.response_mask,
+                        mask,
                         **a.kl_penalty_fn_args,
                     )
-                    rewards = (shaped * batch.response_mask).sum(dim=1)
+                    # a row with no trained token has no KL to pay: it keeps its outcome reward
+                    rewards = torch.where(trained, (shaped * mask).sum(dim=1), rewards)  # [B]
                     metrics.update({f"train/{k}": v for k, v in kl_m.items()})
                 batch.advantages, batch.returns = a.advantage_fn(
                     rewards, batch.group_ids, batch.response_mask, **a.advantage_fn_args
@@ -119,15 +128,17 @@ class Trainer:
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
         # 4. updates
+        lr = self.scheduler.get_last_lr()[0]  # the lr of every update of this step
         with timers("update"):
             update_metrics = self._update(batch, mbs, recompute_old)
+            self.scheduler.step()
         metrics.update(update_metrics)
         self.step += 1
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
         metrics.update(
             {
-                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/lr": lr,
                 "train/advantage_mean": _masked_mean(batch.advantages, resp),
                 "train/reward_mean": float(batch.rewards.mean()),
                 "train/response_length": float(batch.valid_mask.sum(dim=1).float().mean()),
@@ -155,7 +166,7 @@ class Trainer:
                     a.loss_agg_mode,
                     num_tokens=float(mini_batch.response_mask.sum()),
                     num_seqs=float(len(mini_batch)),
-                    norm_length=float(mini_batch.response_mask.shape[1]),
+                    norm_length=self.norm_length,  # model.max_response_tokens
                 )
                 parts = micro_batches(
                     mini_batch, self.config.trainer.micro_batch_size_per_gpu, self._token_budget()
@@ -175,7 +186,6 @@ class Trainer:
                     self.model.parameters(), self.clip_grad or float("inf")
                 )
                 self.optimizer.step()
-                self.scheduler.step()
                 sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(grad_norm)
                 n_updates += 1
         return {k: v / n_updates for k, v in sums.items()}
@@ -233,6 +243,34 @@ class Trainer:
     def save_checkpoint(self, root: Path, step: int) -> Path:
         keep = self.config.trainer.max_checkpoints_to_keep
         return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep)
+
+
+def outcome_token_rewards(
+    rewards: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards for KL reward shaping: each outcome reward on its row's last TRAINED token.
+
+        token_rewards[i, t] = rewards[i] if t = max{t' : response_mask[i, t']} else 0
+
+    The shaped per-token rewards are summed back through `response_mask`, so the outcome reward
+    must sit on a trained token: the last valid token may be masked out of training (a trailing
+    token with action_mask 0) and a reward placed there would be lost.
+
+    Args:
+        rewards: [B] float outcome rewards.
+        response_mask: [B, R] bool, True on trained response tokens.
+    Returns:
+        (token_rewards [B, R] in the rewards' dtype, trained [B] bool: the row has a trained
+        token). A row without one gets an all-zero row; the caller decides what it is worth.
+    """
+    b, r = response_mask.shape
+    pos = torch.arange(r, device=response_mask.device).expand(b, r)  # [B, R]
+    last = torch.where(response_mask.bool(), pos, -1).amax(dim=1)  # [B], -1: none trained
+    trained = last >= 0  # [B]
+    out = torch.zeros((b, r), dtype=rewards.dtype, device=rewards.device)
+    rows = torch.arange(b, device=rewards.device)[trained]
+    out[rows, last[trained]] = rewards[trained]
+    return out, trained
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

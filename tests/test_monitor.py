@@ -1,0 +1,57 @@
+"""Monitor: one record per step in metrics.jsonl; console bar (terminal) vs plain lines (not)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from trinity.monitor.monitor import Monitor
+
+
+class FakeTTY(io.StringIO):
+    """A text file that says it is a terminal (isatty), as an interactive stdout does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run_stage(monitor: Monitor) -> None:
+    # a stage of 3 steps after 10 earlier ones (steps 11..13), trainer only, eval at step 12
+    monitor.begin_stage("sft", {"trainer"}, last_step=13, first_step=10)
+    monitor.add("trainer", 11, {"train/loss": 1.5})
+    monitor.add("trainer", 12, {"train/loss": 1.25, "eval/add/accuracy": 0.5})
+    monitor.add("trainer", 13, {"train/loss": 1.0})
+    monitor.close()
+
+
+def test_not_a_terminal_prints_plain_lines_with_step_count_and_eta(tmp_path):
+    out = io.StringIO()
+    console = Console(file=out, highlight=False, width=200)
+    monitor = Monitor(tmp_path, ["jsonl"], console)
+    assert not monitor.progress_bar  # StringIO.isatty() is False
+    run_stage(monitor)
+    lines = out.getvalue().splitlines()
+    assert [ln.split(" | ")[0] for ln in lines] == ["sft step   11/13", "sft step   12/13",
+                                                    "sft step   13/13"]  # fmt: skip
+    assert "loss 1.5000" in lines[0] and "ETA" in lines[0] and "ETA" not in lines[2]
+    assert "add/accuracy 0.500" in lines[1]
+    assert "\x1b[" not in out.getvalue() and "━" not in out.getvalue()  # no bar, no cursor moves
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [11, 12, 13]
+
+
+def test_terminal_gets_a_progress_bar_with_eta(tmp_path):
+    out = FakeTTY()
+    console = Console(file=out, highlight=False, width=200, color_system=None)
+    monitor = Monitor(tmp_path, ["jsonl"], console)
+    assert monitor.progress_bar  # FakeTTY.isatty() is True
+    run_stage(monitor)
+    text = out.getvalue()
+    assert "3/3 steps" in text and "ETA" in text and "━" in text  # the bar, its count and ETA
+    assert "loss 1.0000" in text  # the latest metrics ride on the bar
+    assert "add/accuracy 0.500" in text  # an evaluation is printed above the bar
+    assert "sft step   11" not in text  # no per-step lines
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
+        == [11, 12, 13]  # fmt: skip

@@ -1,0 +1,63 @@
+"""TrainerRunner: weights are published only for a consumer (fakes stand in for the Ray actors)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+from trinity.config import load_config
+from trinity.trainer import runner as runner_module
+from trinity.trainer.runner import TrainerRunner
+
+
+class FakeActor:
+    """Records `actor.method.remote(*args)` calls; `ray.get` is the identity in these tests."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(remote=lambda *args: self.calls.append((name, args)))
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    fake = SimpleNamespace(get=lambda x: x, put=lambda x: "object-ref", exceptions=ray.exceptions)
+    monkeypatch.setattr(runner_module, "ray", fake)
+
+
+def sft_config(tmp_path, model_dir):
+    p = tmp_path / "sft.yaml"
+    p.write_text(
+        f"mode: train\nmodel: {{model_path: {model_dir}}}\n"
+        "algorithm: {algorithm_type: sft}\n"
+        "buffer:\n  train_batch_size: 4\n  total_steps: 3\n  trainer_input:\n"
+        "    experience_buffer: {storage_type: synthetic, path: arithmetic, "
+        "generator_args: {digits: 1, num_tasks: 40, seed: 0}, "
+        "format: {prompt_key: question, response_key: answer}}\n"
+        "trainer: {micro_batch_size_per_gpu: 4, use_dynamic_bsz: false, save_interval: 0}\n"
+    )
+    return load_config(p)
+
+
+@pytest.mark.parametrize(
+    "publish_steps, publish_final, versions",
+    [
+        (False, False, []),  # SFT, nothing evaluates: nobody would read the weights
+        (False, True, [3]),  # SFT then a final evaluation: only the final weights
+        (True, True, [1, 2, 3, 3]),  # an explorer syncing every step (k = 1), then the final
+    ],
+)
+def test_publishes_only_for_a_consumer(
+    tmp_path, tiny_model_dir, fake_ray, publish_steps, publish_final, versions
+):
+    sync, hub = FakeActor(), FakeActor()
+    r = TrainerRunner(sft_config(tmp_path, tiny_model_dir), str(tiny_model_dir), str(tmp_path),
+                      None, sync, hub, 0)  # fmt: skip
+    r.prepare(None, use_dataset=True)
+    out = r.run(3, publish_steps=publish_steps, publish_final=publish_final)
+    assert out["train_steps"] == 3
+    assert [args[0] for name, args in sync.calls if name == "publish"] == versions
+    assert [args[1] for name, args in hub.calls if name == "put"] == [1, 2, 3]  # metrics per step
