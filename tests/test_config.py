@@ -533,6 +533,9 @@ def test_stage_needs_unique_name(tmp_path: Path) -> None:
 def test_stage_override_via_command_line(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, STAGED), ["stages.0.algorithm.repeat_times=2"])
     assert [c.algorithm.repeat_times for c in stage_configs(cfg)] == [2, 4]
+    # list items also as error reports print them
+    same = load_config(write(tmp_path, STAGED), ["stages[0].algorithm.repeat_times=2"])
+    assert same == cfg
 
 
 # --- dump ------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def test_sft_mode_train_learns_from_a_messages_file(tmp_path, tiny_model_dir):
           optimizer: {{lr: 3.0e-3, lr_warmup_steps: 5, weight_decay: 0.0}}
         buffer:
           train_batch_size: 50
-          total_epochs: 100
+          total_epochs: 125     # 2 steps an epoch: 250 steps
           total_steps: 250
           trainer_input:
             experience_buffer:
@@ -59,7 +59,7 @@ def test_sft_mode_train_learns_from_a_messages_file(tmp_path, tiny_model_dir):
         monitor: {{monitor_type: jsonl}}
         """)
     )
-    r = run_trinity(cfg)
+    r = run_trinity(cfg, timeout=480)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "ckpt" / "learn" / "sft"
     losses = [rec["train/loss"] for rec in metrics(run_dir) if "train/loss" in rec]

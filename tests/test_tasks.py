@@ -320,3 +320,18 @@ def test_teacher_answers_slip_at_the_given_rate_on_carry_problems_only():
     first = {r["question"]: r["teacher_answer"] for r in rows(0.7)[:100]}
     fewer = arithmetic("train", 0, 100, digits=2, ops="+", teacher_slip_rate=0.7)
     assert {r["question"]: r["teacher_answer"] for r in fewer} == first
+
+
+def test_min_operand_keeps_to_true_two_digit_numbers():
+    from trinity.tasks.synthetic import arithmetic
+
+    train = arithmetic("train", 0, 7000, digits=2, ops="+", min_operand=10)
+    test = arithmetic("test", 0, 500, digits=2, ops="+", min_operand=10)
+    rows = train + test
+    assert all(10 <= r["a"] <= 99 and 10 <= r["b"] <= 99 for r in rows)
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    # 90 x 90 = 8,100 sums in all: the held-out tenth leaves too few for 7,500 training problems
+    with pytest.raises(ValueError, match=r"only .* distinct problems"):
+        arithmetic("train", 0, 7500, digits=2, ops="+", min_operand=10)
+    with pytest.raises(ValueError, match="min_operand"):
+        arithmetic("train", 0, 10, digits=2, min_operand=100)

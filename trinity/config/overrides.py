@@ -1,5 +1,6 @@
 """Dotted command-line overrides: `algorithm.optimizer.lr=2e-6`, `buffer.explorer_input.
-eval_tasksets.0.path=data/test`.
+eval_tasksets.0.path=data/test`. List items may also be written as error reports print them:
+`stages[1].buffer.total_steps=40`.
 
 The value is typed like a YAML scalar (`4` -> int, `true` -> bool, `null` -> None, `[a, b]` ->
 list). Each key is checked against the schema before anything is set, so an override with a typo
@@ -9,6 +10,7 @@ is reported with a suggestion instead of being silently added. List items must a
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +85,8 @@ def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
 def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Problem | None:
     """Set one `key.path=value` in `data` (in place, all or nothing); or return a problem."""
     key_text, sep, value_text = text.partition("=")
-    parts = key_text.strip().split(".")
+    key_text = re.sub(r"\[(\d+)\]", r".\1", key_text.strip())  # a[1].b -> a.1.b
+    parts = key_text.split(".")
     if not sep or not all(parts):
         return Problem("", f"override {text!r} must look like key.path=value")
     problem = _check_keys(parts, text, root)

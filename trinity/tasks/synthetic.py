@@ -171,13 +171,15 @@ def arithmetic(
     digits: int = 2,
     ops: str = "+",
     max_operand: int | None = None,
+    min_operand: int = 0,
     allow_negative: bool = False,
     eval_fraction: float = 0.1,
     teacher_slip_rate: float | None = None,
 ) -> list[dict[str, Any]]:
     """Problems like `23+45=` with answer `68`.
 
-    Operands are in [0, 10**digits - 1] (or [0, max_operand]); `ops` is any of "+-*". With
+    Operands are in [min_operand, 10**digits - 1] (or [min_operand, max_operand]);
+    `min_operand: 10` with `digits: 2` keeps to true 2-digit numbers. `ops` is any of "+-*". With
     `allow_negative=False`, subtraction keeps the larger operand first. Rows carry `a`, `b`, `op`.
 
     `teacher_slip_rate` (in [0, 1]) adds a `teacher_answer` column: demonstrations from an
@@ -198,10 +200,12 @@ def arithmetic(
         if digits < 1:
             raise ValueError(f"arithmetic: digits must be >= 1, got {digits}")
         max_operand = 10**digits - 1
-    if max_operand < 0:
-        raise ValueError(f"arithmetic: max_operand must be >= 0, got {max_operand}")
+    if not 0 <= min_operand <= max_operand:
+        raise ValueError(
+            f"arithmetic: need 0 <= min_operand <= max_operand, got {min_operand} and {max_operand}"
+        )
     op_list = sorted(set(ops))
-    values = range(max_operand + 1)
+    values = range(min_operand, max_operand + 1)
 
     def valid(a: int, op: str, b: int) -> bool:
         return allow_negative or op != "-" or a >= b
@@ -212,12 +216,13 @@ def arithmetic(
                 yield _arith_row(a, op, b)
 
     def draw(rng: random.Random) -> dict[str, Any] | None:
-        op, a, b = rng.choice(op_list), rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice(op_list)
+        a, b = rng.randint(min_operand, max_operand), rng.randint(min_operand, max_operand)
         if not valid(a, op, b):
             a, b = b, a
         return _arith_row(a, op, b)
 
-    space = len(op_list) * (max_operand + 1) ** 2
+    space = len(op_list) * len(values) ** 2
     rows = _select("arithmetic", split, seed, num_tasks, eval_fraction, space, enumerate_all, draw)
     if teacher_slip_rate is not None:
         _add_teacher(rows, seed, teacher_slip_rate)
