@@ -17,7 +17,7 @@ import ray
 from rich.console import Console
 
 from trinity.buffer.queue import QueueActor
-from trinity.config import resolve, seeds, stage_configs
+from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
@@ -87,6 +87,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             name = cfg.stage_name or ("main" if len(stages) == 1 else f"stage{i}")
             stage_dir = run_dir if len(stages) == 1 else run_dir / name
             console.print(f"[bold cyan]stage {name}[/] mode={cfg.mode} model={model_path}")
+            console.print(format_batch_table(resolve(cfg)), markup=False, highlight=False)
             res = run_stage(cfg, name, model_path, stage_dir, hub, monitor, offset)
             results.append(res)
             model_path = res.checkpoint or model_path

@@ -168,7 +168,8 @@ class Monitor:
         if total > 0 and 0 < done <= total:
             parts[0] += f"/{self.last_step}"
         parts += metrics + evals
-        parts.append(f"{dt:.1f}s")
+        if evals:  # per-step times are not shown: records arrive in batches, the ETA says the pace
+            parts.append(f"{dt:.1f}s")
         if total > 0 and 0 < done < total:
             eta = (now - self._t_stage) / done * (total - done)
             parts.append(f"ETA {_duration(eta)}")
