@@ -47,8 +47,8 @@ def test_sft_mode_train_learns_from_a_messages_file(tmp_path, tiny_model_dir):
           optimizer: {{lr: 3.0e-3, lr_warmup_steps: 5, weight_decay: 0.0}}
         buffer:
           train_batch_size: 50
-          total_epochs: 125     # 2 steps an epoch: 250 steps
-          total_steps: 250
+          total_epochs: 200     # 2 steps an epoch: 400 steps
+          total_steps: 400
           trainer_input:
             experience_buffer:
               name: sums
@@ -63,16 +63,16 @@ def test_sft_mode_train_learns_from_a_messages_file(tmp_path, tiny_model_dir):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "ckpt" / "learn" / "sft"
     losses = [rec["train/loss"] for rec in metrics(run_dir) if "train/loss" in rec]
-    assert len(losses) == 250
+    assert len(losses) == 400
     # a 100-row table memorised: the loss must fall far, not drift (measured in-process with the
-    # same settings: ~6 nats/token at the start, ~0.3 after 150 steps)
+    # same settings: ~6 nats/token at the start, ~0.3 after 150 steps; 82 of 100 right at step 400)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.15 * first, (first, last)
 
     # the checkpoint is a plain transformers folder that answers what it was taught
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = run_dir / "global_step_250"
+    ckpt = run_dir / "global_step_400"
     tok = AutoTokenizer.from_pretrained(ckpt)
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     right = 0
@@ -120,4 +120,4 @@ def test_quickstart_config_scaled_down(tmp_path):
     assert sft_end >= 0.02, sft_end
     grpo = [rec for rec in by_stage["grpo"] if "train/loss" in rec]
     assert len(grpo) == 4 and all("rollout/reward_mean" in rec for rec in grpo)
-    assert (run_dir / "grpo" / "global_step_304").is_dir()
+    assert (run_dir / "grpo" / "global_step_4").is_dir()
