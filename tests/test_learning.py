@@ -103,6 +103,7 @@ def test_quickstart_config_scaled_down(tmp_path):
         ROOT / "examples" / "quickstart" / "quickstart.yaml",
         overrides=overrides,
         cache=tmp_path / "cache",
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "ckpt" / "quickstart" / "add2"
