@@ -142,3 +142,28 @@ def test_checkpoint_sync_and_offset(tmp_path, tiny_model_dir):
     }
     # one-step off-policy: explore steps 1, 2 use v0, step 3 uses v1
     assert [records[s]["rollout/model_version"] for s in (1, 2, 3)] == [0, 0, 1]
+
+
+def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
+    # 8 train tasks, 3 per step, 2 epochs: 16 tasks = five steps of 3, then 1. When an epoch's
+    # last batch was served partial (2 tasks, step 3), the trainer waited for 3 tasks' worth of
+    # experiences while the on-policy explorer waited for the weights of that step: deadlock.
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    text = cfg.read_text().replace(
+        "{digits: 1, num_tasks: 40, seed: 0}", "{digits: 1, num_tasks: 8}"
+    )
+    cfg.write_text(text.replace("total_steps: 3", "total_epochs: 2"))
+    from trinity.tasks.synthetic import arithmetic
+
+    n_train = len(arithmetic("train", 0, 8, digits=1))
+    assert n_train % 3 != 0, n_train  # an epoch ends inside a batch
+    r = run_trinity(cfg, timeout=180, overrides=["buffer.batch_size=3", "explorer.eval_interval=0"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "ckpt" / "e2e" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    tasks = [rec["rollout/tasks"] for rec in records if "rollout/tasks" in rec]
+    assert sum(tasks) == 2 * n_train
+    assert tasks[:-1] == [3.0] * (len(tasks) - 1)  # only the run's last step is partial
+    assert max(rec["step"] for rec in records if "train/loss" in rec) == len(tasks)

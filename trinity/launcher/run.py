@@ -212,14 +212,17 @@ def run_stage(
 
 def _plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int:
     explicit = cfg.buffer.total_steps or cfg.trainer.total_steps
+    epochs = cfg.buffer.total_epochs
     if explores:
         n, per_step = sizes.get("train_tasks", 0), cfg.buffer.batch_size
     else:
         n = sizes.get("dataset_size", 0)
         per_step = cfg.buffer.train_batch_size or cfg.buffer.batch_size
+        eb = cfg.buffer.trainer_input.experience_buffer
+        epochs = (eb.total_epochs if eb is not None else None) or epochs  # as DatasetSource
     if n == 0:
         raise ValueError("no data: the taskset / dataset of this stage is empty")
-    planned = math.ceil(n / per_step) * cfg.buffer.total_epochs
+    planned = math.ceil(n * epochs / per_step)  # selectors fill batches across epochs
     return min(explicit, planned) if explicit else planned
 
 

@@ -2,8 +2,12 @@
 
     buffer.explorer_input.taskset.data_selector: {selector_type: shuffle, seed: 0}
 
-Every selector serves `total_epochs` epochs of `ceil(len(items) / batch_size)` batches each; the
-last batch of an epoch may be partial (it is kept, never padded or merged with the next epoch).
+Every selector serves `total_epochs` epochs, back to back, in batches of exactly `batch_size`
+items: a batch that reaches the end of an epoch is completed from the start of the next one, so
+only the very last batch of the run may be partial (`ceil(total_epochs * len(items) / batch_size)`
+batches). Every step of a run therefore has the same shape: a trainer that reads
+`batch_size * repeat_times` experiences per step never waits for a step that will not come (a
+partial batch mid-run would make an on-policy explorer and its trainer wait for each other).
 - sequential: file order, every epoch the same.
 - shuffle: a new permutation each epoch, drawn from `seed` (epoch e uses the same permutation for
   the same seed, so a rerun serves the same batches).
@@ -35,16 +39,21 @@ class TaskSelector:
     def batches(
         self, tasks: Sequence[T], batch_size: int, total_epochs: int = 1
     ) -> Iterator[list[T]]:
-        """Batches of `batch_size` items over `total_epochs` epochs (last one per epoch partial)."""
+        """Batches of `batch_size` items over `total_epochs` epochs (only the run's last is partial)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if total_epochs < 0:
             raise ValueError(f"total_epochs must be >= 0, got {total_epochs}")
         n = len(tasks)
-        for epoch in range(total_epochs):
-            order = self.epoch_order(n, epoch)
-            for start in range(0, n, batch_size):
-                yield [tasks[i] for i in order[start : start + batch_size]]
+        batch: list[T] = []
+        for epoch in range(total_epochs if n else 0):
+            for i in self.epoch_order(n, epoch):
+                batch.append(tasks[i])
+                if len(batch) == batch_size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
 
 
 @SELECTORS.register("sequential")
