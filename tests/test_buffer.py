@@ -1,4 +1,4 @@
-"""Queue storage: FIFO, blocking reads, close/drain, staleness filter, and surviving a restart."""
+"""Queue storage: FIFO, blocking reads, leases and acks, writers, staleness, surviving a restart."""
 
 import asyncio
 
@@ -30,7 +30,7 @@ def test_fifo_and_blocking_read(tmp_path):
         await asyncio.sleep(0.01)
         assert not reader.done()
         await q.write([exp(2), exp(3)])
-        got = await reader
+        got = (await reader).experiences
         assert [e.reward for e in got] == [0.0, 1.0, 2.0]
         assert q.size() == 1
 
@@ -52,8 +52,8 @@ def test_close_drains_then_raises(tmp_path):
         q = QueueStorage(tmp_path / "b.db")
         await q.write([exp(0), exp(1), exp(2)])
         await q.close()
-        assert len(await q.read(2)) == 2
-        assert len(await q.read(2)) == 1  # what is left
+        assert len((await q.read(2)).experiences) == 2
+        assert len((await q.read(2)).experiences) == 1  # what is left
         with pytest.raises(BufferClosed):
             await q.read(2)
 
@@ -64,34 +64,67 @@ def test_min_version_drops_stale(tmp_path):
     async def main():
         q = QueueStorage(tmp_path / "b.db")
         await q.write([exp(0, version=0), exp(1, version=1), exp(2, version=2)])
-        got = await q.read(2, timeout=1, min_version=1)
+        got = (await q.read(2, timeout=1, min_version=1)).experiences
         assert [e.model_version for e in got] == [1, 2]
+        assert q.stats()["dropped"] == 1
 
     asyncio.run(main())
 
 
-def test_survives_restart_with_nothing_lost(tmp_path):
+def test_survives_restart_with_nothing_lost_and_nothing_trained_twice(tmp_path):
     path = tmp_path / "b.db"
 
     async def first():
         q = QueueStorage(path)
-        await q.write([exp(i) for i in range(5)])
-        got = await q.read(2)
-        assert [e.reward for e in got] == [0.0, 1.0]
+        await q.write([exp(i) for i in range(6)])
+        a = await q.read(2)  # trained and checkpointed: acked
+        await q.ack([a.id])
+        b = await q.read(2)  # read, maybe trained, but no checkpoint after it: not acked
+        assert [e.reward for e in b.experiences] == [2.0, 3.0]
+        assert q.stats() == {
+            "written": 6, "trained": 2, "pending": 2, "leased": 2, "dropped": 0,
+            "trained_twice": 0,
+        }  # fmt: skip
         q.log.close()  # the process dies here
 
     async def second():
         q = QueueStorage(path)
-        assert q.size() == 3
-        got = await q.read(3)
-        # exactly the unread ones, in order, with their tensors intact
-        assert [e.reward for e in got] == [2.0, 3.0, 4.0]
-        assert got[0].tokens.tolist() == [1, 2, 3, 2]
-        assert got[0].logprobs.tolist() == [-0.5]
-        assert got[0].eid == EID(batch=2, task=0, run=0)
+        assert q.size() == 4  # the unacked lease is back, ahead of the unread rows
+        got = await q.read(4)
+        # exactly the untrained ones, in write order, with their tensors intact
+        assert [e.reward for e in got.experiences] == [2.0, 3.0, 4.0, 5.0]
+        assert got.experiences[0].tokens.tolist() == [1, 2, 3, 2]
+        assert got.experiences[0].logprobs.tolist() == [-0.5]
+        assert got.experiences[0].eid == EID(batch=2, task=0, run=0)
+        await q.ack([got.id])
+        assert q.stats()["trained"] == 6 and q.stats()["trained_twice"] == 0
+        with pytest.raises(KeyError, match="already acked"):
+            await q.ack([got.id])
 
     asyncio.run(first())
     asyncio.run(second())
+
+
+def test_buffer_closes_when_its_last_writer_releases(tmp_path):
+    # two explorers feed one trainer: the first to finish must not end the run for the other
+    async def main():
+        q = QueueStorage(None)
+        await q.register_writer("explorer_a")
+        await q.register_writer("explorer_b")
+        await q.write([exp(0)])
+        await q.release_writer("explorer_a")
+        await q.write([exp(1)])  # b still writes
+        assert len((await q.read(2, timeout=1)).experiences) == 2
+        reader = asyncio.create_task(q.read(1, timeout=5))
+        await asyncio.sleep(0.01)
+        assert not reader.done()  # still open: b has not released
+        await q.release_writer("explorer_b")
+        with pytest.raises(BufferClosed):
+            await reader
+        with pytest.raises(ValueError, match="never registered"):
+            await q.release_writer("explorer_c")
+
+    asyncio.run(main())
 
 
 def test_capacity_blocks_writer(tmp_path):

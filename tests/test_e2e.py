@@ -98,6 +98,18 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
     moved = max(float((after[k] - before[k]).abs().max()) for k in before)
     assert moved > 1e-4
     assert "summary" in r.stdout and str(run_dir) in r.stdout.replace("\n", "")
+    # every experience written was trained once and acked at the final checkpoint
+    cfg = tmp_path / "grpo.yaml"
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    counts = json.loads(stats.stdout)["buffer/exp.db"]
+    assert counts == {
+        "written": 3 * 4 * 4, "trained": 3 * 4 * 4, "pending": 0, "leased": 0, "dropped": 0,
+        "trained_twice": 0,
+    }  # fmt: skip
 
 
 def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
@@ -167,3 +179,164 @@ def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     assert sum(tasks) == 2 * n_train
     assert tasks[:-1] == [3.0] * (len(tasks) - 1)  # only the run's last step is partial
     assert max(rec["step"] for rec in records if "train/loss" in rec) == len(tasks)
+
+
+def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_model_dir):
+    # a `ray start --head` that was killed leaves its address file behind: `ray_address: auto`
+    # used to try the dead cluster for ~35 s and fail; now it says so and starts a local one
+    import shutil
+    import socket
+    import tempfile
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+        r = run_trinity(
+            grpo_config(tmp_path, tiny_model_dir),
+            env_extra={"RAY_TMPDIR": str(ray_tmp)},
+            overrides=["buffer.total_steps=1", "explorer.eval_on_startup=false"],
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert f"the Ray cluster at 127.0.0.1:{port}" in r.stderr
+        assert "does not answer; starting a local instance" in r.stderr
+        # an explicitly named address that does not answer is a config error, found at once
+        bad = run_trinity(
+            grpo_config(tmp_path, tiny_model_dir),
+            overrides=[f"cluster.ray_address=127.0.0.1:{port}"],
+            timeout=60,
+        )
+        assert bad.returncode == 2, bad.stderr[-2000:]
+        assert "no Ray cluster answers there" in bad.stderr
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir):
+    # a flaky environment: every 5th task raises. Up to max_failure_fraction of a step may fail;
+    # each dropped task is replaced by the next one, so every step still trains on 4 tasks
+    pkg = tmp_path / "flakypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "flaky.py").write_text(
+        "from trinity.workflows.math_workflow import MathWorkflow\n"
+        "class Flaky(MathWorkflow):\n"
+        "    async def run(self, task, model):\n"
+        "        if task.index % 5 == 0:\n"
+        "            raise RuntimeError('flaky environment')\n"
+        "        return await super().run(task, model)\n"
+    )
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    r = run_trinity(
+        cfg,
+        env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+        overrides=[
+            "buffer.explorer_input.default_workflow_type=flakypkg.flaky.Flaky",
+            "explorer.max_retry_times=1",
+            "explorer.max_failure_fraction=0.5",
+            "explorer.eval_on_startup=false",
+        ],
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "ckpt" / "e2e" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [rec for rec in records if "rollout/tasks" in rec]
+    assert len(steps) == 3
+    for rec in steps:  # tasks 0-3 (+4), 5-8 (+9), 10-13 (+14): one failure per step, refilled
+        assert rec["rollout/failed_tasks"] == 1.0
+        assert rec["rollout/retries"] == 1.0  # the failing task was tried twice
+        assert rec["rollout/tasks"] == 4.0
+        assert "train/loss" in rec
+
+
+def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_dir):
+    # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then one
+    # `trinity run` with mode explore and one with mode train, sharing the run's buffer and
+    # synchronizer by name (in the namespace of project/name), each started by whichever came first
+    import secrets
+    import shutil
+    import signal
+    import socket
+    import tempfile
+    import time
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the cluster's token, given to head and drivers alike (Ray's token auth is on by default)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **auth}
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+         f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+         "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "ray start --head did not come up"
+                time.sleep(0.5)
+        cfg = grpo_config(tmp_path, tiny_model_dir)
+        common = [f"cluster.ray_address=127.0.0.1:{port}", "buffer.total_steps=4",
+                  "buffer.explorer_input.eval_tasksets=[]"]  # fmt: skip
+        cache = tmp_path / "cache"
+        procs = {}
+        for mode in ("train", "explore"):
+            sets = [a for o in [*common, f"mode={mode}"] for a in ("--set", o)]
+            procs[mode] = subprocess.Popen(
+                [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *sets],
+                cwd=ROOT,
+                env={**env, "TRINITY_CACHE_DIR": str(cache)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        outs = {mode: p.communicate(timeout=300) for mode, p in procs.items()}
+        for mode, p in procs.items():
+            assert p.returncode == 0, (mode, outs[mode][0][-2000:], outs[mode][1][-3000:])
+        run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+
+        def read(name: str) -> list[dict]:
+            return [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
+
+        trained = [r["step"] for r in read("metrics.trainer.jsonl") if "train/loss" in r]
+        explored = [r for r in read("metrics.explorer-explorer.jsonl") if "rollout/tasks" in r]
+        assert trained == [1, 2, 3, 4] and len(explored) == 4
+        assert (run_dir / "global_step_4" / "model.safetensors").exists()
+        stats = subprocess.run(
+            [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        counts = json.loads(stats.stdout)["buffer/exp.db"]
+        assert counts["written"] == counts["trained"] == 4 * 4 * 4, counts
+        assert counts["leased"] == counts["pending"] == counts["trained_twice"] == 0
+        # the last process to finish ended the shared actors: nothing is left in the namespace
+        probe = (
+            "import ray\n"
+            f"ray.init(address='127.0.0.1:{port}', namespace='trinity:e2e/grpo',"
+            " logging_level='ERROR')\n"
+            "left = [a for a in ray.util.list_named_actors(all_namespaces=False)]\n"
+            "print(left)\n"
+        )
+        left = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert left.returncode == 0, left.stderr[-2000:]
+        assert left.stdout.strip().splitlines()[-1] == "[]", left.stdout
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+        subprocess.run(["pkill", "-f", str(ray_tmp)], check=False)
+        shutil.rmtree(ray_tmp, ignore_errors=True)

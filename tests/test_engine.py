@@ -6,7 +6,7 @@ import torch
 
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
-from trinity.trainer.checkpoint import state_dict_numpy
+from trinity.sync.method import sync_method
 
 
 def prompt(engine, text="12+34="):
@@ -35,16 +35,17 @@ def test_logprobs_match_a_teacher_forced_forward_pass(tiny_model_dir):
         )
 
 
-def test_greedy_is_deterministic_and_weights_update_bumps_version(tiny_model_dir):
+def test_greedy_is_deterministic_and_weights_update_bumps_version(tiny_model_dir, tmp_path):
     engine = HFRolloutEngine(str(tiny_model_dir), seed=0)
     p = prompt(engine)
     greedy = SamplingParams(n=2, temperature=0.0, max_tokens=5)
     a = engine.generate([p], greedy)[0]
     assert a[0].response_ids == a[1].response_ids
-    state = state_dict_numpy(engine.model)
-    for v in state.values():
-        v *= 0.0  # all-zero weights: every next-token distribution becomes uniform
-    assert engine.update_weights(state, version=7) == 7
+    # all-zero weights: every next-token distribution becomes uniform; they travel through the
+    # checkpoint method's trainer half (a file) and its engine half, as in a run
+    zeros = {k: torch.zeros_like(v) for k, v in engine.model.state_dict().items()}
+    payload = sync_method("checkpoint").send(zeros, 7, tmp_path)
+    assert engine.update_weights("checkpoint", payload, version=7) == 7
     out = engine.generate([p], SamplingParams(n=1, temperature=1.0, max_tokens=3))[0][0]
     assert out.model_version == 7
     vocab = engine.model.config.vocab_size

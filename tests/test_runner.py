@@ -8,6 +8,7 @@ import pytest
 import ray
 
 from trinity.config import load_config
+from trinity.sync import memory as memory_module
 from trinity.trainer import runner as runner_module
 from trinity.trainer.runner import TrainerRunner
 
@@ -26,6 +27,7 @@ class FakeActor:
 def fake_ray(monkeypatch):
     fake = SimpleNamespace(get=lambda x: x, put=lambda x: "object-ref", exceptions=ray.exceptions)
     monkeypatch.setattr(runner_module, "ray", fake)
+    monkeypatch.setattr(memory_module, "ray", fake)  # the memory sync method's ray.put
 
 
 def sft_config(tmp_path, model_dir):

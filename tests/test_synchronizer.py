@@ -135,3 +135,19 @@ def test_bounded_window_still_serves_the_exact_schedule(interval, offset):
         assert held == keep  # the bound is reached: one version fewer would break the schedule
 
     asyncio.run(main())
+
+
+def test_latest_never_waits_and_shared_actors_count_their_users():
+    # mode explore: at a sync point the explorer takes the newest published weights, if newer
+    async def main():
+        s = SynchronizerActor("memory", max_versions=2)
+        assert await s.latest(newer_than=0) is None  # nothing yet: carry on with what it has
+        for v in (1, 2, 3):
+            await s.publish(v, [f"weights-{v}"])
+        assert await s.latest(newer_than=0) == (3, ["weights-3"])
+        assert await s.latest(newer_than=3) is None
+
+    asyncio.run(main())
+    s = SynchronizerActor("memory", max_versions=1)
+    assert [s.attach(), s.attach()] == [1, 2]  # the explore and the train process
+    assert [s.detach(), s.detach()] == [1, 0]  # 0: the last one out ends the actor

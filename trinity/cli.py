@@ -3,6 +3,7 @@
     trinity run --config examples/quickstart/quickstart.yaml
     trinity validate --config x.yaml --set algorithm.repeat_times=4
     trinity model create --preset 1m --seed 0 --out ./tiny-model
+    trinity buffer stats --config x.yaml
 
 Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is printed), 2 bad input
 (config, file, key), with a message naming the problem and no Python traceback.
@@ -25,6 +26,8 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+buffer_app = typer.Typer(help="Inspect a run's experience buffers.", no_args_is_help=True)
+app.add_typer(buffer_app, name="buffer")
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -107,7 +110,7 @@ def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
         run_config(cfg, console)
     except ConfigError as e:
         raise _config_error(str(e)) from None
-    except (NotImplementedError, FileNotFoundError) as e:
+    except (NotImplementedError, FileNotFoundError, ConnectionError) as e:
         err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
@@ -144,6 +147,37 @@ def model_presets() -> None:
 
     for name, spec in PRESETS.items():
         console.print(f"{name:>5}  {spec}")
+
+
+@buffer_app.command("stats")
+def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
+    """Print JSON counts of every experience buffer of a run (read-only; safe while it runs).
+
+    Per buffer file: written, trained (acked after a checkpoint), pending (waiting to be read),
+    leased (read, not yet checkpointed), dropped (too stale), trained_twice (0 unless broken).
+    """
+    import json
+
+    from trinity.buffer.sqlite_log import SQLiteLog
+    from trinity.config import ConfigError, load_config, resolve
+
+    try:
+        cfg = load_config(config, overrides or [])
+    except ConfigError as e:
+        raise _config_error(str(e)) from None
+    run_dir = Path(resolve(cfg).run_dir)
+    files = sorted(run_dir.glob("**/buffer/*.db"))
+    if not files:
+        err.print(f"[red]error:[/] no experience buffer under {run_dir}", markup=True)
+        raise typer.Exit(2)
+    out = {}
+    for f in files:
+        log = SQLiteLog(f, read_only=True)
+        try:
+            out[str(f.relative_to(run_dir))] = log.counts()
+        finally:
+            log.close()
+    typer.echo(json.dumps(out, indent=2))
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
-"""The `queue` storage: a FIFO of experiences shared by explorer and trainer, crash-safe.
+"""The `queue` storage: a FIFO of experiences shared by explorers and a trainer, crash-safe.
 
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
-`QueueStorage` is the in-process object; `QueueActor` is the same thing as a named Ray actor so
-explorers and trainers in other processes meet through it. Writes go through to SQLite
-(`<run_dir>/buffer/<name>.db`) before they are visible, so a restarted run finds every experience
-that was written and not yet read.
+Implements `trinity.buffer.storage.ExperienceStorage`. Writes go through to SQLite
+(`<run_dir>/buffer/<name>.db`, `sqlite_log.py`) before they are visible; reads hand experiences
+out under a lease that the trainer acks after its next checkpoint, so a restarted run finds every
+experience that was written and not yet trained on, in write order.
 """
 
 from __future__ import annotations
@@ -15,23 +15,29 @@ import collections
 from pathlib import Path
 
 from trinity.buffer.sqlite_log import SQLiteLog
+from trinity.buffer.storage import STORAGE, BufferClosed, Lease
 from trinity.common.experience import Experience
+from trinity.common.shared import RefCounted
+
+__all__ = ["BufferClosed", "QueueStorage"]
 
 
-class BufferClosed(Exception):
-    """Raised by `read` when the writers are done and nothing is left."""
-
-
-class QueueStorage:
+@STORAGE.register("queue")
+class QueueStorage(RefCounted):
     def __init__(self, path: str | Path | None, capacity: int = 10000) -> None:
         self.capacity = capacity
         self.log = SQLiteLog(path) if path is not None else None
         self._items: collections.deque[tuple[int, Experience]] = collections.deque()
+        self._leases: dict[int, int] = {}  # lease id -> experiences in it (not yet acked)
         self._cond = asyncio.Condition()
         self._closed = False
+        self._writers: set[str] = set()
+        self._released: set[str] = set()
         self._next_local_id = -1
+        self._next_lease = 1
         if self.log is not None:
-            self._items.extend(self.log.unconsumed())
+            self._items.extend(self.log.recover())
+            self._next_lease = self.log.max_lease() + 1
         self.written = 0
         self.read_count = 0
 
@@ -53,12 +59,12 @@ class QueueStorage:
 
     async def read(
         self, n: int, timeout: float | None = None, min_version: int | None = None
-    ) -> list[Experience]:
-        """Take the next `n` experiences (FIFO).
+    ) -> Lease:
+        """Take the next `n` experiences (FIFO) under a new lease.
 
-        Blocks until `n` are there. When the writers have closed the buffer, returns what is left
-        (fewer than `n`), and raises `BufferClosed` once nothing is. `min_version` drops (and marks
-        consumed) experiences produced by older weights. Raises TimeoutError after `timeout` s.
+        Blocks until `n` are there. When the writers are done, returns what is left (fewer than
+        `n`), and raises `BufferClosed` once nothing is. `min_version` drops (for good)
+        experiences produced by older weights. Raises TimeoutError after `timeout` s.
         """
 
         def ready() -> bool:
@@ -76,11 +82,23 @@ class QueueStorage:
             if not self._items:
                 raise BufferClosed("buffer closed and drained")
             taken = [self._items.popleft() for _ in range(min(n, len(self._items)))]
+            lease = self._next_lease
+            self._next_lease += 1
             if self.log is not None:
-                self.log.mark_consumed([i for i, _ in taken if i >= 0])
+                self.log.lease([i for i, _ in taken], lease)
+            self._leases[lease] = len(taken)
             self.read_count += len(taken)
             self._cond.notify_all()
-            return [e for _, e in taken]
+            return Lease(lease, [e for _, e in taken])
+
+    async def ack(self, lease_ids: list[int]) -> None:
+        unknown = [i for i in lease_ids if i not in self._leases]
+        if unknown:
+            raise KeyError(f"ack of unknown or already acked leases {unknown}")
+        if self.log is not None:
+            self.log.ack(lease_ids)
+        for i in lease_ids:
+            del self._leases[i]
 
     def _drop_stale(self, min_version: int | None) -> None:
         if min_version is None:
@@ -91,24 +109,41 @@ class QueueStorage:
                 (i, e) for i, e in self._items if e.model_version >= min_version
             )
             if self.log is not None:
-                self.log.mark_consumed([i for i, _ in stale if i >= 0])
+                self.log.drop([i for i, _ in stale if i >= 0])
+
+    async def register_writer(self, writer: str) -> None:
+        async with self._cond:
+            if writer in self._writers:
+                raise ValueError(f"writer {writer!r} is already registered with this buffer")
+            self._writers.add(writer)
+
+    async def release_writer(self, writer: str) -> None:
+        """`writer` is done; the last registered writer to release closes the buffer."""
+        async with self._cond:
+            if writer not in self._writers:
+                raise ValueError(f"writer {writer!r} was never registered with this buffer")
+            self._released.add(writer)
+            if self._released == self._writers:
+                self._closed = True
+                self._cond.notify_all()
 
     async def close(self) -> None:
-        """Writers are done: pending and future reads drain what is left, then see BufferClosed."""
+        """End writing now: pending and future reads drain what is left, then see BufferClosed."""
         async with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    async def reopen(self) -> None:
-        async with self._cond:
-            self._closed = False
 
     def size(self) -> int:
         return len(self._items)
 
     def stats(self) -> dict[str, int]:
-        return {"size": len(self._items), "written": self.written, "read": self.read_count}
-
-
-class QueueActor(QueueStorage):
-    """Ray actor face of QueueStorage (created with `ray.remote(QueueActor).options(name=...)`)."""
+        if self.log is not None:
+            return self.log.counts()
+        return {
+            "written": self.written,
+            "trained": self.read_count - sum(self._leases.values()),
+            "pending": len(self._items),
+            "leased": sum(self._leases.values()),
+            "dropped": self.written - self.read_count - len(self._items),
+            "trained_twice": 0,
+        }

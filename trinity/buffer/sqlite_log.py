@@ -1,7 +1,15 @@
-"""Append-only SQLite log of experiences: what makes the queue survive a restart.
+"""SQLite log of experiences: what makes a storage durable and its hand-outs exactly-once.
 
-Each written experience is one row; a read marks rows consumed in the same transaction that hands
-them out. On start-up the unconsumed rows, in write order, are the queue's content.
+Each written experience is one row with a state:
+
+    pending --read--> leased --ack--> trained
+       ^                 |
+       +-- restart ------+            (a lease never acked is handed out again)
+    pending/leased --stale--> dropped (produced by weights older than the reader accepts)
+
+`acks` counts how often a row was acked: above 1 means it was trained twice (never, by design;
+`trinity buffer stats` reports it so a user can check). On start-up the pending and leased rows,
+in write order, are the storage's content.
 """
 
 from __future__ import annotations
@@ -12,21 +20,31 @@ from pathlib import Path
 
 from trinity.common.experience import Experience
 
+PENDING, LEASED, TRAINED, DROPPED = 0, 1, 2, 3
+
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS experiences (
+CREATE TABLE IF NOT EXISTS experience_log (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     model_version INTEGER NOT NULL,
     reward REAL,
     payload TEXT NOT NULL,
-    consumed INTEGER NOT NULL DEFAULT 0
+    state INTEGER NOT NULL DEFAULT 0,
+    lease INTEGER,
+    acks INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS idx_unconsumed ON experiences(consumed, id);
+CREATE INDEX IF NOT EXISTS idx_state ON experience_log(state, id);
+CREATE INDEX IF NOT EXISTS idx_lease ON experience_log(lease);
 """
 
 
 class SQLiteLog:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
         self.path = Path(path)
+        if read_only:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no experience log at {self.path}")
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -40,31 +58,70 @@ class SQLiteLog:
             self.conn.execute("BEGIN")
             for row in rows:
                 cur = self.conn.execute(
-                    "INSERT INTO experiences (model_version, reward, payload) VALUES (?, ?, ?)", row
+                    "INSERT INTO experience_log (model_version, reward, payload) VALUES (?, ?, ?)",
+                    row,
                 )
                 ids.append(int(cur.lastrowid))
         return ids
 
-    def mark_consumed(self, ids: list[int]) -> None:
+    def lease(self, ids: list[int], lease: int) -> None:
+        self._set(ids, "state = 1, lease = ?", (lease,))
+
+    def drop(self, ids: list[int]) -> None:
+        self._set(ids, "state = 3", ())
+
+    def ack(self, leases: list[int]) -> int:
+        """Mark every row of these leases trained. Returns how many rows."""
+        if not leases:
+            return 0
+        with self.conn:
+            self.conn.execute("BEGIN")
+            cur = self.conn.executemany(
+                "UPDATE experience_log SET state = 2, acks = acks + 1 WHERE lease = ?",
+                [(i,) for i in leases],
+            )
+        return int(cur.rowcount)
+
+    def recover(self) -> list[tuple[int, Experience]]:
+        """Return unacked leases to pending; the pending rows in write order."""
+        with self.conn:
+            self.conn.execute("UPDATE experience_log SET state = 0, lease = NULL WHERE state = 1")
+        rows = self.conn.execute(
+            "SELECT id, payload FROM experience_log WHERE state = 0 ORDER BY id"
+        ).fetchall()
+        return [(int(i), Experience.from_dict(json.loads(p))) for i, p in rows]
+
+    def max_lease(self) -> int:
+        return int(
+            self.conn.execute("SELECT COALESCE(MAX(lease), 0) FROM experience_log").fetchone()[0]
+        )
+
+    def counts(self) -> dict[str, int]:
+        """written, trained, pending, leased, dropped, trained_twice."""
+        by_state = dict(
+            self.conn.execute(
+                "SELECT state, COUNT(*) FROM experience_log GROUP BY state"
+            ).fetchall()
+        )
+        twice = self.conn.execute("SELECT COUNT(*) FROM experience_log WHERE acks > 1").fetchone()
+        return {
+            "written": sum(by_state.values()),
+            "trained": by_state.get(TRAINED, 0),
+            "pending": by_state.get(PENDING, 0),
+            "leased": by_state.get(LEASED, 0),
+            "dropped": by_state.get(DROPPED, 0),
+            "trained_twice": int(twice[0]),
+        }
+
+    def _set(self, ids: list[int], assignment: str, params: tuple) -> None:
         if not ids:
             return
         with self.conn:
             self.conn.execute("BEGIN")
             self.conn.executemany(
-                "UPDATE experiences SET consumed = 1 WHERE id = ?", [(i,) for i in ids]
+                f"UPDATE experience_log SET {assignment} WHERE id = ?",
+                [(*params, i) for i in ids],
             )
-
-    def unconsumed(self) -> list[tuple[int, Experience]]:
-        rows = self.conn.execute(
-            "SELECT id, payload FROM experiences WHERE consumed = 0 ORDER BY id"
-        ).fetchall()
-        return [(int(i), Experience.from_dict(json.loads(p))) for i, p in rows]
-
-    def count(self, consumed: bool | None = None) -> int:
-        if consumed is None:
-            return int(self.conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0])
-        q = "SELECT COUNT(*) FROM experiences WHERE consumed = ?"
-        return int(self.conn.execute(q, (int(consumed),)).fetchone()[0])
 
     def close(self) -> None:
         self.conn.close()

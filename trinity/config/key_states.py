@@ -280,6 +280,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("explorer.runner_per_model", "concurrent workflow runs per engine"),
     acted("explorer.max_timeout", "workflow timeout"),
     acted("explorer.max_retry_times", "workflow retries"),
+    acted("explorer.max_failure_fraction", "failed tasks dropped up to this share of a step"),
     acted("explorer.eval_interval", "evaluation schedule"),
     acted("explorer.eval_on_startup", "evaluation at step 0"),
     *_model_entries("explorer.rollout_model", rollout=True),

@@ -102,7 +102,17 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         }
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
-    if cfg.mode == "train" and buf is not None:
+    if cfg.mode == "train" and buf is not None and buf.storage_type == "queue":
+        # fed by `mode: explore` processes of the same run: nothing to read now, and no size
+        if cfg.buffer.total_steps is None and cfg.trainer.total_steps is None:
+            report.problems.append(
+                Problem(
+                    "buffer.total_steps",
+                    "mode train reading a queue (filled by mode explore processes) needs a "
+                    "step count: the trainer cannot size a queue that is still being written",
+                )
+            )
+    elif cfg.mode == "train" and buf is not None:
         path = "buffer.trainer_input.experience_buffer"
         problems = _generator_problems(path, buf) if buf.storage_type == "synthetic" else []
         report.problems += problems

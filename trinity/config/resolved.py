@@ -23,6 +23,11 @@ from trinity.config.trainer_config import effective_config as _effective
 # (value, why) chosen for each "best available here" key when it is unset
 BEST_ENGINE = ("transformers", "unset: the vLLM engine is not built, transformers serves rollouts")
 BEST_SYNC = ("memory", "unset: trainer and explorer share one Ray cluster, the object store")
+BEST_SYNC_SPLIT = (
+    "checkpoint",
+    "unset: explorer and trainer run as separate processes (mode explore / train), files "
+    "outlive either of them",
+)
 BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
 
 
@@ -73,7 +78,8 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     engine, engine_src = _chosen(
         cfg.explorer.rollout_model.engine_type, "explorer.rollout_model.engine_type", BEST_ENGINE
     )
-    sync, sync_src = _chosen(cfg.synchronizer.sync_method, "synchronizer.sync_method", BEST_SYNC)
+    best_sync = BEST_SYNC_SPLIT if cfg.mode in ("explore", "train") else BEST_SYNC
+    sync, sync_src = _chosen(cfg.synchronizer.sync_method, "synchronizer.sync_method", best_sync)
     strategy, strategy_src = _chosen(
         cfg.trainer.trainer_strategy, "trainer.trainer_strategy", BEST_STRATEGY
     )

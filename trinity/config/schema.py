@@ -209,6 +209,14 @@ class ExplorerConfig(ConfigSection):
     max_retry_times: int = Field(
         2, ge=0, description="Retries of a failed or timed-out workflow run."
     )
+    max_failure_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="A task that fails every try is dropped and counted; an explore step or "
+        "evaluation in which more than this fraction of tasks failed ends the run with the "
+        "first failure's traceback (0 = any failure does).",
+    )
     eval_interval: int = Field(
         100, ge=0, description="Evaluate every this many explore steps; 0 = never."
     )

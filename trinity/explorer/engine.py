@@ -19,40 +19,20 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
+from trinity.common.rollout import ENGINE, Sample, SamplingParams
 from trinity.explorer.sampling import sample_next
 from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.sync.method import sync_method
+
+__all__ = ["HFRolloutEngine", "Sample", "SamplingParams"]
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample. `n` sequences are drawn per prompt."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 64
-
-
-@dataclass
-class Sample:
-    """One sampled continuation of one prompt."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (eos sampled) or "length" (max_tokens reached)
-    model_version: int
-    info: dict[str, Any] = field(default_factory=dict)
-
-
+@ENGINE.register("transformers")
 class HFRolloutEngine:
     """Batched generation on one transformers model. Thread-compatible, not thread-safe."""
 
@@ -221,15 +201,12 @@ class HFRolloutEngine:
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def update_weights(self, state: dict[str, np.ndarray] | str, version: int) -> int:
-        """Load new weights (a name → array dict, or a safetensors file path); bump the version."""
-        if isinstance(state, str):
-            from safetensors.torch import load_file
+    def update_weights(self, method: str, payload: list[Any], version: int) -> int:
+        """Load the weights a sync method published (`trinity.sync.method`); bump the version."""
+        return self.load_state(sync_method(method).receive(payload), version)
 
-            tensors = load_file(state)
-        else:
-            # object-store arrays are read-only views: copy into tensors the model can own
-            tensors = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()}
+    def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent)."""
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if not _is_tied(self.model, k)]
         if missing or unexpected:

@@ -7,6 +7,8 @@ It never calls the trainer. It meets it through the buffer (experiences out) and
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import statistics
 import time
 import traceback
@@ -16,9 +18,9 @@ from typing import Any
 import ray
 
 from trinity.common.experience import EID, Experience
+from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
-from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.schedule import explorer_syncs_after, weights_version_after_explore_step
@@ -58,13 +60,7 @@ class Explorer:
     async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
         """Start the engines, load tasksets. Returns task counts (for step planning)."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
-        engine_type = resolve(cfg).engine_type  # unset = the best available here
-        if engine_type != "transformers":
-            raise ValueError(
-                f"explorer.rollout_model.engine_type={engine_type!r} is not available yet; "
-                "use 'transformers'"
-            )
-        engine_cls = ray.remote(HFRolloutEngine)
+        engine_cls = ray.remote(engine_class(resolve(cfg).engine_type))  # unset: best available
         self.engines = [
             engine_cls.options(num_cpus=0, name=None).remote(
                 self.model_path,
@@ -104,72 +100,119 @@ class Explorer:
             )
         return {"train_tasks": len(self.train_tasks)}
 
-    def _batches(self) -> Iterator[list[Task]]:
+    def _task_stream(self) -> Iterator[Task]:
+        """The selector's order, task by task (steps take `batch_size`, refills take more)."""
         inp = self.cfg.buffer.explorer_input
         selector_cfg = (inp.taskset or inp.tasksets[0]).data_selector
         selector = make_selector(selector_cfg, default_seed=self.cfg.seed)
-        return selector.batches(
+        batches = selector.batches(
             self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs
         )
+        return itertools.chain.from_iterable(batches)
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def run(self, total_steps: int, sync: bool = True) -> dict[str, Any]:
-        """Explore `total_steps` steps, syncing weights on schedule; then close the buffer.
+    async def run(self, total_steps: int, sync: str = "schedule") -> dict[str, Any]:
+        """Explore `total_steps` steps, syncing weights at the schedule's points; release the buffer.
 
-        `sync=False` (mode explore: no trainer in this run) keeps the starting weights.
+        `sync="schedule"` (mode both): after explore step s the explorer waits for exactly the
+        version the schedule names. `sync="latest"` (mode explore: the trainer, if any, is another
+        process): at the same points it takes whatever newer weights were published, never waits.
 
         1. evaluate at start (`explorer.eval_on_startup`)
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the
            experiences, report metrics, evaluate every `eval_interval` steps
-        3. close the buffer so the trainer drains it and stops
+        3. release the buffer: when its last writer has, the trainer drains it and stops
         """
+        if sync not in ("schedule", "latest"):
+            raise ValueError(f"sync must be 'schedule' or 'latest', got {sync!r}")
         scfg, ecfg = self.cfg.synchronizer, self.cfg.explorer
+        await self.buffer.register_writer.remote(ecfg.name)
         # 1.
         if ecfg.eval_on_startup and self.eval_tasksets:
             await self.evaluate(step=0)
-        batches = self._batches()
+        stream = self._task_stream()
         step = 0
         try:
             for step in range(1, total_steps + 1):
                 # 2.
+                synced: dict[str, float] = {}
                 if step > 1 and explorer_syncs_after(
                     step - 1, scfg.sync_interval, scfg.sync_offset
                 ):
-                    await self.sync_to(
-                        weights_version_after_explore_step(
-                            step - 1, scfg.sync_interval, scfg.sync_offset
+                    if sync == "schedule":
+                        synced = await self.sync_to(
+                            weights_version_after_explore_step(
+                                step - 1, scfg.sync_interval, scfg.sync_offset
+                            )
                         )
-                    )
-                tasks = next(batches, None)
-                if tasks is None:
+                    else:
+                        synced = await self.sync_to_latest()
+                tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
+                if not tasks:
                     break
-                metrics = await self.explore_step(step, tasks)
+                metrics = {**synced, **await self.explore_step(step, tasks, stream)}
                 if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
                     metrics.update(await self.evaluate(step, report=False))
                 await self.hub.put.remote("explorer", self.step_offset + step, metrics)
         finally:
             # 3.
-            await self.buffer.close.remote()
+            await self.buffer.release_writer.remote(ecfg.name)
         return {"explore_steps": step}
 
-    async def explore_step(self, step: int, tasks: list[Task]) -> dict[str, float]:
+    async def explore_step(
+        self, step: int, tasks: list[Task], refill: Iterator[Task] | None = None
+    ) -> dict[str, float]:
+        """Run one step's tasks and write their experiences to the buffer.
+
+        A task dropped after failing every try is replaced by the next task of `refill` (the
+        selector's stream), so every step hands the trainer the same number of experiences:
+        a trainer reading `batch_size * repeat_times` never waits for a short step.
+        """
         t0 = time.perf_counter()
-        per_task = await self._run_tasks(tasks, self._train_params)
+        kept, counts = await self._run_tasks(tasks, self._train_params)
+        target = len(tasks)
+        budget = self.cfg.explorer.max_failure_fraction * target
+        while refill is not None and len(kept) < target:
+            more = list(itertools.islice(refill, target - len(kept)))
+            if not more:
+                break  # the data ran out: a short last step
+            base = len(tasks)
+            tasks = tasks + more
+            extra, extra_counts = await self._run_tasks(
+                more,
+                self._train_params,
+                budget=math.inf,  # counted against the step's budget
+            )
+            kept += [(base + i, exps) for i, exps in extra]
+            counts = {k: counts[k] + extra_counts[k] for k in counts}
+            if counts["failed_tasks"] > budget:
+                raise WorkflowFailed(
+                    f"explore step {step}: {int(counts['failed_tasks'])} tasks failed counting "
+                    "their replacements, more than explorer.max_failure_fraction="
+                    f"{self.cfg.explorer.max_failure_fraction} of the step's {target}"
+                )
         experiences: list[Experience] = []
-        for i, (task, exps) in enumerate(zip(tasks, per_task, strict=True)):
+        for pos, (i, exps) in enumerate(kept):
+            task = tasks[i]
             for e in exps:
+                # the explorer's name in the id: groups of two explorers' step s never mix
                 e.eid = EID(
-                    batch=step, task=i, run=e.eid.run, step=e.eid.step, suffix=task.taskset_name
+                    batch=step,
+                    task=pos,
+                    run=e.eid.run,
+                    step=e.eid.step,
+                    suffix=f"{self.cfg.explorer.name}/{task.taskset_name}",
                 )
                 experiences.append(e)
         if not experiences:
             raise RuntimeError(f"explore step {step}: the workflows returned no experiences")
-        await self.buffer.write.remote(experiences)
+        await self._write(experiences)
         elapsed = time.perf_counter() - t0
         return {
             **rollout_metrics(experiences, prefix="rollout/"),
-            "rollout/tasks": float(len(tasks)),
+            "rollout/tasks": float(len(kept)),
+            **{f"rollout/{k}": v for k, v in counts.items()},
             "rollout/tokens_per_s": sum(e.response_length for e in experiences) / elapsed,
             "rollout/model_version": float(self.client.model_version),
             "timing/explore_step": elapsed,
@@ -182,8 +225,11 @@ class Explorer:
         metrics: dict[str, float] = {}
         for name, tasks in self.eval_tasksets.items():
             t0 = time.perf_counter()
-            per_task = await self._run_tasks(tasks, self._eval_params)
-            exps = [e for es in per_task for e in es]
+            kept, counts = await self._run_tasks(tasks, self._eval_params, f"eval {name!r}")
+            exps = [e for _, es in kept for e in es]
+            if not exps:
+                raise RuntimeError(f"eval {name!r}: the workflows returned no experiences")
+            metrics[f"eval/{name}/failed_tasks"] = counts["failed_tasks"]
             m = rollout_metrics(exps, prefix="")
             acc_key = "accuracy_mean" if "accuracy_mean" in m else "reward_mean"
             metrics[f"eval/{name}/accuracy"] = m[acc_key]
@@ -195,14 +241,53 @@ class Explorer:
             await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
 
-    async def sync_to(self, version: int) -> None:
-        """Wait for the trainer's weights of `version` and load them into every engine."""
+    async def _write(self, experiences: list[Experience], notice_s: float = 30.0) -> None:
+        """Write to the buffer; while it is full (nobody reads), say so every `notice_s` s."""
+        ref = self.buffer.write.remote(experiences)
+        waited = 0.0
+        while True:
+            done, _ = await asyncio.wait([asyncio.wrap_future(ref.future())], timeout=notice_s)
+            if done:
+                done.pop().result()
+                return
+            waited += notice_s
+            print(
+                f"explorer {self.cfg.explorer.name!r}: the experience buffer is full "
+                f"(capacity {self._capacity()}); waited {waited:.0f} s for a trainer to read",
+                flush=True,
+            )
+
+    def _capacity(self) -> int:
+        eb = self.cfg.buffer.trainer_input.experience_buffer
+        return eb.capacity if eb is not None else 10000
+
+    async def sync_to_latest(self) -> dict[str, float]:
+        """Load the newest published weights if they are newer than the engines' (never waits)."""
+        if self.client is None:
+            return {}
+        t0 = time.perf_counter()
+        found = await self.synchronizer.latest.remote(self.client.model_version)
+        if found is None:
+            return {}
+        got, payload = found
+        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        return {"sync/load_s": time.perf_counter() - t0, "sync/pause_s": time.perf_counter() - t0}
+
+    async def sync_to(self, version: int) -> dict[str, float]:
+        """Wait for the trainer's weights of `version` and load them into every engine.
+
+        Returns the pause it caused to rollouts: waiting for the version, then loading it.
+        """
         if version <= 0 or self.client is None or self.client.model_version >= version:
-            return
+            return {}
+        t0 = time.perf_counter()
         got, payload = await self.synchronizer.wait_for.remote(
             version, self.cfg.synchronizer.sync_timeout
         )
-        await self.client.update_weights(payload[0], got)
+        t1 = time.perf_counter()
+        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        t2 = time.perf_counter()
+        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
 
     # -- running workflows ---------------------------------------------------------------------
 
@@ -226,18 +311,54 @@ class Explorer:
             max_tokens=_first(ra.get("max_tokens"), m.max_response_tokens, 64),
         )
 
-    async def _run_tasks(self, tasks: list[Task], params_fn: Any) -> list[list[Experience]]:
+    async def _run_tasks(
+        self,
+        tasks: list[Task],
+        params_fn: Any,
+        what: str = "explore step",
+        budget: float | None = None,
+    ) -> tuple[list[tuple[int, list[Experience]]], dict[str, float]]:
+        """Run every task's workflow concurrently (bounded by `runner_per_model` per engine).
+
+        A task that fails every try (`max_retry_times` retries, each bounded by `max_timeout`)
+        is dropped and counted. When more than `max_failure_fraction` of the tasks fail (or
+        more than `budget` tasks, when given), the step raises with the first failure's tracebacks: a
+        broken workflow fails loudly, a flaky environment does not end a long run. Returns
+        ([(position in `tasks`, its experiences) for each task kept], counts).
+        """
         assert self.client is not None
         ecfg = self.cfg.explorer
         limit = asyncio.Semaphore(max(1, ecfg.runner_per_model * len(self.engines)))
+        counts = {"retries": 0, "timeouts": 0}
 
-        async def one(task: Task) -> list[Experience]:
+        async def one(task: Task) -> list[Experience] | WorkflowFailed:
             async with limit:
-                return await self._run_with_retry(task, params_fn(task))
+                try:
+                    return await self._run_with_retry(task, params_fn(task), counts)
+                except WorkflowFailed as e:
+                    return e
 
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
+        results = list(await asyncio.gather(*(one(t) for t in tasks)))
+        failed = [r for r in results if isinstance(r, WorkflowFailed)]
+        if budget is None:
+            budget = ecfg.max_failure_fraction * len(tasks)
+        if len(failed) > budget:
+            raise WorkflowFailed(
+                f"{what}: {len(failed)} of {len(tasks)} tasks failed, more than "
+                f"explorer.max_failure_fraction={ecfg.max_failure_fraction}. First failure:\n"
+                f"{failed[0]}"
+            )
+        stats = {
+            "failed_tasks": float(len(failed)),
+            "retries": float(counts["retries"]),
+            "timeouts": float(counts["timeouts"]),
+        }
+        kept = [(i, r) for i, r in enumerate(results) if not isinstance(r, WorkflowFailed)]
+        return kept, stats
 
-    async def _run_with_retry(self, task: Task, params: SamplingParams) -> list[Experience]:
+    async def _run_with_retry(
+        self, task: Task, params: SamplingParams, counts: dict[str, int]
+    ) -> list[Experience]:
         ecfg = self.cfg.explorer
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
         workflow_cls = WORKFLOW.get(name)
@@ -246,10 +367,13 @@ class Explorer:
         )
         errors = []
         for attempt in range(ecfg.max_retry_times + 1):
+            if attempt > 0:
+                counts["retries"] += 1
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 return await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
             except TimeoutError:
+                counts["timeouts"] += 1
                 errors.append(f"try {attempt + 1}: timed out after {ecfg.max_timeout}s")
             except Exception:
                 errors.append(f"try {attempt + 1}:\n{traceback.format_exc()}")

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from trinity.explorer.engine import Sample, SamplingParams
+from trinity.common.rollout import Sample, SamplingParams
 
 
 class BatchingClient:
@@ -68,8 +68,10 @@ class BatchingClient:
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self.engines[0].logprobs.remote(tokens)
 
-    async def update_weights(self, payload: Any, version: int) -> None:
-        await asyncio.gather(*(e.update_weights.remote(payload, version) for e in self.engines))
+    async def update_weights(self, method: str, payload: list[Any], version: int) -> None:
+        """Every engine loads the weights `payload` stands for (sync method `method`)."""
+        calls = (e.update_weights.remote(method, payload, version) for e in self.engines)
+        await asyncio.gather(*calls)
         self.model_version = version
 
 

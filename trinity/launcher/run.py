@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import ray
 from rich.console import Console
 
-from trinity.buffer.queue import QueueActor
+from trinity.buffer.storage import storage_class
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
 from trinity.monitor.hub import MetricsHub
@@ -44,12 +45,23 @@ class RunResult:
     seconds: float
 
 
-def init_ray(address: str) -> None:
+def run_namespace(cfg: Any) -> str:
+    """The Ray namespace of a run, `trinity:<project>/<group>/<name>`: its actors' names live
+    there, so two processes of one run (mode explore + mode train) find each other by name and
+    two runs never do."""
+    return "trinity:" + "/".join(p for p in (cfg.project, cfg.group, cfg.name) if p)
+
+
+def init_ray(address: str, namespace: str | None = None) -> None:
     """Join the configured cluster, or start a private local instance.
 
-    `auto` joins a cluster started with `ray start` (or named by RAY_ADDRESS) and otherwise starts
-    a local instance that lives as long as this run. It deliberately does not use Ray's own
-    `address="auto"`, which also attaches to another driver's private instance and dies with it.
+    `auto` joins a cluster started with `ray start` (its address file, or RAY_ADDRESS) and
+    otherwise starts a local instance that lives as long as this run. It deliberately does not
+    use Ray's own `address="auto"`, which also attaches to another driver's private instance and
+    dies with it. A cluster that is named but does not answer (a `ray start --head` that was
+    killed leaves its address file behind) is reported and replaced by a local instance within
+    seconds, instead of Ray retrying the dead address for half a minute and failing. An explicit
+    `ray_address` that does not answer is an error.
     """
     if ray.is_initialized():
         return
@@ -58,11 +70,48 @@ def init_ray(address: str) -> None:
         "include_dashboard": False,
         "logging_level": "ERROR",
         "configure_logging": True,
+        "namespace": namespace,
     }
-    if address == "auto":
-        ray.init(**kwargs)
-    else:
+    if address != "auto":
+        if "://" not in address and not _answers(address):
+            raise ConnectionError(
+                f"cluster.ray_address={address!r}: no Ray cluster answers there "
+                "(start one with `ray start --head`, or use ray_address: auto)"
+            )
         ray.init(address=address, **kwargs)
+        return
+    found, source = _announced_address()
+    if found is not None and "://" not in found and not _answers(found):
+        Console(stderr=True, highlight=False).print(
+            f"[yellow]the Ray cluster at {found} ({source}) does not answer; "
+            "starting a local instance[/]",
+            soft_wrap=True,
+        )
+        ray.init(address="local", **kwargs)
+        return
+    ray.init(**kwargs)
+
+
+def _announced_address() -> tuple[str | None, str]:
+    """The cluster `ray.init()` would join: RAY_ADDRESS, else `ray start`'s address file."""
+    env = os.environ.get("RAY_ADDRESS")
+    if env and env not in ("auto", "local"):
+        return env, "RAY_ADDRESS"
+    from ray._private.utils import get_ray_address_file, read_ray_address
+
+    return read_ray_address(), f"from {get_ray_address_file(None)}"
+
+
+def _answers(address: str, timeout: float = 2.0) -> bool:
+    """Does something accept TCP connections at `host:port` (a Ray GCS, if anything)?"""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def run(config: Any, console: Console | None = None) -> RunResult:
@@ -73,11 +122,12 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
     stages = stage_configs(config)
-    init_ray(config.cluster.ray_address)
+    init_ray(config.cluster.ray_address, run_namespace(config))
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
     types = [types] if isinstance(types, str) else list(types)
-    monitor = Monitor(run_dir, types, console)
+    part = {"explore": f"explorer-{config.explorer.name}", "train": "trainer"}
+    monitor = Monitor(run_dir, types, console, part=part.get(config.mode, ""))
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
@@ -122,47 +172,58 @@ def run_stage(
     explores = mode in ("both", "explore")
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
-    actors: list[Any] = []
-    opts = {"num_cpus": 0, "max_concurrency": 64}
+    eb = cfg.buffer.trainer_input.experience_buffer
+    # mode train reading a queue: the experiences come from `mode: explore` processes
+    reads_queue = mode == "train" and eb is not None and eb.storage_type == "queue"
+    # explore / train as separate processes share the buffer and the synchronizer
+    shared = mode in ("explore", "train")
+    actors: list[Any] = []  # this process's own: killed at the end of the stage
+    attached: list[Any] = []  # shared with other processes of the run: detached when done
+
+    def start(cls: type, role: str, *args: Any, share: bool = False) -> Any:
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64, "name": f"{name}/{role}"}
+        if share:
+            options |= {"get_if_exists": True, "lifetime": "detached"}
+        actor = ray.remote(cls).options(**options).remote(*args)
+        if share:
+            ray.get(actor.attach.remote())
+            attached.append(actor)
+        else:
+            actors.append(actor)
+        return actor
+
     try:
         # 1.
         rcfg = resolve(cfg)
         keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains)
-        sync = ray.remote(SynchronizerActor).options(**opts).remote(rcfg.sync_method, keep)
-        actors.append(sync)
+        if shared:  # an explorer in another process may be loading the previous version
+            keep = max(keep, 2)
+        sync = start(SynchronizerActor, "synchronizer", rcfg.sync_method, keep, share=shared)
         buffer = None
-        if explores:
-            eb = cfg.buffer.trainer_input.experience_buffer
+        if explores or reads_queue:
             buf_name = eb.name if eb and eb.name else "experience_buffer"
             capacity = eb.capacity if eb else 10000
-            buffer = (
-                ray.remote(QueueActor)
-                .options(**opts)
-                .remote(str(stage_dir / "buffer" / f"{buf_name}.db"), capacity)
-            )
-            actors.append(buffer)
+            storage = storage_class(eb.storage_type if eb else "queue")
+            path = str(stage_dir / "buffer" / f"{buf_name}.db")
+            buffer = start(storage, f"buffer/{buf_name}", path, capacity, share=shared)
         explorer = None
         if explores or evaluates:
-            explorer = (
-                ray.remote(Explorer)
-                .options(**opts)
-                .remote(cfg, model_path, buffer, sync, hub, offset)
-            )
-            actors.append(explorer)
+            explorer = start(
+                Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
+                offset,
+            )  # fmt: skip
         trainer = None
         if trains:
-            trainer = (
-                ray.remote(TrainerRunner)
-                .options(**opts)
-                .remote(cfg, model_path, str(stage_dir), buffer, sync, hub, offset)
-            )
-            actors.append(trainer)
+            trainer = start(
+                TrainerRunner, "trainer", cfg, model_path, str(stage_dir), buffer, sync, hub,
+                offset,
+            )  # fmt: skip
         # 2.
         prep = []
         if explorer is not None:
             prep.append(explorer.prepare.remote(with_train_tasks=explores))
         if trainer is not None:
-            prep.append(trainer.prepare.remote(None, use_dataset=not explores))
+            prep.append(trainer.prepare.remote(None, use_dataset=buffer is None))
         sizes: dict[str, int] = {}
         for d in ray.get(prep):
             sizes.update(d)
@@ -177,10 +238,12 @@ def run_stage(
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
         if explores:
-            refs.append(explorer.run.remote(total, sync=trains))
+            # mode both: the exact version the schedule names; explore: the newest, if any
+            refs.append(explorer.run.remote(total, sync="schedule" if trains else "latest"))
         if trainer is not None:
-            # publish only for a consumer: an explorer that syncs; the final evaluation
-            refs.append(trainer.run.remote(total, explores, evaluates))
+            # publish only for a consumer: an explorer that syncs (this process's or, reading a
+            # queue, another's); the final evaluation
+            refs.append(trainer.run.remote(total, explores or reads_queue, evaluates))
         outs = _wait_all(refs, hub, monitor)
         if explores and cfg.explorer.eval_on_startup:
             first = next((r for r in monitor.history if r["step"] == offset), {})
@@ -208,10 +271,18 @@ def run_stage(
     finally:
         for a in actors:
             ray.kill(a)
+        for a in attached:  # the last process of the run to let go ends a shared actor
+            if ray.get(a.detach.remote()) == 0:
+                ray.kill(a)
 
 
 def _plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int:
     explicit = cfg.buffer.total_steps or cfg.trainer.total_steps
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if not explores and eb is not None and eb.storage_type == "queue":
+        if not explicit:  # pre-flight refuses this config
+            raise ValueError("mode train reading a queue needs buffer.total_steps")
+        return int(explicit)
     epochs = cfg.buffer.total_epochs
     if explores:
         n, per_step = sizes.get("train_tasks", 0), cfg.buffer.batch_size

@@ -40,8 +40,13 @@ class Monitor:
         monitor_types: list[str],
         console: Console | None = None,
         progress_bar: bool | None = None,
+        part: str = "",
     ) -> None:
-        """`progress_bar`: None = a bar when the console's file is a terminal, lines otherwise."""
+        """`progress_bar`: None = a bar when the console's file is a terminal, lines otherwise.
+
+        `part`: the process's share of a run split over processes (`mode: explore` / `train`);
+        it writes `metrics.<part>.jsonl` and `tensorboard/<part>/` beside the others'.
+        """
         unsupported = sorted(set(monitor_types) - SUPPORTED)
         if unsupported:
             raise ValueError(
@@ -50,13 +55,13 @@ class Monitor:
             )
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.jsonl_path = run_dir / (f"metrics.{part}.jsonl" if part else "metrics.jsonl")
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self._tb = None
         if "tensorboard" in monitor_types:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard" / part))
         self.console = console or Console(highlight=False)
         self.progress_bar = self.console.is_terminal if progress_bar is None else progress_bar
         self._bar: Progress | None = None

@@ -4,21 +4,20 @@
 
 `sync_method` decides how weights travel, the schedule (`trinity.sync.schedule`) when:
 
-* `memory`: the trainer puts a name → numpy array dict in the Ray object store (numpy, not torch:
-  ~10× cheaper to move between processes) and publishes the ObjectRef; engines read it zero-copy.
-* `checkpoint`: the trainer writes a safetensors file under `<run_dir>/sync/` and publishes its
-  path; engines load it from disk (works across machines sharing a filesystem).
-* `nccl`: a collective broadcast; not built yet, rejected at start-up with a clear error.
+payloads are opaque here: the method's trainer half made them, its engine half reads them, and
+`discard` releases one (`trinity.sync.method`; `memory.py`, `checkpoint.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
+from trinity.common.shared import RefCounted
+from trinity.sync.method import sync_method
 
-class SynchronizerActor:
+
+class SynchronizerActor(RefCounted):
     """Ray actor. `publish` from the trainer, `wait_for` from the explorer.
 
     A published version is kept until an explorer has taken it or a newer one, so an explorer
@@ -29,10 +28,11 @@ class SynchronizerActor:
     asking for a version dropped by that bound gets the next newer one, as for a skipped version.
     """
 
-    def __init__(self, sync_method: str, max_versions: int) -> None:
+    def __init__(self, method: str, max_versions: int) -> None:
         if max_versions < 1:
             raise ValueError(f"max_versions must be >= 1, got {max_versions}")
-        self.sync_method = sync_method
+        self.method_name = method
+        self.method = sync_method(method)
         self.max_versions = max_versions
         self.version = 0
         self._payloads: dict[
@@ -82,8 +82,19 @@ class SynchronizerActor:
             return got, payload
 
     def _discard(self, payload: list[Any]) -> None:
-        if self.sync_method == "checkpoint":
-            Path(payload[0]).unlink(missing_ok=True)
+        self.method.discard(payload)
 
     def latest_version(self) -> int:
         return self.version
+
+    async def latest(self, newer_than: int) -> tuple[int, list[Any]] | None:
+        """The newest published weights if newer than `newer_than`, else None (never waits).
+
+        What an explorer in its own process (`mode: explore`) asks at each sync point: it takes
+        whatever the trainer has published by then.
+        """
+        async with self._cond:
+            if not self._payloads or self.version <= newer_than:
+                return None
+            got = max(self._payloads)
+            return got, self._payloads[got]

@@ -7,9 +7,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -35,17 +32,3 @@ def list_checkpoints(root: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
     return [p for _, p in sorted(found)]
-
-
-def state_dict_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    """Weights as numpy arrays (what moves cheaply through the Ray object store).
-
-    bfloat16 has no numpy dtype: such tensors travel as float32 and are cast back on load.
-    """
-    out = {}
-    for k, v in model.state_dict().items():
-        t = v.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        out[k] = t.numpy().copy()
-    return out

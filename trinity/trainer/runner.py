@@ -8,8 +8,9 @@ from typing import Any
 
 import ray
 
-from trinity.buffer.queue import BufferClosed
+from trinity.buffer.storage import BufferClosed
 from trinity.config.resolved import resolve
+from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.sft_data import DatasetSource
 from trinity.trainer.trainer import Trainer
@@ -35,6 +36,7 @@ class TrainerRunner:
         self.step_offset = step_offset
         self.trainer: Trainer | None = None
         self.dataset: DatasetSource | None = None
+        self.unacked: list[int] = []  # buffer leases read since the last checkpoint
 
     def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
         """Load the model (and the SFT dataset in train mode). Returns the dataset size."""
@@ -82,9 +84,9 @@ class TrainerRunner:
                 metrics["timing/train_wait_buffer"] = wait
                 # 3.
                 if publish_steps and trainer_publishes_after(step, cfg.synchronizer.sync_interval):
-                    self._publish(step)
+                    metrics.update(self._publish(step))
                 if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
-                    last_saved = self.trainer.save_checkpoint(self.stage_dir, step)
+                    last_saved = self._checkpoint(step)
                 ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
         except BaseException as e:
             ray.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
@@ -92,10 +94,19 @@ class TrainerRunner:
         # 4.
         final = last_saved
         if final is None or not final.name.endswith(f"_{step}"):
-            final = self.trainer.save_checkpoint(self.stage_dir, step)
+            final = self._checkpoint(step)
         if publish_final:
             self._publish(step, final=True)
         return {"train_steps": step, "checkpoint": str(final)}
+
+    def _checkpoint(self, step: int) -> Path:
+        """Save a checkpoint, then ack the buffer leases its steps used: they are trained for good."""
+        assert self.trainer is not None
+        path = self.trainer.save_checkpoint(self.stage_dir, step)
+        if self.unacked:
+            ray.get(self.buffer.ack.remote(self.unacked))
+            self.unacked = []
+        return path
 
     def _read(self, n: int) -> list[Any] | None:
         if self.dataset is not None:
@@ -103,7 +114,9 @@ class TrainerRunner:
         timeout = self.cfg.buffer.trainer_input.experience_buffer
         timeout = timeout.max_read_timeout if timeout is not None else 1800.0
         try:
-            return ray.get(self.buffer.read.remote(n, timeout))
+            lease = ray.get(self.buffer.read.remote(n, timeout))
+            self.unacked.append(lease.id)
+            return lease.experiences
         except BufferClosed:
             return None
         except ray.exceptions.RayTaskError as e:
@@ -111,29 +124,15 @@ class TrainerRunner:
                 return None
             raise
 
-    def _publish(self, step: int, final: bool = False) -> None:
+    def _publish(self, step: int, final: bool = False) -> dict[str, float]:
+        """Publish the weights of `step` with the configured sync method's trainer half."""
         assert self.trainer is not None
-        if resolve(self.cfg).sync_method == "checkpoint":
-            from safetensors.torch import save_file
-
-            path = self.stage_dir / "sync" / f"weights_v{step}.safetensors"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            state = {k: v.detach().contiguous() for k, v in self.trainer.model.state_dict().items()}
-            save_file(_untie(state), str(tmp))
-            tmp.rename(path)
-            payload = [str(path)]
-        else:
-            payload = [ray.put(self.trainer.weights_numpy())]
+        t0 = time.perf_counter()
+        state = self.trainer.model.state_dict()
+        method = sync_method(resolve(self.cfg).sync_method)
+        payload = method.send(state, step, self.stage_dir / "sync")
         ray.get(self.synchronizer.publish.remote(step, payload))
-
-
-def _untie(state: dict) -> dict:
-    """safetensors refuses shared storage: copy tensors that alias another entry."""
-    seen: set[int] = set()
-    out = {}
-    for k, v in state.items():
-        ptr = v.data_ptr()
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out
+        return {
+            "sync/publish_s": time.perf_counter() - t0,
+            "sync/bytes": float(state_nbytes(state)),
+        }

@@ -26,7 +26,7 @@ from trinity.common.timer import Timers
 from trinity.config.resolved import effective_config
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.trainer.batch import Batch, collate, micro_batches
-from trinity.trainer.checkpoint import save_hf_checkpoint, state_dict_numpy
+from trinity.trainer.checkpoint import save_hf_checkpoint
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
@@ -236,9 +236,6 @@ class Trainer:
         return t.max_token_len_per_gpu if t.use_dynamic_bsz else None
 
     # -- weights out -------------------------------------------------------------------------
-
-    def weights_numpy(self) -> dict:
-        return state_dict_numpy(self.model)
 
     def save_checkpoint(self, root: Path, step: int) -> Path:
         keep = self.config.trainer.max_checkpoints_to_keep

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
-from trinity.explorer.engine import Sample
+from trinity.common.rollout import Sample
 
 WORKFLOW: Registry[type] = Registry("workflow")
 

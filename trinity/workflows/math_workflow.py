@@ -9,6 +9,7 @@ component is also kept in `Experience.metrics` so the monitor reports it separat
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -32,10 +33,16 @@ class MathWorkflow(Workflow):
         reward_name = task.reward_fn_type or self.default_reward_fn_type
         reward_fn = REWARD_FN.get(reward_name)
         samples = await model.chat(task.to_messages())
+        responses = [model.decode(s.response_ids) for s in samples]
+        # scoring may be CPU-bound (a checker, a sandbox): off the event loop, so the other
+        # workflows' requests keep flowing meanwhile
+        scores = await asyncio.to_thread(
+            lambda: [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
+        )
         experiences = []
-        for run, sample in enumerate(samples):
-            response = model.decode(sample.response_ids)
-            components = reward_fn(response, task.truth, task.raw, **task.reward_fn_args)
+        for run, (sample, response, components) in enumerate(
+            zip(samples, responses, scores, strict=True)
+        ):
             experiences.append(
                 Experience(
                     tokens=torch.tensor(sample.prompt_ids + sample.response_ids),

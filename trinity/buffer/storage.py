@@ -1,0 +1,81 @@
+"""The experience-storage contract: how explorers hand experiences to a trainer, exactly once.
+
+    buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
+
+`ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type`; a storage is
+built as `cls(path, capacity)` (`path`: its durable file, or None for memory only) and runs as a
+named Ray actor, so explorers and trainers in other processes meet in it.
+
+Exactly once. `read` hands experiences out under a *lease*; the trainer `ack`s a lease only once
+the train step that used it is durably checkpointed. A lease never acked (the trainer crashed
+between reading and its next checkpoint) is handed out again after a restart, and a rolled-back
+trainer retrains it from that checkpoint: nothing is lost, nothing is trained twice.
+
+Ending. Each writer (explorer) `register_writer`s itself and `release_writer`s when done; the
+storage is closed when every registered writer has released it, so the first explorer to finish
+does not end the run for the others. Readers then drain what is left and see `BufferClosed`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from trinity.common.experience import Experience
+from trinity.common.registry import Registry
+
+
+class BufferClosed(Exception):
+    """Raised by `read` when every writer is done and nothing is left."""
+
+
+@dataclass
+class Lease:
+    """Experiences handed to one reader; `ack([id])` once their train step is checkpointed."""
+
+    id: int
+    experiences: list[Experience]
+
+
+@runtime_checkable
+class ExperienceStorage(Protocol):
+    async def write(self, experiences: list[Experience]) -> int:
+        """Append (blocking while at capacity); returns the number waiting to be read."""
+        ...
+
+    async def read(
+        self, n: int, timeout: float | None = None, min_version: int | None = None
+    ) -> Lease:
+        """The next `n` experiences under a new lease (fewer only once writers are done)."""
+        ...
+
+    async def ack(self, lease_ids: list[int]) -> None:
+        """The train steps that used these leases are durably checkpointed: consumed for good."""
+        ...
+
+    async def register_writer(self, writer: str) -> None: ...
+
+    async def release_writer(self, writer: str) -> None: ...
+
+    async def close(self) -> None:
+        """End writing now, whoever is registered."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Counts: written, trained, pending, leased, dropped, trained_twice."""
+        ...
+
+
+STORAGE: Registry[type] = Registry("storage_type")
+
+# storage_type -> the module whose import registers it (imported on first use)
+STORAGE_MODULES = {"queue": "trinity.buffer.queue"}
+
+
+def storage_class(storage_type: str) -> type:
+    """The registered storage class for `storage_type` (importing its module on first use)."""
+    if storage_type not in STORAGE:  # register them all, so a miss lists every valid name
+        for module in STORAGE_MODULES.values():
+            importlib.import_module(module)
+    return STORAGE.get(storage_type)

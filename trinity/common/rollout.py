@@ -1,0 +1,79 @@
+"""The rollout-engine contract: what workflows and the explorer may rely on, whatever the engine.
+
+    explorer.rollout_model: {engine_type: transformers, engine_num: 2}
+
+`RolloutEngine` is a Protocol and `ENGINE` its registry keyed by `engine_type`. This module imports
+no engine: workflows and the request batcher depend on it alone, and an engine module registers
+itself (`trinity/explorer/engine.py` is `transformers`, the portable one). A new engine (vLLM) is a
+new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE_MODULES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from trinity.common.registry import Registry
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `n` sequences are drawn per prompt."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+
+
+@dataclass
+class Sample:
+    """One sampled continuation of one prompt."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (eos sampled) or "length" (max_tokens reached)
+    model_version: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Batched sampling with per-token logprobs on versioned weights (one Ray actor each).
+
+    Constructed as `cls(model_path, *, dtype, seed, max_batch_size, max_model_len, num_threads,
+    custom_chat_template)`.
+    """
+
+    model_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """`params.n` samples per prompt (token ids in, token ids + logprobs out)."""
+        ...
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        """Logprob of tokens[1:] given their prefixes."""
+        ...
+
+    def update_weights(self, method: str, payload: list[Any], version: int) -> int:
+        """Load weights published with sync method `method` (`trinity.sync.methods`)."""
+        ...
+
+    def get_stats(self) -> dict[str, float]: ...
+
+
+ENGINE: Registry[type] = Registry("engine_type")
+
+# engine_type -> the module whose import registers it (imported on first use)
+ENGINE_MODULES = {"transformers": "trinity.explorer.engine"}
+
+
+def engine_class(engine_type: str) -> type:
+    """The registered engine class for `engine_type` (importing its module on first use)."""
+    if engine_type not in ENGINE:  # register them all, so a miss lists every valid name
+        for module in ENGINE_MODULES.values():
+            importlib.import_module(module)
+    return ENGINE.get(engine_type)

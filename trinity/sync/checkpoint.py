@@ -1,0 +1,44 @@
+"""`sync_method: checkpoint`: weights as a versioned safetensors file under `<run_dir>/sync/`.
+
+Works wherever trainer and engines share a filesystem (several machines on a shared disk). The
+file is written under a temporary name and renamed, so an engine never reads half a file; it is
+deleted when the synchronizer drops its version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from trinity.sync.method import SYNC_METHOD
+
+
+@SYNC_METHOD.register("checkpoint")
+class CheckpointSync:
+    def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
+        path = Path(sync_dir) / f"weights_v{version}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file(_untie({k: v.detach().contiguous() for k, v in state.items()}), str(tmp))
+        tmp.rename(path)
+        return [str(path)]
+
+    def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
+        return load_file(payload[0])
+
+    def discard(self, payload: list[Any]) -> None:
+        Path(payload[0]).unlink(missing_ok=True)
+
+
+def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storage: copy tensors that alias another entry."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out

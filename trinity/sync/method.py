@@ -1,0 +1,61 @@
+"""The weight-sync contract: how weights travel from the trainer to the rollout engines.
+
+    synchronizer: {sync_method: memory}     # or checkpoint
+
+A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_method` name:
+
+* `send` (trainer half): turn the trainer's weights into a small picklable payload that the
+  synchronizer holds for the explorer (an object-store reference, a file path, ...);
+* `receive` (engine half): turn that payload back into a name -> tensor dict in the engine;
+* `discard` (synchronizer): release what a payload holds once no explorer can still ask for it.
+
+The synchronizer and the explorer only pass payloads along; neither knows how a method works.
+A new transport (a collective broadcast) is one new module in `sync/` and a line in
+`SYNC_METHOD_MODULES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from trinity.common.registry import Registry
+
+
+@runtime_checkable
+class SyncMethod(Protocol):
+    def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
+        """Trainer half: publish `state` (the trainer's weights of `version`) as a payload."""
+        ...
+
+    def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
+        """Engine half: the weights a payload stands for, as tensors the engine may own."""
+        ...
+
+    def discard(self, payload: list[Any]) -> None:
+        """Release a payload nobody will take (the synchronizer's version window moved on)."""
+        ...
+
+
+SYNC_METHOD: Registry[type] = Registry("sync_method")
+
+SYNC_METHOD_MODULES = {
+    "memory": "trinity.sync.memory",
+    "checkpoint": "trinity.sync.checkpoint",
+}
+
+
+def sync_method(name: str) -> SyncMethod:
+    """An instance of the registered method `name` (importing its module on first use)."""
+    if name not in SYNC_METHOD:  # register them all, so a miss lists every valid name
+        for module in SYNC_METHOD_MODULES.values():
+            importlib.import_module(module)
+    return SYNC_METHOD.get(name)()
+
+
+def state_nbytes(state: dict[str, torch.Tensor]) -> int:
+    """Bytes of a state dict's tensors (what one sync moves)."""
+    return sum(t.numel() * t.element_size() for t in state.values())
