@@ -126,8 +126,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
     types = [types] if isinstance(types, str) else list(types)
-    part = {"explore": f"explorer-{config.explorer.name}", "train": "trainer"}
-    monitor = Monitor(run_dir, types, console, part=part.get(config.mode, ""))
+    monitor = Monitor(run_dir, types, console, part=_run_part(config))
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
@@ -274,6 +273,17 @@ def run_stage(
         for a in attached:  # the last process of the run to let go ends a shared actor
             if ray.get(a.detach.remote()) == 0:
                 ray.kill(a)
+
+
+def _run_part(cfg: Any) -> str:
+    """This process's share of a run split over processes ("" for a whole run): mode explore,
+    or mode train reading a queue that explore processes fill. Names its metrics file."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if cfg.mode == "explore":
+        return f"explorer-{cfg.explorer.name}"
+    if cfg.mode == "train" and eb is not None and eb.storage_type == "queue":
+        return "trainer"
+    return ""
 
 
 def _plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int:
