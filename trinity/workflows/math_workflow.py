@@ -9,7 +9,6 @@ component is also kept in `Experience.metrics` so the monitor reports it separat
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import torch
@@ -34,11 +33,9 @@ class MathWorkflow(Workflow):
         reward_fn = REWARD_FN.get(reward_name)
         samples = await model.chat(task.to_messages())
         responses = [model.decode(s.response_ids) for s in samples]
-        # scoring may be CPU-bound (a checker, a sandbox): off the event loop, so the other
-        # workflows' requests keep flowing meanwhile
-        scores = await asyncio.to_thread(
-            lambda: [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
-        )
+        # scored on the event loop, not in a thread: a thread's finishing time would decide how
+        # the next requests are batched, and with it which samples a seed draws
+        scores = [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
         experiences = []
         for run, (sample, response, components) in enumerate(
             zip(samples, responses, scores, strict=True)
