@@ -112,15 +112,23 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
     }  # fmt: skip
 
 
-def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
-    pkg = tmp_path / "userpkg"
+def user_module(tmp_path: Path, package: str, module: str, source: str) -> None:
+    """Write `tmp_path/package/module.py` (a user's workflow package) with `source`."""
+    pkg = tmp_path / package
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "boom.py").write_text(
+    (pkg / f"{module}.py").write_text(source)
+
+
+def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
+    user_module(
+        tmp_path,
+        "userpkg",
+        "boom",
         "from trinity.workflows import Workflow\n"
         "class Boom(Workflow):\n"
         "    async def run(self, task, model):\n"
-        "        raise ValueError('kaboom from the user workflow')\n"
+        "        raise ValueError('kaboom from the user workflow')\n",
     )
     cfg = grpo_config(tmp_path, tiny_model_dir, extra="")
     text = cfg.read_text().replace(
@@ -219,16 +227,16 @@ def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_mo
 def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir):
     # a flaky environment: every 5th task raises. Up to max_failure_fraction of a step may fail;
     # each dropped task is replaced by the next one, so every step still trains on 4 tasks
-    pkg = tmp_path / "flakypkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "flaky.py").write_text(
+    user_module(
+        tmp_path,
+        "flakypkg",
+        "flaky",
         "from trinity.workflows.math_workflow import MathWorkflow\n"
         "class Flaky(MathWorkflow):\n"
         "    async def run(self, task, model):\n"
         "        if task.index % 5 == 0:\n"
         "            raise RuntimeError('flaky environment')\n"
-        "        return await super().run(task, model)\n"
+        "        return await super().run(task, model)\n",
     )
     cfg = grpo_config(tmp_path, tiny_model_dir)
     r = run_trinity(

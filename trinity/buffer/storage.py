@@ -18,7 +18,6 @@ does not end the run for the others. Readers then drain what is left and see `Bu
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -67,15 +66,9 @@ class ExperienceStorage(Protocol):
         ...
 
 
-STORAGE: Registry[type] = Registry("storage_type")
-
-# storage_type -> the module whose import registers it (imported on first use)
-STORAGE_MODULES = {"queue": "trinity.buffer.queue"}
+STORAGE: Registry[type] = Registry("storage_type", modules={"queue": "trinity.buffer.queue"})
 
 
 def storage_class(storage_type: str) -> type:
     """The registered storage class for `storage_type` (importing its module on first use)."""
-    if storage_type not in STORAGE:  # register them all, so a miss lists every valid name
-        for module in STORAGE_MODULES.values():
-            importlib.import_module(module)
     return STORAGE.get(storage_type)

@@ -29,9 +29,12 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, modules: dict[str, str] | None = None) -> None:
+        """`modules`: name -> the module whose import registers it, imported on first use (so
+        a registry can name implementations whose modules are heavy or optional)."""
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._modules = dict(modules or {})
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -43,6 +46,9 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        if name not in self._items:  # import them all, so a miss lists every valid name
+            for module in self._modules.values():
+                importlib.import_module(module)
         if name in self._items:
             return self._items[name]
         if "." in name:

@@ -5,12 +5,11 @@
 `RolloutEngine` is a Protocol and `ENGINE` its registry keyed by `engine_type`. This module imports
 no engine: workflows and the request batcher depend on it alone, and an engine module registers
 itself (`trinity/explorer/engine.py` is `transformers`, the portable one). A new engine (vLLM) is a
-new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE_MODULES`.
+new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE`'s `modules`.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,15 +64,11 @@ class RolloutEngine(Protocol):
     def get_stats(self) -> dict[str, float]: ...
 
 
-ENGINE: Registry[type] = Registry("engine_type")
-
-# engine_type -> the module whose import registers it (imported on first use)
-ENGINE_MODULES = {"transformers": "trinity.explorer.engine"}
+ENGINE: Registry[type] = Registry(
+    "engine_type", modules={"transformers": "trinity.explorer.engine"}
+)
 
 
 def engine_class(engine_type: str) -> type:
     """The registered engine class for `engine_type` (importing its module on first use)."""
-    if engine_type not in ENGINE:  # register them all, so a miss lists every valid name
-        for module in ENGINE_MODULES.values():
-            importlib.import_module(module)
     return ENGINE.get(engine_type)

@@ -11,12 +11,11 @@ A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_
 
 The synchronizer and the explorer only pass payloads along; neither knows how a method works.
 A new transport (a collective broadcast) is one new module in `sync/` and a line in
-`SYNC_METHOD_MODULES`.
+`SYNC_METHOD`'s `modules`.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -40,19 +39,14 @@ class SyncMethod(Protocol):
         ...
 
 
-SYNC_METHOD: Registry[type] = Registry("sync_method")
-
-SYNC_METHOD_MODULES = {
-    "memory": "trinity.sync.memory",
-    "checkpoint": "trinity.sync.checkpoint",
-}
+SYNC_METHOD: Registry[type] = Registry(
+    "sync_method",
+    modules={"memory": "trinity.sync.memory", "checkpoint": "trinity.sync.checkpoint"},
+)
 
 
 def sync_method(name: str) -> SyncMethod:
     """An instance of the registered method `name` (importing its module on first use)."""
-    if name not in SYNC_METHOD:  # register them all, so a miss lists every valid name
-        for module in SYNC_METHOD_MODULES.values():
-            importlib.import_module(module)
     return SYNC_METHOD.get(name)()
 
 
