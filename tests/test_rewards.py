@@ -14,6 +14,7 @@ countdown = REWARD_FN.get("countdown_reward")
 math_reward = REWARD_FN.get("math_reward")
 format_reward = REWARD_FN.get("format_reward")
 math_with_format = REWARD_FN.get("math_with_format")
+exact_match = REWARD_FN.get("exact_match")
 
 GSM8K_TRUTH = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
@@ -28,6 +29,7 @@ def test_registry_names():
         "math_reward",
         "format_reward",
         "math_with_format",
+        "exact_match",
     } <= set(REWARD_FN.names())
     with pytest.raises(KeyError, match="Did you mean 'math_reward'"):
         REWARD_FN.get("math_rewrd")
@@ -60,6 +62,25 @@ def test_arithmetic_reward(response, truth, accuracy):
 def test_arithmetic_reward_needs_truth():
     with pytest.raises(ValueError, match="response_key"):
         arithmetic("3", None, {})
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "accuracy"),
+    [
+        ("05", "05", 1.0),
+        (" 05\n", "05", 1.0),  # surrounding whitespace does not count
+        ("5", "05", 0.0),  # the spelling counts, not the value (arithmetic_reward would take it)
+        ("050", "05", 0.0),
+        ("0 5", "05", 0.0),
+        ("", "05", 0.0),
+        ("", " ", 1.0),
+    ],
+)
+def test_exact_match(response, truth, accuracy):
+    assert exact_match(response, truth, {}) == {"accuracy": accuracy}
+    assert arithmetic("5", "05", {}) == {"accuracy": 1.0}  # where the two differ
+    with pytest.raises(ValueError, match="response_key"):
+        exact_match("05", None, {})
 
 
 RAW = {"numbers": [3, 5, 7], "target": 22}

@@ -110,6 +110,15 @@ def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("mode", "buffer.explorer_input.eval_tasksets")
+def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
+    if cfg.mode == "bench" and not cfg.stages and not cfg.buffer.explorer_input.eval_tasksets:
+        yield Problem(
+            "buffer.explorer_input.eval_tasksets",
+            "mode 'bench' evaluates checkpoints on the eval tasksets: set at least one",
+        )
+
+
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     inp = cfg.buffer.explorer_input

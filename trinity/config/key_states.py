@@ -216,8 +216,8 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted(
         "mode",
         "which loops run",
-        refused=("bench", "serve"),
-        refused_reason="modes bench (evaluate checkpoints) and serve",
+        refused=("serve",),
+        refused_reason="mode serve (the OpenAI-compatible endpoint)",
     ),
     acted("project", "the run folder <checkpoint_root_dir>/<project>/<name>"),
     acted("name", "the run folder <checkpoint_root_dir>/<project>/<name>"),
@@ -291,7 +291,7 @@ KEY_STATES: tuple[KeyState, ...] = (
         "all samples of a task run in one workflow call here; splitting them over runners "
         "changes scheduling, not results",
     ),
-    not_built("explorer.bench_on_latest_checkpoint", "mode bench"),
+    acted("explorer.bench_on_latest_checkpoint", "mode bench: only the newest checkpoint"),
     # synchronizer
     acted(
         "synchronizer.sync_method",

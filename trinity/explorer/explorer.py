@@ -261,6 +261,11 @@ class Explorer:
         eb = self.cfg.buffer.trainer_input.experience_buffer
         return eb.capacity if eb is not None else 10000
 
+    async def load_weights(self, path: str, version: int) -> None:
+        """Load a saved checkpoint (a Hugging Face folder) into every engine as `version`."""
+        assert self.client is not None, "prepare() first"
+        await self.client.update_weights("checkpoint", [path], version)
+
     async def sync_to_latest(self) -> dict[str, float]:
         """Load the newest published weights if they are newer than the engines' (never waits)."""
         if self.client is None:

@@ -20,6 +20,7 @@ from rich.console import Console
 from trinity.buffer.storage import storage_class
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.explorer.explorer import Explorer
+from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import versions_to_keep
@@ -43,6 +44,7 @@ class RunResult:
     run_dir: Path
     stages: list[StageResult]
     seconds: float
+    metrics_file: str = "metrics.jsonl"
 
 
 def run_namespace(cfg: Any) -> str:
@@ -122,6 +124,8 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
     stages = stage_configs(config)
+    if config.mode == "bench" and config.stages:  # bench the run its stages wrote
+        stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
     init_ray(config.cluster.ray_address, run_namespace(config))
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
@@ -144,7 +148,12 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     finally:
         monitor.close()
         ray.kill(hub)
-    result = RunResult(run_dir=run_dir, stages=results, seconds=time.perf_counter() - t0)
+    result = RunResult(
+        run_dir=run_dir,
+        stages=results,
+        seconds=time.perf_counter() - t0,
+        metrics_file=monitor.jsonl_path.name,
+    )
     print_summary(result, console)
     return result
 
@@ -168,6 +177,8 @@ def run_stage(
     """
     t0 = time.perf_counter()
     mode = cfg.mode
+    if mode == "bench":
+        return run_bench(cfg, name, model_path, hub, monitor)
     explores = mode in ("both", "explore")
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
@@ -275,10 +286,51 @@ def run_stage(
                 ray.kill(a)
 
 
+def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) -> StageResult:
+    """Mode bench (`trinity.launcher.bench`): one evaluation per checkpoint, then a table."""
+    t0 = time.perf_counter()
+    if not cfg.buffer.explorer_input.eval_tasksets:  # pre-flight refuses this for a plain config
+        raise ValueError("mode bench: the last stage has no eval_tasksets to evaluate on")
+    run_dir = Path(resolve(cfg).run_dir)
+    points, what = bench_points(cfg, run_dir, model_path)
+    monitor.console.print(what, soft_wrap=True)
+    explorer = (
+        ray.remote(Explorer)
+        .options(num_cpus=0, max_concurrency=64, name=f"{name}/explorer/{cfg.explorer.name}")
+        .remote(cfg, model_path, None, None, hub, 0)
+    )
+    try:
+        ray.get(explorer.prepare.remote(with_train_tasks=False))
+        monitor.begin_stage(name, {"bench"}, points[-1].step, first_step=0)
+        rows = []
+        for i, p in enumerate(points):
+            if i > 0 or p.step > 0:  # the engines start with model.model_path loaded
+                ray.get(explorer.load_weights.remote(p.path, p.step))
+            metrics = _wait(explorer.evaluate.remote(p.step, source="bench"), hub, monitor)
+            rows.append({"checkpoint": p.label, "step": p.step, **_accuracies(metrics)})
+        monitor.end_stage()
+    finally:
+        ray.kill(explorer)
+    path, table = write_table(run_dir, rows)
+    monitor.console.print(table, markup=False, highlight=False, soft_wrap=True)
+    monitor.console.print(f"bench results: {path}", soft_wrap=True)
+    return StageResult(
+        name=name,
+        mode="bench",
+        steps=0,
+        checkpoint=None,
+        eval_start={k: v for k, v in rows[0].items() if k.endswith("/accuracy")},
+        eval_end={k: v for k, v in rows[-1].items() if k.endswith("/accuracy")},
+        seconds=time.perf_counter() - t0,
+    )
+
+
 def _run_part(cfg: Any) -> str:
     """This process's share of a run split over processes ("" for a whole run): mode explore,
     or mode train reading a queue that explore processes fill. Names its metrics file."""
     eb = cfg.buffer.trainer_input.experience_buffer
+    if cfg.mode == "bench":
+        return "bench"
     if cfg.mode == "explore":
         return f"explorer-{cfg.explorer.name}"
     if cfg.mode == "train" and eb is not None and eb.storage_type == "queue":
@@ -345,4 +397,6 @@ def print_summary(result: RunResult, console: Console) -> None:
         if s.checkpoint:
             console.print(f"  checkpoint: {s.checkpoint}")
     console.print(f"wall time {result.seconds:.1f} s")
-    console.print(f"outputs   {result.run_dir} (metrics.jsonl, tensorboard/)")
+    console.print(
+        f"outputs   {result.run_dir} ({result.metrics_file}, tensorboard/)", soft_wrap=True
+    )

@@ -4,13 +4,15 @@
     components = REWARD_FN.get("math_reward")(response, task.truth, task.raw, **task.reward_fn_args)
     reward = sum(components.values())
 
-Built in: arithmetic_reward, countdown_reward, math_reward, format_reward, math_with_format.
+Built in: arithmetic_reward, countdown_reward, exact_match, math_reward, format_reward,
+math_with_format.
 A dotted path (`my_pkg.rewards.my_fn`) loads a user's function.
 """
 
 from trinity.rewards.arithmetic import arithmetic_reward, last_number
 from trinity.rewards.base import REWARD_FN, RewardFn, needs_truth
 from trinity.rewards.countdown import countdown_reward, parse_expression
+from trinity.rewards.exact_match import exact_match
 from trinity.rewards.math_answer import (
     DEFAULT_FORMAT_PATTERN,
     answers_match,
@@ -27,6 +29,7 @@ __all__ = [
     "answers_match",
     "arithmetic_reward",
     "countdown_reward",
+    "exact_match",
     "extract_answer",
     "format_reward",
     "last_number",

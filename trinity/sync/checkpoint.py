@@ -2,7 +2,9 @@
 
 Works wherever trainer and engines share a filesystem (several machines on a shared disk). The
 file is written under a temporary name and renamed, so an engine never reads half a file; it is
-deleted when the synchronizer drops its version.
+deleted when the synchronizer drops its version. The engine half also reads a Hugging Face
+checkpoint directory (every `*.safetensors` shard in it), which is how `mode: bench` loads a
+run's saved checkpoints.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ class CheckpointSync:
         return [str(path)]
 
     def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
-        return load_file(payload[0])
+        path = Path(payload[0])
+        if not path.is_dir():
+            return load_file(str(path))
+        shards = sorted(path.glob("*.safetensors"))
+        if not shards:
+            raise FileNotFoundError(f"{path}: no *.safetensors weights in this checkpoint")
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(shard)))
+        return state
 
     def discard(self, payload: list[Any]) -> None:
         Path(payload[0]).unlink(missing_ok=True)

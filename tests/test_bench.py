@@ -1,0 +1,74 @@
+"""Mode bench: a run's saved checkpoints evaluated one by one, without touching the run's metrics."""
+
+import json
+import os
+
+from test_e2e import grpo_config, run_trinity
+
+from trinity.launcher.bench import find_checkpoints
+
+
+def _records(path):
+    return {json.loads(x)["step"]: json.loads(x) for x in path.read_text().splitlines()}
+
+
+def test_checkpoints_of_a_staged_run_are_numbered_run_wide(tmp_path):
+    run = tmp_path / "run"
+    # stage "sft" ran first (steps 1..100), then "grpo" (steps 1..30): names sort the other way
+    for stage, steps, t in (("sft", (50, 100), 1000), ("grpo", (10, 30), 2000)):
+        for s in steps:
+            d = run / stage / f"global_step_{s}"
+            d.mkdir(parents=True)
+            os.utime(d, (t + s, t + s))
+    (run / "sft" / "buffer").mkdir()  # other folders are not checkpoints
+    (run / "grpo" / "global_step_x").mkdir()
+    points = find_checkpoints(run)
+    assert [(p.label, p.step) for p in points] == [
+        ("sft/global_step_50", 50),
+        ("sft/global_step_100", 100),
+        ("grpo/global_step_10", 110),  # grpo's step 10 follows sft's last step, 100
+        ("grpo/global_step_30", 130),
+    ]
+    assert find_checkpoints(tmp_path / "missing") == []
+
+
+def test_bench_evaluates_every_checkpoint_as_the_training_run_did(tmp_path, tiny_model_dir):
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    r = run_trinity(cfg, overrides=["trainer.save_interval=1"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    trained = (run_dir / "metrics.jsonl").read_text()
+
+    r = run_trinity(cfg, overrides=["mode=bench"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads((run_dir / "bench.json").read_text())
+    assert [(row["checkpoint"], row["step"]) for row in rows] == [
+        (f"{tiny_model_dir} (model.model_path)", 0),  # explorer.eval_on_startup (default true)
+        ("global_step_1", 1),
+        ("global_step_2", 2),
+        ("global_step_3", 3),
+    ]
+    assert "global_step_3" in r.stdout and "bench.json" in r.stdout  # the printed table
+    assert (run_dir / "metrics.jsonl").read_text() == trained  # the run's metrics untouched
+    # greedy evaluation is deterministic: the base model and the final weights score exactly as
+    # the training run's start and final evaluations did
+    train, bench = _records(run_dir / "metrics.jsonl"), _records(run_dir / "metrics.bench.jsonl")
+    assert sorted(bench) == [0, 1, 2, 3]
+    for step in (0, 3):
+        for key in ("eval/add_eval/accuracy", "eval/add_eval/response_length"):
+            assert bench[step][key] == train[step][key], (step, key)
+    # the checkpoints were loaded, not the start model evaluated four times
+    lengths = {bench[s]["eval/add_eval/response_length"] for s in (0, 1, 2, 3)}
+    assert len(lengths) > 1, lengths
+
+    r = run_trinity(
+        cfg,
+        overrides=[
+            "mode=bench",
+            "explorer.bench_on_latest_checkpoint=true",
+            "explorer.eval_on_startup=false",
+        ],
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads((run_dir / "bench.json").read_text())
+    assert [(row["checkpoint"], row["step"]) for row in rows] == [("global_step_3", 3)]
