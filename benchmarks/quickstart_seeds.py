@@ -44,6 +44,7 @@ def run_seed(seed: int, work: Path, threads: int | None) -> dict:
     cmd += ["--set", f"seed={seed}"]
     if threads:
         cmd += ["--set", f"trainer.num_threads={threads}"]
+        cmd += ["--set", f"explorer.rollout_model.num_threads={threads}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0

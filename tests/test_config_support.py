@@ -87,7 +87,6 @@ def test_refusals_name_the_key_and_feature() -> None:
 def test_not_applicable_keys_are_noted_when_set_with_reason() -> None:
     cfg = TrinityConfig.model_validate(
         {
-            "continue_from_checkpoint": True,
             "explorer": {"rollout_model": {"gpu_memory_utilization": 0.9}},
             "buffer": {
                 "explorer_input": {
@@ -103,7 +102,6 @@ def test_not_applicable_keys_are_noted_when_set_with_reason() -> None:
     notes = not_applicable_notes(cfg)
     assert not_built_problems(cfg) == []
     joined = "\n".join(notes)
-    assert "continue_from_checkpoint: not applicable here (resume is not built yet" in joined
     # set to its default value, still noted: the key has no effect either way
     assert "explorer.rollout_model.gpu_memory_utilization: not applicable here (vLLM" in joined
     assert "tasksets[1].data_selector" in joined and "tasksets[0].data_selector" not in joined

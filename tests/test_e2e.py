@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -98,6 +99,12 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
     moved = max(float((after[k] - before[k]).abs().max()) for k in before)
     assert moved > 1e-4
     assert "summary" in r.stdout and str(run_dir) in r.stdout.replace("\n", "")
+    # trainer and engine each reserve half the free cores and, taking turns, use them all
+    line = next(x for x in r.stdout.splitlines() if x.startswith("resources:"))
+    assert re.fullmatch(
+        r"resources: trainer ([\d.]+) CPU \((\d+) threads\); each engine \1 CPU \(\2 threads\)",
+        line,
+    ), line
     # every experience written was trained once and acked at the final checkpoint
     cfg = tmp_path / "grpo.yaml"
     stats = subprocess.run(

@@ -38,6 +38,12 @@ class InferenceModelConfig(ConfigSection):
     max_batch_size: int = Field(
         256, ge=1, description="Sequences per generate call (unit: sequences)."
     )
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads of each engine replica; None = its share of the free "
+        "cores (trinity.common.resources).",
+    )
     use_v1: bool = Field(True, description="vLLM: use the V1 engine.")
     enforce_eager: bool = Field(True, description="vLLM: no CUDA graphs (eager mode).")
     enable_prefix_caching: bool = Field(False, description="vLLM: reuse KV cache of prefixes.")

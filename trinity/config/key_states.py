@@ -185,6 +185,7 @@ def _model_entries(p: str, rollout: bool) -> list[KeyState]:
         acted(f"{p}.dtype", "engine weight dtype"),
         acted(f"{p}.seed", "engine sampling seed"),
         acted(f"{p}.max_batch_size", "sequences per generate call"),
+        acted(f"{p}.num_threads", "torch threads of each engine (unset: its share of the cores)"),
         not_built(f"{p}.enable_openai_api", "the OpenAI-compatible endpoint"),
         not_built(f"{p}.enable_history", "recording model calls for workflows"),
         acted(f"{p}.enable_thinking", "chat templates of rollout prompts (overrides model.*)"),
@@ -223,11 +224,10 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("name", "the run folder <checkpoint_root_dir>/<project>/<name>"),
     acted("checkpoint_root_dir", "the run folder <checkpoint_root_dir>/<project>/<name>"),
     not_applicable("group", f"run group {_WANDB}"),
-    not_applicable(
+    acted(
         "continue_from_checkpoint",
-        "resume is not built yet: a run starts from model.model_path and an existing run folder "
-        "is not resumed. Noted rather than refused because true is Trinity-RFT's default and "
-        "behaves like false on a fresh run folder",
+        "run_folder.py: false gives a folder in use a fresh <name>_<timestamp>; true on a folder "
+        "holding a run is refused by pre-flight while resuming is not built",
     ),
     acted("seed", "torch seed of the trainer"),
     acted("stage_name", "set by stage_configs()"),
@@ -262,9 +262,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     # cluster
     acted("cluster.ray_address", "ray.init"),
     not_built("cluster.node_num", "multi-node runs", inert=(None, 1)),
-    not_applicable(
-        "cluster.gpu_per_node", "the trainer uses one device: the GPU when there is one, else CPU"
-    ),
+    acted("cluster.gpu_per_node", "at most this many GPUs are reserved for trainer and engines"),
     # buffer
     acted("buffer.batch_size", "tasks per explore step"),
     acted("buffer.train_batch_size", "experiences per train step"),

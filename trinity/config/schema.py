@@ -194,7 +194,9 @@ class ClusterConfig(ConfigSection):
         None, ge=1, description="Number of nodes; None = detected from the Ray cluster."
     )
     gpu_per_node: int | None = Field(
-        None, ge=0, description="GPUs per node; None = detected from the Ray cluster."
+        None,
+        ge=0,
+        description="GPUs the run may use on the node; None = every GPU the Ray cluster has.",
     )
 
 
@@ -324,7 +326,10 @@ class TrainerConfig(ConfigSection):
     )
     dtype: Dtype = Field("auto", description="Training dtype of the weights.")
     num_threads: int | None = Field(
-        None, ge=1, description="torch CPU threads; None = torch's default."
+        None,
+        ge=1,
+        description="torch CPU threads of the trainer; None = its share of the free cores "
+        "(trinity.common.resources).",
     )
     logprob_chunk_size: int = Field(
         1024, ge=1, description="Tokens whose logits are materialised at once (unit: tokens)."
@@ -432,7 +437,9 @@ class TrinityConfig(ConfigSection):
         "./checkpoints", description="Root folder of everything runs write."
     )
     continue_from_checkpoint: bool = Field(
-        False, description="Resume from the latest checkpoint in the run folder."
+        False,
+        description="true: resume the run in the run folder (not built yet: a folder holding a "
+        "run is refused); false: a folder in use gives this run a fresh <name>_<timestamp>.",
     )
     seed: int = Field(
         42,

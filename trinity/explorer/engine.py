@@ -48,7 +48,7 @@ class HFRolloutEngine:
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
     ) -> None:
-        # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU: choose explicitly
+        # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         path = resolve_model_path(model_path)

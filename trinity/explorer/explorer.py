@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import statistics
 import time
 import traceback
@@ -18,6 +19,7 @@ from typing import Any
 import ray
 
 from trinity.common.experience import EID, Experience
+from trinity.common.resources import Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
@@ -41,8 +43,12 @@ class Explorer:
         synchronizer: Any,
         hub: Any,
         step_offset: int = 0,
+        engine_share: Share | None = None,
     ) -> None:
+        """`engine_share`: what each engine reserves and its threads (the launcher's resource
+        plan); None = no reservation, every core."""
         self.cfg = config
+        self.engine_share = engine_share
         self.model_path = resolve_model_path(model_path)
         self.buffer = buffer
         self.synchronizer = synchronizer
@@ -61,14 +67,15 @@ class Explorer:
         """Start the engines, load tasksets. Returns task counts (for step planning)."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
         engine_cls = ray.remote(engine_class(resolve(cfg).engine_type))  # unset: best available
+        share = self.engine_share or Share(0, 0, rm.num_threads or os.cpu_count() or 1)
         self.engines = [
-            engine_cls.options(num_cpus=0, name=None).remote(
+            engine_cls.options(num_cpus=share.num_cpus, num_gpus=share.num_gpus).remote(
                 self.model_path,
                 dtype=rm.dtype,
                 seed=seeds.engine_seed(cfg, i),
                 max_batch_size=rm.max_batch_size,
                 max_model_len=cfg.model.max_model_len,
-                num_threads=cfg.trainer.num_threads,
+                num_threads=share.threads,
                 custom_chat_template=cfg.model.custom_chat_template,
             )
             for i in range(rm.engine_num)

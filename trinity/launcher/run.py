@@ -18,7 +18,9 @@ import ray
 from rich.console import Console
 
 from trinity.buffer.storage import storage_class
+from trinity.common.resources import ResourcePlan, plan_resources
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
+from trinity.config.run_folder import fresh_name, has_content, joins_existing_run
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.hub import MetricsHub
@@ -123,6 +125,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     """
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
+    config = _fresh_folder_unless_continuing(config, console)
     stages = stage_configs(config)
     if config.mode == "bench" and config.stages:  # bench the run its stages wrote
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
@@ -158,6 +161,20 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     return result
 
 
+def _fresh_folder_unless_continuing(config: Any, console: Console) -> Any:
+    """`continue_from_checkpoint: false` on a folder in use: run as `<name>_<timestamp>`."""
+    run_dir = Path(resolve(config).run_dir)
+    if config.continue_from_checkpoint or joins_existing_run(config) or not has_content(run_dir):
+        return config
+    name = fresh_name(config.name)
+    console.print(
+        f"[yellow]{run_dir} is in use by an earlier run (continue_from_checkpoint: false): "
+        f"this run is named {name!r}[/]",
+        soft_wrap=True,
+    )
+    return config.model_copy(update={"name": name})
+
+
 def run_stage(
     cfg: Any,
     name: str,
@@ -190,8 +207,9 @@ def run_stage(
     actors: list[Any] = []  # this process's own: killed at the end of the stage
     attached: list[Any] = []  # shared with other processes of the run: detached when done
 
-    def start(cls: type, role: str, *args: Any, share: bool = False) -> Any:
+    def start(cls: type, role: str, *args: Any, share: bool = False, **resources: float) -> Any:
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64, "name": f"{name}/{role}"}
+        options |= resources
         if share:
             options |= {"get_if_exists": True, "lifetime": "detached"}
         actor = ray.remote(cls).options(**options).remote(*args)
@@ -216,17 +234,26 @@ def run_stage(
             storage = storage_class(eb.storage_type if eb else "queue")
             path = str(stage_dir / "buffer" / f"{buf_name}.db")
             buffer = start(storage, f"buffer/{buf_name}", path, capacity, share=shared)
+        # trainer and engines alternate in on-policy lockstep, and in a train stage from a
+        # dataset (whose engines only evaluate before and after training)
+        lockstep = (mode == "train" and not reads_queue) or (
+            mode == "both" and rcfg.sync_interval == 1 and rcfg.sync_offset == 0
+        )
+        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, shared)
+        monitor.console.print(plan.describe(), soft_wrap=True)
         explorer = None
         if explores or evaluates:
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
-                offset,
+                offset, plan.engine,
             )  # fmt: skip
         trainer = None
         if trains:
+            assert plan.trainer is not None
             trainer = start(
                 TrainerRunner, "trainer", cfg, model_path, str(stage_dir), buffer, sync, hub,
-                offset,
+                offset, plan.trainer.threads,
+                num_cpus=plan.trainer.num_cpus, num_gpus=plan.trainer.num_gpus,
             )  # fmt: skip
         # 2.
         prep = []
@@ -294,10 +321,12 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
     run_dir = Path(resolve(cfg).run_dir)
     points, what = bench_points(cfg, run_dir, model_path)
     monitor.console.print(what, soft_wrap=True)
+    plan = _resource_plan(cfg, trains=False, has_engines=True, lockstep=True)
+    monitor.console.print(plan.describe(), soft_wrap=True)
     explorer = (
         ray.remote(Explorer)
         .options(num_cpus=0, max_concurrency=64, name=f"{name}/explorer/{cfg.explorer.name}")
-        .remote(cfg, model_path, None, None, hub, 0)
+        .remote(cfg, model_path, None, None, hub, 0, plan.engine)
     )
     try:
         ray.get(explorer.prepare.remote(with_train_tasks=False))
@@ -322,6 +351,29 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
         eval_start={k: v for k, v in rows[0].items() if k.endswith("/accuracy")},
         eval_end={k: v for k, v in rows[-1].items() if k.endswith("/accuracy")},
         seconds=time.perf_counter() - t0,
+    )
+
+
+def _resource_plan(
+    cfg: Any, trains: bool, has_engines: bool, lockstep: bool, shared: bool = False
+) -> ResourcePlan:
+    """Shares of what Ray has free now, or of half the cluster for a process of a split run
+    (`trinity.common.resources`)."""
+    have = ray.cluster_resources() if shared else ray.available_resources()
+    part = 0.5 if shared else 1.0
+    gpus = have.get("GPU", 0.0)
+    if cfg.cluster.gpu_per_node is not None:
+        gpus = min(gpus, cfg.cluster.gpu_per_node)
+    rm = cfg.explorer.rollout_model
+    return plan_resources(
+        part * have.get("CPU", 0.0),
+        part * gpus,
+        trainer=trains,
+        engines=rm.engine_num if has_engines else 0,
+        lockstep=lockstep,
+        trainer_threads=cfg.trainer.num_threads,
+        engine_threads=rm.num_threads,
+        reserve_cpus=not shared,
     )
 
 

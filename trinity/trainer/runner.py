@@ -26,8 +26,10 @@ class TrainerRunner:
         synchronizer: Any,
         hub: Any,
         step_offset: int,
+        num_threads: int | None = None,
     ) -> None:
         self.cfg = config
+        self.num_threads = num_threads
         self.model_path = model_path
         self.stage_dir = Path(stage_dir)
         self.buffer = buffer
@@ -67,7 +69,7 @@ class TrainerRunner:
         4. at the end: final checkpoint, publish the final weights for the last evaluation
         """
         cfg = self.cfg
-        self.trainer = Trainer(cfg, self.model_path, total_steps)
+        self.trainer = Trainer(cfg, self.model_path, total_steps, self.num_threads)
         n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
         step, last_saved = 0, None
         try:

@@ -35,11 +35,15 @@ ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy
 
 
 class Trainer:
-    def __init__(self, config: Any, model_path: str, total_steps: int) -> None:
+    def __init__(
+        self, config: Any, model_path: str, total_steps: int, num_threads: int | None = None
+    ) -> None:
+        """`num_threads`: torch threads (the launcher's resource plan); None =
+        `trainer.num_threads`, else every core."""
         config = effective_config(config)  # trainer.trainer_config (verl) values in unset keys
         tcfg = config.trainer
-        # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU: choose explicitly
-        torch.set_num_threads(tcfg.num_threads or os.cpu_count() or 1)
+        # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
+        torch.set_num_threads(num_threads or tcfg.num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.seed)
         self.config = config
         self.algo = resolve_algorithm(config.algorithm)
