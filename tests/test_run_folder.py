@@ -1,7 +1,11 @@
 """A run folder that already holds a run: a fresh suffixed folder, or a clear refusal to resume."""
 
+import json
+import textwrap
 from datetime import datetime
 
+import torch
+from safetensors.torch import load_file
 from test_e2e import grpo_config, run_trinity
 from typer.testing import CliRunner
 
@@ -43,9 +47,8 @@ def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(tmp_path, tiny_
     assert len(steps) == 4  # steps 0 (eval on start-up), 1, 2, 3
 
     # continue_from_checkpoint: true cannot resume yet: refused up front, by both verbs
-    problems = run_folder_problems(
-        load_config(cfg, ["continue_from_checkpoint=true"]), root / "grpo"
-    )
+    resuming = load_config(cfg, ["continue_from_checkpoint=true"])
+    problems = run_folder_problems(resuming, [resuming], root / "grpo")
     assert [p.path for p in problems] == ["continue_from_checkpoint"]
     assert "1 checkpoint(s), 1 experience buffer(s)" in problems[0].message
     for verb in ("validate", "run"):
@@ -53,5 +56,69 @@ def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(tmp_path, tiny_
             app, [verb, "--config", str(cfg), "--set", "continue_from_checkpoint=true"]
         )
         assert r.exit_code == 2, r.output
-        assert "resuming it is not built yet" in " ".join(r.output.split())
+        assert "resuming a run that explores (stage main) is not built yet" in " ".join(
+            r.output.split()
+        )
     assert len(list(root.iterdir())) == 2  # nothing started
+
+
+def sft_config(tmp_path, model_dir, total_steps: int):
+    cfg = tmp_path / f"sft_{total_steps}.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        project: e2e
+        name: sft
+        mode: train
+        checkpoint_root_dir: {tmp_path / "ckpt"}
+        model: {{model_path: {model_dir}, max_response_tokens: 4}}
+        algorithm:
+          algorithm_type: sft
+          optimizer: {{lr: 1.0e-3, lr_warmup_steps: 0, lr_scheduler_type: constant}}
+        buffer:
+          train_batch_size: 8
+          total_epochs: 3
+          total_steps: {total_steps}
+          trainer_input:
+            experience_buffer:
+              name: sft_data
+              storage_type: synthetic
+              path: arithmetic
+              generator_args: {{digits: 2, num_tasks: 40}}
+              format: {{prompt_key: question, response_key: answer}}
+        trainer: {{micro_batch_size_per_gpu: 8, use_dynamic_bsz: false, save_interval: 2}}
+        monitor: {{monitor_type: jsonl}}
+        """)
+    )
+    return cfg
+
+
+def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, tiny_model_dir):
+    # uninterrupted: 6 steps
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    r = run_trinity(sft_config(whole, tiny_model_dir, 6))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # interrupted after the checkpoint of step 4, then resumed to 6 (40 rows / 8 = 5 batches an
+    # epoch: the resumed run crosses an epoch boundary in the dataset order)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    r = run_trinity(sft_config(cut, tiny_model_dir, 4))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = run_trinity(sft_config(cut, tiny_model_dir, 6), overrides=["continue_from_checkpoint=true"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming stage main from" in r.stdout
+    a, b = whole / "ckpt" / "e2e" / "sft", cut / "ckpt" / "e2e" / "sft"
+    assert sorted(p.name for p in (cut / "ckpt" / "e2e").iterdir()) == ["sft"]  # same folder
+    wa = load_file(a / "global_step_6" / "model.safetensors")
+    wb = load_file(b / "global_step_6" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:  # optimizer moments, lr schedule and data order all carried over
+        assert torch.equal(wa[k], wb[k]), k
+
+    def losses(run_dir):
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
+
+    whole_losses, cut_losses = losses(a), losses(b)
+    assert sorted(cut_losses) == [1, 2, 3, 4, 5, 6]  # each step logged once, in one file
+    assert cut_losses == whole_losses

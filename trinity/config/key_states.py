@@ -226,8 +226,8 @@ KEY_STATES: tuple[KeyState, ...] = (
     not_applicable("group", f"run group {_WANDB}"),
     acted(
         "continue_from_checkpoint",
-        "run_folder.py: false gives a folder in use a fresh <name>_<timestamp>; true on a folder "
-        "holding a run is refused by pre-flight while resuming is not built",
+        "run_folder.py: false gives a folder in use a fresh <name>_<timestamp>; true resumes "
+        "train stages from their newest checkpoint (runs that explore: refused, not built)",
     ),
     acted("seed", "torch seed of the trainer"),
     acted("stage_name", "set by stage_configs()"),

@@ -60,7 +60,7 @@ def preflight(cfg: TrinityConfig) -> PreflightReport:
     """
     data_cache: dict[str, _Loaded] = {}
     report = _check_one(cfg, data_cache)
-    report.problems += run_folder_problems(cfg, Path(resolve(cfg).run_dir))
+    report.problems += run_folder_problems(cfg, stage_configs(cfg), Path(resolve(cfg).run_dir))
     if cfg.stages:
         seen = {(p.path, p.message) for p in report.problems}
         for i, stage in enumerate(stage_configs(cfg)):

@@ -438,8 +438,9 @@ class TrinityConfig(ConfigSection):
     )
     continue_from_checkpoint: bool = Field(
         False,
-        description="true: resume the run in the run folder (not built yet: a folder holding a "
-        "run is refused); false: a folder in use gives this run a fresh <name>_<timestamp>.",
+        description="true: resume the run in the run folder (train stages; runs that explore "
+        "are refused, not built yet); false: a folder in use gives this run a fresh "
+        "<name>_<timestamp>.",
     )
     seed: int = Field(
         42,

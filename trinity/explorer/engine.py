@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from trinity.common.rollout import ENGINE, Sample, SamplingParams
 from trinity.explorer.sampling import sample_next
 from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
 
 __all__ = ["HFRolloutEngine", "Sample", "SamplingParams"]
@@ -207,13 +208,7 @@ class HFRolloutEngine:
 
     def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
         """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent)."""
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        missing = [k for k in missing if not _is_tied(self.model, k)]
-        if missing or unexpected:
-            raise RuntimeError(
-                f"weight update v{version} does not match the rollout model: "
-                f"missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
+        load_weights(self.model, tensors, f"weight update v{version}")
         self.model_version = version
         return version
 
@@ -228,10 +223,3 @@ class HFRolloutEngine:
 
     def get_stats(self) -> dict[str, float]:
         return dict(self.stats)
-
-
-def _is_tied(model: torch.nn.Module, key: str) -> bool:
-    """True when `key` is the output embedding tied to the input embedding (not in state dicts)."""
-    return bool(getattr(model.config, "tie_word_embeddings", False)) and key.endswith(
-        "lm_head.weight"
-    )

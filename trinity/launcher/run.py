@@ -27,6 +27,7 @@ from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
+from trinity.trainer.checkpoint import latest_resumable
 from trinity.trainer.runner import TrainerRunner
 
 
@@ -144,7 +145,10 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             stage_dir = run_dir if len(stages) == 1 else run_dir / name
             console.print(f"[bold cyan]stage {name}[/] mode={cfg.mode} model={model_path}")
             console.print(format_batch_table(resolve(cfg)), markup=False, highlight=False)
-            res = run_stage(cfg, name, model_path, stage_dir, hub, monitor, offset)
+            resume = latest_resumable(stage_dir) if config.continue_from_checkpoint else None
+            if resume is not None:
+                console.print(f"resuming stage {name} from {resume}", soft_wrap=True)
+            res = run_stage(cfg, name, model_path, stage_dir, hub, monitor, offset, resume)
             results.append(res)
             model_path = res.checkpoint or model_path
             offset += res.steps
@@ -183,8 +187,9 @@ def run_stage(
     hub: Any,
     monitor: Monitor,
     offset: int,
+    resume: Path | None = None,
 ) -> StageResult:
-    """One stage.
+    """One stage (`resume`: a checkpoint of it to continue from, mode train only).
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -196,6 +201,8 @@ def run_stage(
     mode = cfg.mode
     if mode == "bench":
         return run_bench(cfg, name, model_path, hub, monitor)
+    if resume is not None and mode != "train":  # pre-flight refuses this config
+        raise ValueError(f"resuming a mode {mode} stage is not built yet")
     explores = mode in ("both", "explore")
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
@@ -271,7 +278,7 @@ def run_stage(
         )
         # 3.
         eval_start: dict[str, float] = {}
-        if explorer is not None and not explores and cfg.explorer.eval_on_startup:
+        if explorer is not None and not explores and cfg.explorer.eval_on_startup and not resume:
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
         if explores:
@@ -280,7 +287,11 @@ def run_stage(
         if trainer is not None:
             # publish only for a consumer: an explorer that syncs (this process's or, reading a
             # queue, another's); the final evaluation
-            refs.append(trainer.run.remote(total, explores or reads_queue, evaluates))
+            refs.append(
+                trainer.run.remote(
+                    total, explores or reads_queue, evaluates, str(resume) if resume else None
+                )
+            )
         outs = _wait_all(refs, hub, monitor)
         if explores and cfg.explorer.eval_on_startup:
             first = next((r for r in monitor.history if r["step"] == offset), {})

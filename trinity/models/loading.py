@@ -172,3 +172,17 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> An
     p = _check_model_dir(path, "load_model")
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype, device))
     return model.to(device).eval()
+
+
+def load_weights(model: Any, tensors: dict[str, Any], what: str) -> None:
+    """Load a name -> tensor dict into `model`; only a tied output embedding may be absent.
+
+    Raises RuntimeError naming `what` (the weights' origin) when names do not match.
+    """
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{what} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )

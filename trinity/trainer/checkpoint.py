@@ -1,4 +1,8 @@
-"""Checkpoints as plain Hugging Face directories: `<run_dir>/global_step_N/`."""
+"""Checkpoints as plain Hugging Face directories: `<run_dir>/global_step_N/`.
+
+Beside the weights, `trainer_state.pt` holds what resuming needs and `transformers` ignores:
+optimizer and lr-scheduler state, RNG states, the step.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,32 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
-def save_hf_checkpoint(model: Any, tokenizer: Any, root: Path, step: int, keep: int | None) -> Path:
-    """Write `root/global_step_<step>` atomically and prune to the newest `keep` checkpoints."""
+TRAINER_STATE = "trainer_state.pt"
+
+
+def save_hf_checkpoint(
+    model: Any,
+    tokenizer: Any,
+    root: Path,
+    step: int,
+    keep: int | None,
+    trainer_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write `root/global_step_<step>` atomically (with `trainer_state.pt` when given) and prune
+    to the newest `keep` checkpoints."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
     tmp = root / f".global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER_STATE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if keep is not None and keep > 0:
@@ -32,3 +51,9 @@ def list_checkpoints(root: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def latest_resumable(root: Path) -> Path | None:
+    """The newest checkpoint under `root` that holds a trainer state, if any."""
+    found = [c for c in list_checkpoints(root) if (c / TRAINER_STATE).is_file()]
+    return found[-1] if found else None

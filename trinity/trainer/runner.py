@@ -55,7 +55,11 @@ class TrainerRunner:
         return {"dataset_size": size}
 
     def run(
-        self, total_steps: int, publish_steps: bool = True, publish_final: bool = True
+        self,
+        total_steps: int,
+        publish_steps: bool = True,
+        publish_final: bool = True,
+        resume_from: str | None = None,
     ) -> dict[str, Any]:
         """Train up to `total_steps` steps or until the data runs out.
 
@@ -67,11 +71,19 @@ class TrainerRunner:
         2. train step
         3. publish weights on schedule, checkpoint every `save_interval` steps, report metrics
         4. at the end: final checkpoint, publish the final weights for the last evaluation
+
+        `resume_from`: a checkpoint of this stage (with its trainer state) to continue from: its
+        weights, optimizer, scheduler, RNG and step; the dataset skips the batches it trained.
         """
         cfg = self.cfg
         self.trainer = Trainer(cfg, self.model_path, total_steps, self.num_threads)
         n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
         step, last_saved = 0, None
+        if resume_from is not None:
+            step = int(self.trainer.resume(Path(resume_from))["step"])
+            last_saved = Path(resume_from)
+            if self.dataset is not None:
+                self.dataset.skip(step)  # one batch per train step
         try:
             while step < total_steps:
                 # 1.

@@ -88,6 +88,11 @@ class DatasetSource:
     def __len__(self) -> int:
         return len(self.experiences)
 
+    def skip(self, batches: int) -> None:
+        """Pass over the first `batches` batches (a resumed run trained on them already)."""
+        for _ in range(batches):
+            next(self._iter, None)
+
     def read(self, n: int) -> list[Experience] | None:
         """The next batch, or None when the epochs are done (`n` is fixed by the config)."""
         return next(self._iter, None)

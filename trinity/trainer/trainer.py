@@ -25,8 +25,9 @@ from trinity.common.experience import Experience
 from trinity.common.timer import Timers
 from trinity.config.resolved import effective_config
 from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models.loading import load_weights
 from trinity.trainer.batch import Batch, collate, micro_batches
-from trinity.trainer.checkpoint import save_hf_checkpoint
+from trinity.trainer.checkpoint import TRAINER_STATE, save_hf_checkpoint
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
@@ -241,9 +242,37 @@ class Trainer:
 
     # -- weights out -------------------------------------------------------------------------
 
-    def save_checkpoint(self, root: Path, step: int) -> Path:
+    def save_checkpoint(self, root: Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+        """Weights plus the trainer state that resuming needs (`extra`: the caller's own)."""
         keep = self.config.trainer.max_checkpoints_to_keep
-        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep)
+        state = {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            **(extra or {}),
+        }
+        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep, state)
+
+    def resume(self, checkpoint: Path) -> dict[str, Any]:
+        """Load weights, optimizer, scheduler and RNG states saved by `save_checkpoint`.
+
+        The model was built from the run's start model (so the reference model, if any, stays
+        that one); the checkpoint's weights replace the policy's. Returns the saved state.
+        """
+        from trinity.sync.method import sync_method
+
+        tensors = sync_method("checkpoint").receive([str(checkpoint)])
+        load_weights(self.model, tensors, str(checkpoint))
+        state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.step = int(state["step"])
+        return state
 
 
 def outcome_token_rewards(
