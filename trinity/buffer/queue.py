@@ -15,7 +15,7 @@ import collections
 from pathlib import Path
 
 from trinity.buffer.sqlite_log import SQLiteLog
-from trinity.buffer.storage import STORAGE, BufferClosed, Lease
+from trinity.buffer.storage import STORAGE, BufferClosed, Cursor, Lease
 from trinity.common.experience import Experience
 from trinity.common.shared import RefCounted
 
@@ -34,6 +34,7 @@ class QueueStorage(RefCounted):
         self._writers: set[str] = set()
         self._released: set[str] = set()
         self._next_local_id = -1
+        self._cursors: dict[str, Cursor] = {}  # memory only (no log)
         self._next_lease = 1
         if self.log is not None:
             self._items.extend(self.log.recover())
@@ -41,15 +42,18 @@ class QueueStorage(RefCounted):
         self.written = 0
         self.read_count = 0
 
-    async def write(self, experiences: list[Experience]) -> int:
-        """Append experiences (blocks while the queue is at capacity). Returns the queue size."""
+    async def write(self, experiences: list[Experience], cursor: Cursor | None = None) -> int:
+        """Append experiences (blocks while the queue is at capacity), with the writer's cursor
+        in the same transaction. Returns the queue size."""
         async with self._cond:
             await self._cond.wait_for(lambda: len(self._items) < self.capacity or self._closed)
             if self._closed:
                 raise BufferClosed("write to a closed buffer")
             if self.log is not None:
-                ids = self.log.append(experiences)
+                ids = self.log.append(experiences, cursor)
             else:
+                if cursor is not None:
+                    self._cursors[cursor.explorer] = cursor
                 ids = list(range(self._next_local_id, self._next_local_id - len(experiences), -1))
                 self._next_local_id -= len(experiences)
             self._items.extend(zip(ids, experiences, strict=True))
@@ -90,6 +94,11 @@ class QueueStorage(RefCounted):
             self.read_count += len(taken)
             self._cond.notify_all()
             return Lease(lease, [e for _, e in taken])
+
+    async def cursor(self, explorer: str) -> Cursor | None:
+        if self.log is not None:
+            return self.log.cursor(explorer)
+        return self._cursors.get(explorer)
 
     async def ack(self, lease_ids: list[int]) -> None:
         unknown = [i for i in lease_ids if i not in self._leases]

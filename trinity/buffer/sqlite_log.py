@@ -10,6 +10,10 @@ Each written experience is one row with a state:
 `acks` counts how often a row was acked: above 1 means it was trained twice (never, by design;
 `trinity buffer stats` reports it so a user can check). On start-up the pending and leased rows,
 in write order, are the storage's content.
+
+`explorer_cursor` holds, per explorer, the last explore step written and how many tasks its
+task stream had handed out by then, in the same transaction as that step's experiences: a
+resumed explorer continues after exactly what the buffer holds.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+from trinity.buffer.storage import Cursor
 from trinity.common.experience import Experience
 
 PENDING, LEASED, TRAINED, DROPPED = 0, 1, 2, 3
@@ -34,6 +39,11 @@ CREATE TABLE IF NOT EXISTS experience_log (
 );
 CREATE INDEX IF NOT EXISTS idx_state ON experience_log(state, id);
 CREATE INDEX IF NOT EXISTS idx_lease ON experience_log(lease);
+CREATE TABLE IF NOT EXISTS explorer_cursor (
+    explorer TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    tasks INTEGER NOT NULL
+);
 """
 
 
@@ -51,7 +61,8 @@ class SQLiteLog:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
 
-    def append(self, experiences: list[Experience]) -> list[int]:
+    def append(self, experiences: list[Experience], cursor: Cursor | None = None) -> list[int]:
+        """Insert the rows and, in the same transaction, move the writer's cursor."""
         rows = [(e.model_version, e.reward, json.dumps(e.to_dict())) for e in experiences]
         ids = []
         with self.conn:
@@ -62,7 +73,19 @@ class SQLiteLog:
                     row,
                 )
                 ids.append(int(cur.lastrowid))
+            if cursor is not None:
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) "
+                    "VALUES (?, ?, ?)",
+                    (cursor.explorer, cursor.step, cursor.tasks),
+                )
         return ids
+
+    def cursor(self, explorer: str) -> Cursor | None:
+        row = self.conn.execute(
+            "SELECT step, tasks FROM explorer_cursor WHERE explorer = ?", (explorer,)
+        ).fetchone()
+        return Cursor(explorer, int(row[0]), int(row[1])) if row else None
 
     def lease(self, ids: list[int], lease: int) -> None:
         self._set(ids, "state = 1, lease = ?", (lease,))

@@ -11,6 +11,9 @@ the train step that used it is durably checkpointed. A lease never acked (the tr
 between reading and its next checkpoint) is handed out again after a restart, and a rolled-back
 trainer retrains it from that checkpoint: nothing is lost, nothing is trained twice.
 
+Resuming. A write carries the explorer's cursor (`Cursor`) and a durable storage keeps it with
+the experiences, so a restarted explorer continues after exactly what the storage holds.
+
 Ending. Each writer (explorer) `register_writer`s itself and `release_writer`s when done; the
 storage is closed when every registered writer has released it, so the first explorer to finish
 does not end the run for the others. Readers then drain what is left and see `BufferClosed`.
@@ -37,10 +40,25 @@ class Lease:
     experiences: list[Experience]
 
 
+@dataclass(frozen=True)
+class Cursor:
+    """Where an explorer stands: its last explore step written, and the tasks its task stream
+    had handed out by then (a step's failed tasks are replaced, so not `step * batch_size`)."""
+
+    explorer: str
+    step: int
+    tasks: int
+
+
 @runtime_checkable
 class ExperienceStorage(Protocol):
-    async def write(self, experiences: list[Experience]) -> int:
-        """Append (blocking while at capacity); returns the number waiting to be read."""
+    async def write(self, experiences: list[Experience], cursor: Cursor | None = None) -> int:
+        """Append (blocking while at capacity), durably together with the writer's `cursor`;
+        returns the number waiting to be read."""
+        ...
+
+    async def cursor(self, explorer: str) -> Cursor | None:
+        """The explorer's cursor as of its last write (None: it never wrote)."""
         ...
 
     async def read(

@@ -227,7 +227,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted(
         "continue_from_checkpoint",
         "run_folder.py: false gives a folder in use a fresh <name>_<timestamp>; true resumes "
-        "train stages from their newest checkpoint (runs that explore: refused, not built)",
+        "trainer, explorers and buffer from the folder",
     ),
     acted("seed", "torch seed of the trainer"),
     acted("stage_name", "set by stage_configs()"),

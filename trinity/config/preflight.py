@@ -14,9 +14,7 @@ base config and every stage (problems located under `stages[i].`):
 4. model folders exist (`tiny://` URLs only have to parse: they are built on first use);
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
-   reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
-6. the run folder: `continue_from_checkpoint: true` on a folder that holds a previous run is
-   refused while resuming is not built (`run_folder.py`).
+   reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted.
 
     report = preflight(cfg)
     report.problems  # list[Problem]; any = exit 2 with nothing started
@@ -30,14 +28,11 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
 from trinity.config.loader import stage_configs
 from trinity.config.problems import Problem, suggest
-from trinity.config.resolved import resolve
-from trinity.config.run_folder import run_folder_problems
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
 
@@ -60,7 +55,6 @@ def preflight(cfg: TrinityConfig) -> PreflightReport:
     """
     data_cache: dict[str, _Loaded] = {}
     report = _check_one(cfg, data_cache)
-    report.problems += run_folder_problems(cfg, stage_configs(cfg), Path(resolve(cfg).run_dir))
     if cfg.stages:
         seen = {(p.path, p.message) for p in report.problems}
         for i, stage in enumerate(stage_configs(cfg)):

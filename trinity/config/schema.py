@@ -438,9 +438,8 @@ class TrinityConfig(ConfigSection):
     )
     continue_from_checkpoint: bool = Field(
         False,
-        description="true: resume the run in the run folder (train stages; runs that explore "
-        "are refused, not built yet); false: a folder in use gives this run a fresh "
-        "<name>_<timestamp>.",
+        description="true: resume the run in the run folder (trainer, explorers, buffer); "
+        "false: a folder in use gives this run a fresh <name>_<timestamp>.",
     )
     seed: int = Field(
         42,

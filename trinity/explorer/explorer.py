@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.resources import Share
 from trinity.common.rollout import SamplingParams, engine_class
@@ -28,6 +29,18 @@ from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.schedule import explorer_syncs_after, weights_version_after_explore_step
 from trinity.tasks import Task, load_taskset, make_selector
 from trinity.workflows import WORKFLOW
+
+
+class _Counting(Iterator[Task]):
+    """An iterator that counts the items it handed out (`taken`)."""
+
+    def __init__(self, items: Iterator[Task]) -> None:
+        self.items, self.taken = items, 0
+
+    def __next__(self) -> Task:
+        item = next(self.items)
+        self.taken += 1
+        return item
 
 
 class WorkflowFailed(RuntimeError):
@@ -60,6 +73,7 @@ class Explorer:
         self.train_tasks: list[Task] = []
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
+        self._stream: _Counting | None = None  # the run's task stream, counting what it handed out
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -119,7 +133,13 @@ class Explorer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def run(self, total_steps: int, sync: str = "schedule") -> dict[str, Any]:
+    async def run(
+        self,
+        total_steps: int,
+        sync: str = "schedule",
+        start: Cursor | None = None,
+        weights: tuple[str, int] | None = None,
+    ) -> dict[str, Any]:
         """Explore `total_steps` steps, syncing weights at the schedule's points; release the buffer.
 
         `sync="schedule"` (mode both): after explore step s the explorer waits for exactly the
@@ -130,41 +150,49 @@ class Explorer:
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the
            experiences, report metrics, evaluate every `eval_interval` steps
         3. release the buffer: when its last writer has, the trainer drains it and stops
+
+        Resuming (`start`: this explorer's cursor in the buffer): the task stream skips the tasks
+        it handed out, steps continue after `start.step`, and there is no start-up evaluation;
+        `weights` (a checkpoint and its version: the trainer's resumed one) are loaded first.
         """
         if sync not in ("schedule", "latest"):
             raise ValueError(f"sync must be 'schedule' or 'latest', got {sync!r}")
         scfg, ecfg = self.cfg.synchronizer, self.cfg.explorer
         await self.buffer.register_writer.remote(ecfg.name)
         # 1.
-        if ecfg.eval_on_startup and self.eval_tasksets:
+        if ecfg.eval_on_startup and self.eval_tasksets and start is None:
             await self.evaluate(step=0)
-        stream = self._task_stream()
-        step = 0
-        try:
-            for step in range(1, total_steps + 1):
-                # 2.
-                synced: dict[str, float] = {}
-                if step > 1 and explorer_syncs_after(
-                    step - 1, scfg.sync_interval, scfg.sync_offset
-                ):
-                    if sync == "schedule":
-                        synced = await self.sync_to(
-                            weights_version_after_explore_step(
-                                step - 1, scfg.sync_interval, scfg.sync_offset
-                            )
+        if weights is not None:
+            await self.load_weights(*weights)
+        stream = self._stream = _Counting(self._task_stream())
+        first = 1
+        if start is not None:
+            for _ in range(start.tasks):
+                next(stream, None)
+            first = start.step + 1
+        step = first - 1
+        for step in range(first, total_steps + 1):
+            # 2.
+            synced: dict[str, float] = {}
+            if step > 1 and explorer_syncs_after(step - 1, scfg.sync_interval, scfg.sync_offset):
+                if sync == "schedule":
+                    synced = await self.sync_to(
+                        weights_version_after_explore_step(
+                            step - 1, scfg.sync_interval, scfg.sync_offset
                         )
-                    else:
-                        synced = await self.sync_to_latest()
-                tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
-                if not tasks:
-                    break
-                metrics = {**synced, **await self.explore_step(step, tasks, stream)}
-                if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
-                    metrics.update(await self.evaluate(step, report=False))
-                await self.hub.put.remote("explorer", self.step_offset + step, metrics)
-        finally:
-            # 3.
-            await self.buffer.release_writer.remote(ecfg.name)
+                    )
+                else:
+                    synced = await self.sync_to_latest()
+            tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
+            if not tasks:
+                break
+            metrics = {**synced, **await self.explore_step(step, tasks, stream)}
+            if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
+                metrics.update(await self.evaluate(step, report=False))
+            await self.hub.put.remote("explorer", self.step_offset + step, metrics)
+        # 3. only after success: a failed explorer has not finished writing, and a trainer
+        # waiting on it must not take its failure for the end of the data (and checkpoint)
+        await self.buffer.release_writer.remote(ecfg.name)
         return {"explore_steps": step}
 
     async def explore_step(
@@ -214,7 +242,9 @@ class Explorer:
                 experiences.append(e)
         if not experiences:
             raise RuntimeError(f"explore step {step}: the workflows returned no experiences")
-        await self._write(experiences)
+        stream = self._stream
+        cursor = Cursor(self.cfg.explorer.name, step, stream.taken) if stream else None
+        await self._write(experiences, cursor)
         elapsed = time.perf_counter() - t0
         return {
             **rollout_metrics(experiences, prefix="rollout/"),
@@ -248,9 +278,12 @@ class Explorer:
             await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
 
-    async def _write(self, experiences: list[Experience], notice_s: float = 30.0) -> None:
-        """Write to the buffer; while it is full (nobody reads), say so every `notice_s` s."""
-        ref = self.buffer.write.remote(experiences)
+    async def _write(
+        self, experiences: list[Experience], cursor: Cursor | None, notice_s: float = 30.0
+    ) -> None:
+        """Write to the buffer (with the cursor after this step); while it is full (nobody
+        reads), say so every `notice_s` s."""
+        ref = self.buffer.write.remote(experiences, cursor)
         waited = 0.0
         while True:
             done, _ = await asyncio.wait([asyncio.wrap_future(ref.future())], timeout=notice_s)

@@ -148,7 +148,10 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             resume = latest_resumable(stage_dir) if config.continue_from_checkpoint else None
             if resume is not None:
                 console.print(f"resuming stage {name} from {resume}", soft_wrap=True)
-            res = run_stage(cfg, name, model_path, stage_dir, hub, monitor, offset, resume)
+            res = run_stage(
+                cfg, name, model_path, stage_dir, hub, monitor, offset,
+                config.continue_from_checkpoint, resume,
+            )  # fmt: skip
             results.append(res)
             model_path = res.checkpoint or model_path
             offset += res.steps
@@ -187,9 +190,12 @@ def run_stage(
     hub: Any,
     monitor: Monitor,
     offset: int,
+    continuing: bool = False,
     resume: Path | None = None,
 ) -> StageResult:
-    """One stage (`resume`: a checkpoint of it to continue from, mode train only).
+    """One stage. `continuing` (`continue_from_checkpoint`): the explorer continues after its
+    cursor in the buffer; `resume`: the stage's newest checkpoint, the trainer continues from it
+    (and an explorer of the same process starts from its weights).
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -201,8 +207,6 @@ def run_stage(
     mode = cfg.mode
     if mode == "bench":
         return run_bench(cfg, name, model_path, hub, monitor)
-    if resume is not None and mode != "train":  # pre-flight refuses this config
-        raise ValueError(f"resuming a mode {mode} stage is not built yet")
     explores = mode in ("both", "explore")
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
@@ -278,12 +282,26 @@ def run_stage(
         )
         # 3.
         eval_start: dict[str, float] = {}
+        start = None
+        if continuing and explores and buffer is not None:
+            start = ray.get(buffer.cursor.remote(cfg.explorer.name))
+            if start is not None:
+                monitor.console.print(
+                    f"explorer {cfg.explorer.name!r} continues after explore step {start.step} "
+                    f"({start.tasks} tasks handed out)",
+                    soft_wrap=True,
+                )
         if explorer is not None and not explores and cfg.explorer.eval_on_startup and not resume:
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
         if explores:
             # mode both: the exact version the schedule names; explore: the newest, if any
-            refs.append(explorer.run.remote(total, sync="schedule" if trains else "latest"))
+            weights = (str(resume), _checkpoint_step(resume)) if resume and trains else None
+            refs.append(
+                explorer.run.remote(
+                    total, sync="schedule" if trains else "latest", start=start, weights=weights
+                )
+            )
         if trainer is not None:
             # publish only for a consumer: an explorer that syncs (this process's or, reading a
             # queue, another's); the final evaluation
@@ -388,6 +406,10 @@ def _resource_plan(
     )
 
 
+def _checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("_", 1)[1])
+
+
 def _run_part(cfg: Any) -> str:
     """This process's share of a run split over processes ("" for a whole run): mode explore,
     or mode train reading a queue that explore processes fill. Names its metrics file."""
@@ -441,7 +463,11 @@ def _wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
     while pending:
         done, pending = ray.wait(pending, timeout=0.5)
         for ref in done:
-            ray.get(ref)  # raises the actor's exception, with its traceback
+            try:
+                ray.get(ref)  # raises the actor's exception, with its traceback
+            except Exception:
+                _pump(hub, monitor)  # keep what the other actors reported before the failure
+                raise
         _pump(hub, monitor)
     _pump(hub, monitor)
     return ray.get(refs)

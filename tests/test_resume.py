@@ -1,17 +1,17 @@
-"""A run folder that already holds a run: a fresh suffixed folder, or a clear refusal to resume."""
+"""A run folder that already holds a run: a fresh suffixed folder, or a resumed run."""
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from datetime import datetime
 
 import torch
 from safetensors.torch import load_file
-from test_e2e import grpo_config, run_trinity
-from typer.testing import CliRunner
+from test_e2e import ROOT, grpo_config, run_trinity, user_module
 
-from trinity.cli import app
-from trinity.config import load_config
-from trinity.config.run_folder import fresh_name, previous_run, run_folder_problems
+from trinity.config.run_folder import fresh_name, previous_run
 
 
 def test_fresh_name_is_trinity_rft_s_timestamp_suffix():
@@ -45,21 +45,6 @@ def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(tmp_path, tiny_
     # the first run's folder is as it left it: one metrics record per step, one final checkpoint
     steps = [line for line in (root / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 4  # steps 0 (eval on start-up), 1, 2, 3
-
-    # continue_from_checkpoint: true cannot resume yet: refused up front, by both verbs
-    resuming = load_config(cfg, ["continue_from_checkpoint=true"])
-    problems = run_folder_problems(resuming, [resuming], root / "grpo")
-    assert [p.path for p in problems] == ["continue_from_checkpoint"]
-    assert "1 checkpoint(s), 1 experience buffer(s)" in problems[0].message
-    for verb in ("validate", "run"):
-        r = CliRunner().invoke(
-            app, [verb, "--config", str(cfg), "--set", "continue_from_checkpoint=true"]
-        )
-        assert r.exit_code == 2, r.output
-        assert "resuming a run that explores (stage main) is not built yet" in " ".join(
-            r.output.split()
-        )
-    assert len(list(root.iterdir())) == 2  # nothing started
 
 
 def sft_config(tmp_path, model_dir, total_steps: int):
@@ -122,3 +107,62 @@ def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, 
     whole_losses, cut_losses = losses(a), losses(b)
     assert sorted(cut_losses) == [1, 2, 3, 4, 5, 6]  # each step logged once, in one file
     assert cut_losses == whole_losses
+
+
+def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
+    """Explore step 4 fails (the reward code raises); the trainer had checkpointed step 2 and
+    trained step 3 without a checkpoint. The resumed run retrains step 3 from the buffer and
+    explores on from step 4: every experience written is trained exactly once."""
+    user_module(
+        tmp_path,
+        "flaky",
+        "reward",
+        "import os\n"
+        "from trinity.rewards import arithmetic_reward\n"
+        "calls = 0\n"
+        "def reward(response, truth, task_raw):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls > int(os.environ.get('FAIL_AFTER_CALLS', '1000000000')):\n"
+        "        raise RuntimeError('the reward server went away')\n"
+        "    return arithmetic_reward(response, truth, task_raw)\n",
+    )
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    cfg.write_text(
+        cfg.read_text().replace(
+            "default_reward_fn_type: arithmetic_reward",
+            "default_reward_fn_type: flaky.reward.reward",
+        )
+    )
+    sets = ["buffer.total_steps=5", "trainer.save_interval=2", "explorer.eval_interval=0"]
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    # 8 eval tasks at start-up, then 3 explore steps x 4 tasks x 4 samples; step 4 fails
+    crashed = run_trinity(cfg, {**env, "FAIL_AFTER_CALLS": str(8 + 3 * 16)}, overrides=sets)
+    assert crashed.returncode == 1, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+    assert "the reward server went away" in crashed.stdout + crashed.stderr
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    assert sorted(p.name for p in run_dir.glob("global_step_*")) == ["global_step_2"]
+
+    resumed = run_trinity(cfg, env, overrides=[*sets, "continue_from_checkpoint=true"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    out = " ".join(resumed.stdout.split())
+    assert "resuming stage main from" in out and "global_step_2" in out
+    assert "continues after explore step 3 (12 tasks handed out)" in out
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "e2e").iterdir()) == ["grpo"]
+    assert (run_dir / "global_step_5").is_dir()
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    counts = json.loads(stats.stdout)["buffer/exp.db"]
+    assert counts == {
+        "written": 5 * 16, "trained": 5 * 16, "pending": 0, "leased": 0, "dropped": 0,
+        "trained_twice": 0,
+    }  # fmt: skip
+    # on-policy after the resume too: explore step s sampled with the weights of train step s-1
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    versions = {
+        r["step"]: r["rollout/model_version"] for r in records if "rollout/model_version" in r
+    }
+    assert versions == {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
