@@ -1,4 +1,5 @@
-"""Queue storage: FIFO, blocking reads, leases and acks, writers, staleness, surviving a restart."""
+"""Queue storage: FIFO, blocking reads, leases and acks, writers, staleness, surviving a restart,
+retention."""
 
 import asyncio
 
@@ -103,6 +104,51 @@ def test_survives_restart_with_nothing_lost_and_nothing_trained_twice(tmp_path):
 
     asyncio.run(first())
     asyncio.run(second())
+
+
+def test_trained_and_dropped_rows_keep_their_counts_not_their_payload(tmp_path):
+    async def main():
+        q = QueueStorage(tmp_path / "b.db")
+        await q.write([exp(i, version=i % 2) for i in range(4)])
+        lease = await q.read(1, min_version=1)  # exp(0) is stale (version 0): dropped
+        await q.ack([lease.id])
+        rows = q.log.conn.execute(
+            "SELECT state, acks, model_version, reward, COALESCE(length(data), 0) "
+            "FROM experience_log LEFT JOIN experience_payload USING (id) ORDER BY id"
+        ).fetchall()
+        assert rows[0] == (3, 0, 0, 0.0, 0)  # dropped: bookkeeping kept, payload gone
+        assert rows[1] == (2, 1, 1, 1.0, 0)  # trained
+        assert rows[2][0] == 3 and rows[2][4] == 0  # exp(2), version 0: dropped on the read
+        assert rows[3][0] == 0 and rows[3][4] > 100  # pending: the experience is all there
+        assert q.stats() == {
+            "written": 4, "trained": 1, "pending": 1, "leased": 0, "dropped": 2,
+            "trained_twice": 0,
+        }  # fmt: skip
+
+    asyncio.run(main())
+
+
+def test_the_file_does_not_grow_with_trained_experiences(tmp_path):
+    def big(i: int) -> Experience:  # ~5 KB of JSON: several SQLite pages
+        return Experience(
+            tokens=torch.arange(300), prompt_length=100, logprobs=torch.zeros(200),
+            eid=EID(batch=i, task=0, run=0),
+        )  # fmt: skip
+
+    async def main():
+        path = tmp_path / "b.db"
+        q = QueueStorage(path)
+        sizes = []
+        for _ in range(5):
+            await q.write([big(i) for i in range(200)])
+            lease = await q.read(200)
+            await q.ack([lease.id])
+            q.log.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            sizes.append(path.stat().st_size)
+        # 4 more rounds of 200 experiences (~1 MB each) added only their bookkeeping rows
+        assert sizes[-1] < 1.1 * sizes[0], sizes
+
+    asyncio.run(main())
 
 
 def test_buffer_closes_when_its_last_writer_releases(tmp_path):

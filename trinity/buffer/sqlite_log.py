@@ -11,6 +11,12 @@ Each written experience is one row with a state:
 `trinity buffer stats` reports it so a user can check). On start-up the pending and leased rows,
 in write order, are the storage's content.
 
+Retention: the experience itself (nearly all of a row's bytes) lives in `experience_payload` and
+is deleted when its row is trained or dropped; the `experience_log` row keeps its state, ack
+count, version and reward, so counts and the exactly-once check stay exact. Payloads are deleted
+in write order, so whole pages empty out and SQLite reuses them: the file stays near the size of
+the experiences not yet trained instead of growing with every one ever written.
+
 `explorer_cursor` holds, per explorer, the last explore step written and how many tasks its
 task stream had handed out by then, in the same transaction as that step's experiences: a
 resumed explorer continues after exactly what the buffer holds.
@@ -39,6 +45,10 @@ CREATE TABLE IF NOT EXISTS experience_log (
 );
 CREATE INDEX IF NOT EXISTS idx_state ON experience_log(state, id);
 CREATE INDEX IF NOT EXISTS idx_lease ON experience_log(lease);
+CREATE TABLE IF NOT EXISTS experience_payload (
+    id INTEGER PRIMARY KEY,
+    data TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS explorer_cursor (
     explorer TEXT PRIMARY KEY,
     step INTEGER NOT NULL,
@@ -63,16 +73,19 @@ class SQLiteLog:
 
     def append(self, experiences: list[Experience], cursor: Cursor | None = None) -> list[int]:
         """Insert the rows and, in the same transaction, move the writer's cursor."""
-        rows = [(e.model_version, e.reward, json.dumps(e.to_dict())) for e in experiences]
         ids = []
         with self.conn:
             self.conn.execute("BEGIN")
-            for row in rows:
+            for e in experiences:
                 cur = self.conn.execute(
-                    "INSERT INTO experience_log (model_version, reward, payload) VALUES (?, ?, ?)",
-                    row,
+                    "INSERT INTO experience_log (model_version, reward, payload) VALUES (?, ?, '')",
+                    (e.model_version, e.reward),
                 )
                 ids.append(int(cur.lastrowid))
+                self.conn.execute(
+                    "INSERT INTO experience_payload (id, data) VALUES (?, ?)",
+                    (ids[-1], json.dumps(e.to_dict())),
+                )
             if cursor is not None:
                 self.conn.execute(
                     "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) "
@@ -92,6 +105,10 @@ class SQLiteLog:
 
     def drop(self, ids: list[int]) -> None:
         self._set(ids, "state = 3", ())
+        with self.conn:
+            self.conn.executemany(
+                "DELETE FROM experience_payload WHERE id = ?", [(i,) for i in ids]
+            )
 
     def ack(self, leases: list[int]) -> int:
         """Mark every row of these leases trained. Returns how many rows."""
@@ -103,14 +120,21 @@ class SQLiteLog:
                 "UPDATE experience_log SET state = 2, acks = acks + 1 WHERE lease = ?",
                 [(i,) for i in leases],
             )
-        return int(cur.rowcount)
+            count = int(cur.rowcount)
+            self.conn.executemany(
+                "DELETE FROM experience_payload WHERE id IN "
+                "(SELECT id FROM experience_log WHERE lease = ?)",
+                [(i,) for i in leases],
+            )
+        return count
 
     def recover(self) -> list[tuple[int, Experience]]:
         """Return unacked leases to pending; the pending rows in write order."""
         with self.conn:
             self.conn.execute("UPDATE experience_log SET state = 0, lease = NULL WHERE state = 1")
         rows = self.conn.execute(
-            "SELECT id, payload FROM experience_log WHERE state = 0 ORDER BY id"
+            "SELECT e.id, COALESCE(p.data, e.payload) FROM experience_log e "
+            "LEFT JOIN experience_payload p ON p.id = e.id WHERE e.state = 0 ORDER BY e.id"
         ).fetchall()
         return [(int(i), Experience.from_dict(json.loads(p))) for i, p in rows]
 
