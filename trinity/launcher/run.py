@@ -250,7 +250,9 @@ def run_stage(
         lockstep = (mode == "train" and not reads_queue) or (
             mode == "both" and rcfg.sync_interval == 1 and rcfg.sync_offset == 0
         )
-        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, shared)
+        # a process of a split run: another process computes beside it on the same cluster
+        split = mode == "explore" or reads_queue
+        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split)
         monitor.console.print(plan.describe(), soft_wrap=True)
         explorer = None
         if explores or evaluates:
@@ -384,12 +386,12 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
 
 
 def _resource_plan(
-    cfg: Any, trains: bool, has_engines: bool, lockstep: bool, shared: bool = False
+    cfg: Any, trains: bool, has_engines: bool, lockstep: bool, split: bool = False
 ) -> ResourcePlan:
     """Shares of what Ray has free now, or of half the cluster for a process of a split run
     (`trinity.common.resources`)."""
-    have = ray.cluster_resources() if shared else ray.available_resources()
-    part = 0.5 if shared else 1.0
+    have = _settled_resources(split)
+    part = 0.5 if split else 1.0
     gpus = have.get("GPU", 0.0)
     if cfg.cluster.gpu_per_node is not None:
         gpus = min(gpus, cfg.cluster.gpu_per_node)
@@ -402,8 +404,32 @@ def _resource_plan(
         lockstep=lockstep,
         trainer_threads=cfg.trainer.num_threads,
         engine_threads=rm.num_threads,
-        reserve_cpus=not shared,
+        reserve_cpus=not split,
     )
+
+
+def _settled_resources(shared: bool, timeout: float = 10.0) -> dict[str, float]:
+    """The cluster's resources (`shared`) or its free ones, once Ray reports them.
+
+    Right after `ray.init` the resource view can still be empty, and the previous stage's killed
+    actors return their reservations a moment later: wait (up to `timeout` s) until the node is
+    registered and, for a run of its own, until everything is free or the count holds still.
+    """
+    deadline = time.monotonic() + timeout
+    while not ray.cluster_resources().get("CPU") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    total = ray.cluster_resources()
+    if shared:
+        return total
+    free, last, still = ray.available_resources(), None, 0
+    while free.get("CPU", 0.0) < total.get("CPU", 0.0) and time.monotonic() < deadline:
+        still = still + 1 if free.get("CPU") == last else 0
+        if still >= 10:  # held for a second: another job's, not ours returning
+            break
+        last = free.get("CPU")
+        time.sleep(0.1)
+        free = ray.available_resources()
+    return free
 
 
 def _checkpoint_step(checkpoint: Path) -> int:
