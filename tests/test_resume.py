@@ -93,13 +93,13 @@ def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, 
     r = run_trinity(sft_config(cut, tiny_model_dir, 6), overrides=["continue_from_checkpoint=true"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resuming stage main from" in r.stdout
-    # a train stage's evaluation engines never compute beside the trainer: both reserve half the
-    # free cores and the trainer computes with all of them
+    # a train stage from a dataset has the machine to itself: the trainer reserves the free cores
+    # and computes with them (a split run's share would be half the cluster and no reservation)
     line = next(x for x in r.stdout.splitlines() if x.startswith("resources:"))
     reserved, threads = re.match(
         r"resources: trainer ([\d.]+) CPU \((\d+) threads\)", line
     ).groups()
-    assert float(reserved) > 0 and int(threads) == round(2 * float(reserved)), line
+    assert float(reserved) > 0 and int(threads) >= float(reserved), line
     a, b = whole / "ckpt" / "e2e" / "sft", cut / "ckpt" / "e2e" / "sft"
     assert sorted(p.name for p in (cut / "ckpt" / "e2e").iterdir()) == ["sft"]  # same folder
     wa = load_file(a / "global_step_6" / "model.safetensors")
