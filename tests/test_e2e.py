@@ -106,17 +106,20 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
         line,
     ), line
     # every experience written was trained once and acked at the final checkpoint
-    cfg = tmp_path / "grpo.yaml"
-    stats = subprocess.run(
-        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert stats.returncode == 0, stats.stderr
-    counts = json.loads(stats.stdout)["buffer/exp.db"]
-    assert counts == {
+    assert buffer_counts(tmp_path / "grpo.yaml") == {
         "written": 3 * 4 * 4, "trained": 3 * 4 * 4, "pending": 0, "leased": 0, "dropped": 0,
         "trained_twice": 0,
     }  # fmt: skip
+
+
+def buffer_counts(config: Path, buffer: str = "buffer/exp.db") -> dict:
+    """`trinity buffer stats --config config` (as a user runs it): one buffer file's counts."""
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    return json.loads(stats.stdout)[buffer]
 
 
 def user_module(tmp_path: Path, package: str, module: str, source: str) -> None:
@@ -330,11 +333,7 @@ def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_
         explored = [r for r in read("metrics.explorer-explorer.jsonl") if "rollout/tasks" in r]
         assert trained == [1, 2, 3, 4] and len(explored) == 4
         assert (run_dir / "global_step_4" / "model.safetensors").exists()
-        stats = subprocess.run(
-            [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
-            capture_output=True, text=True, cwd=ROOT,
-        )  # fmt: skip
-        counts = json.loads(stats.stdout)["buffer/exp.db"]
+        counts = buffer_counts(cfg)
         assert counts["written"] == counts["trained"] == 4 * 4 * 4, counts
         assert counts["leased"] == counts["pending"] == counts["trained_twice"] == 0
         # the last process to finish ended the shared actors: nothing is left in the namespace

@@ -3,31 +3,18 @@
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from datetime import datetime
 
 import torch
 from safetensors.torch import load_file
-from test_e2e import ROOT, grpo_config, run_trinity, user_module
+from test_e2e import ROOT, buffer_counts, grpo_config, run_trinity, user_module
 
-from trinity.config.run_folder import fresh_name, previous_run
+from trinity.config.run_folder import fresh_name
 
 
 def test_fresh_name_is_trinity_rft_s_timestamp_suffix():
     assert fresh_name("add2", datetime(2026, 11, 23, 5, 4, 3)) == "add2_20261123050403"
-
-
-def test_previous_run_lists_checkpoints_and_buffers(tmp_path):
-    run = tmp_path / "run"
-    assert previous_run(run) == []
-    (run / "tensorboard").mkdir(parents=True)
-    assert previous_run(run) == []  # metrics alone are nothing to resume
-    (run / "sft" / "global_step_5").mkdir(parents=True)
-    (run / "grpo" / "buffer").mkdir(parents=True)
-    (run / "grpo" / "buffer" / "exp.db").write_bytes(b"")
-    assert previous_run(run) == ["1 checkpoint(s)", "1 experience buffer(s)"]
 
 
 def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(tmp_path, tiny_model_dir):
@@ -158,13 +145,7 @@ def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
     assert "continues after explore step 3 (12 tasks handed out)" in out
     assert sorted(p.name for p in (tmp_path / "ckpt" / "e2e").iterdir()) == ["grpo"]
     assert (run_dir / "global_step_5").is_dir()
-    stats = subprocess.run(
-        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert stats.returncode == 0, stats.stderr
-    counts = json.loads(stats.stdout)["buffer/exp.db"]
-    assert counts == {
+    assert buffer_counts(cfg) == {
         "written": 5 * 16, "trained": 5 * 16, "pending": 0, "leased": 0, "dropped": 0,
         "trained_twice": 0,
     }  # fmt: skip

@@ -33,6 +33,7 @@ from typing import Any
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
 from trinity.config.loader import stage_configs
 from trinity.config.problems import Problem, suggest
+from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
 
@@ -102,7 +103,7 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         }
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
-    if cfg.mode == "train" and buf is not None and buf.storage_type == "queue":
+    if trains_from_queue(cfg):
         # fed by `mode: explore` processes of the same run: nothing to read now, and no size
         if cfg.buffer.total_steps is None and cfg.trainer.total_steps is None:
             report.problems.append(

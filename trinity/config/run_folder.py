@@ -19,26 +19,15 @@ from pathlib import Path
 from typing import Any
 
 
+def trains_from_queue(cfg: Any) -> bool:
+    """Mode train reading a queue that `mode: explore` processes of the same run fill."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    return cfg.mode == "train" and eb is not None and eb.storage_type == "queue"
+
+
 def joins_existing_run(cfg: Any) -> bool:
     """Bench and the processes of a split run use the folder as it is."""
-    eb = cfg.buffer.trainer_input.experience_buffer
-    reads_queue = cfg.mode == "train" and eb is not None and eb.storage_type == "queue"
-    return cfg.mode in ("bench", "explore") or reads_queue
-
-
-def previous_run(run_dir: Path) -> list[str]:
-    """What of a previous run the folder holds: checkpoints and experience buffers."""
-    if not run_dir.is_dir():
-        return []
-    folders = [run_dir, *(p for p in run_dir.iterdir() if p.is_dir())]
-    checkpoints = [c for d in folders for c in d.glob("global_step_*") if c.is_dir()]
-    buffers = [b for d in folders for b in (d / "buffer").glob("*.db")]
-    found = []
-    if checkpoints:
-        found.append(f"{len(checkpoints)} checkpoint(s)")
-    if buffers:
-        found.append(f"{len(buffers)} experience buffer(s)")
-    return found
+    return cfg.mode in ("bench", "explore") or trains_from_queue(cfg)
 
 
 def has_content(run_dir: Path) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trinity.trainer.checkpoint import list_checkpoints
+from trinity.trainer.checkpoint import checkpoint_step, list_checkpoints
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,11 @@ def find_checkpoints(run_dir: Path) -> list[BenchPoint]:
     points, offset = [], 0
     for ckpts in groups:
         for c in ckpts:
-            points.append(BenchPoint(str(c.relative_to(run_dir)), str(c), offset + _step(c)))
-        offset += _step(ckpts[-1])
+            points.append(
+                BenchPoint(str(c.relative_to(run_dir)), str(c), offset + checkpoint_step(c))
+            )
+        offset += checkpoint_step(ckpts[-1])
     return points
-
-
-def _step(checkpoint: Path) -> int:
-    return int(checkpoint.name.rsplit("_", 1)[1])
 
 
 def bench_points(cfg: Any, run_dir: Path, model_path: str) -> tuple[list[BenchPoint], str]:

@@ -20,14 +20,19 @@ from rich.console import Console
 from trinity.buffer.storage import storage_class
 from trinity.common.resources import ResourcePlan, plan_resources
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
-from trinity.config.run_folder import fresh_name, has_content, joins_existing_run
+from trinity.config.run_folder import (
+    fresh_name,
+    has_content,
+    joins_existing_run,
+    trains_from_queue,
+)
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
-from trinity.trainer.checkpoint import latest_resumable
+from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
 from trinity.trainer.runner import TrainerRunner
 
 
@@ -212,7 +217,7 @@ def run_stage(
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
     eb = cfg.buffer.trainer_input.experience_buffer
     # mode train reading a queue: the experiences come from `mode: explore` processes
-    reads_queue = mode == "train" and eb is not None and eb.storage_type == "queue"
+    reads_queue = trains_from_queue(cfg)
     # explore / train as separate processes share the buffer and the synchronizer
     shared = mode in ("explore", "train")
     actors: list[Any] = []  # this process's own: killed at the end of the stage
@@ -298,7 +303,7 @@ def run_stage(
         refs = []
         if explores:
             # mode both: the exact version the schedule names; explore: the newest, if any
-            weights = (str(resume), _checkpoint_step(resume)) if resume and trains else None
+            weights = (str(resume), checkpoint_step(resume)) if resume and trains else None
             refs.append(
                 explorer.run.remote(
                     total, sync="schedule" if trains else "latest", start=start, weights=weights
@@ -408,8 +413,9 @@ def _resource_plan(
     )
 
 
-def _settled_resources(shared: bool, timeout: float = 10.0) -> dict[str, float]:
-    """The cluster's resources (`shared`) or its free ones, once Ray reports them.
+def _settled_resources(split: bool, timeout: float = 10.0) -> dict[str, float]:
+    """The cluster's resources (`split`: a process of a split run) or its free ones, once Ray
+    reports them.
 
     Right after `ray.init` the resource view can still be empty, and the previous stage's killed
     actors return their reservations a moment later: wait (up to `timeout` s) until the node is
@@ -419,7 +425,7 @@ def _settled_resources(shared: bool, timeout: float = 10.0) -> dict[str, float]:
     while not ray.cluster_resources().get("CPU") and time.monotonic() < deadline:
         time.sleep(0.1)
     total = ray.cluster_resources()
-    if shared:
+    if split:
         return total
     free, last, still = ray.available_resources(), None, 0
     while free.get("CPU", 0.0) < total.get("CPU", 0.0) and time.monotonic() < deadline:
@@ -432,19 +438,14 @@ def _settled_resources(shared: bool, timeout: float = 10.0) -> dict[str, float]:
     return free
 
 
-def _checkpoint_step(checkpoint: Path) -> int:
-    return int(checkpoint.name.rsplit("_", 1)[1])
-
-
 def _run_part(cfg: Any) -> str:
     """This process's share of a run split over processes ("" for a whole run): mode explore,
     or mode train reading a queue that explore processes fill. Names its metrics file."""
-    eb = cfg.buffer.trainer_input.experience_buffer
     if cfg.mode == "bench":
         return "bench"
     if cfg.mode == "explore":
         return f"explorer-{cfg.explorer.name}"
-    if cfg.mode == "train" and eb is not None and eb.storage_type == "queue":
+    if trains_from_queue(cfg):
         return "trainer"
     return ""
 

@@ -45,12 +45,20 @@ def save_hf_checkpoint(
     return final
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """N of a `global_step_N` folder."""
+    m = _STEP_DIR.match(checkpoint.name)
+    if m is None:
+        raise ValueError(f"{checkpoint} is not a global_step_N checkpoint folder")
+    return int(m.group(1))
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories under `root`, oldest first."""
     if not root.exists():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found)]
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name)]
+    return sorted(found, key=checkpoint_step)
 
 
 def latest_resumable(root: Path) -> Path | None:
