@@ -67,6 +67,14 @@ def preflight(cfg: TrinityConfig) -> PreflightReport:
             ]
             report.notes += [n for n in found.notes if n not in report.notes]
             report.skipped += [f"stages[{i}].{s}" for s in found.skipped if s not in report.skipped]
+        if cfg.mode == "bench" and not stage_configs(cfg)[-1].buffer.explorer_input.eval_tasksets:
+            report.problems.append(
+                Problem(
+                    f"stages[{len(cfg.stages) - 1}].buffer.explorer_input.eval_tasksets",
+                    "mode 'bench' on a staged config evaluates the run's checkpoints on the last "
+                    "stage's eval tasksets: it has none",
+                )
+            )
     return report
 
 

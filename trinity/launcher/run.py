@@ -352,7 +352,7 @@ def run_stage(
 def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) -> StageResult:
     """Mode bench (`trinity.launcher.bench`): one evaluation per checkpoint, then a table."""
     t0 = time.perf_counter()
-    if not cfg.buffer.explorer_input.eval_tasksets:  # pre-flight refuses this for a plain config
+    if not cfg.buffer.explorer_input.eval_tasksets:  # pre-flight refuses this config
         raise ValueError("mode bench: the last stage has no eval_tasksets to evaluate on")
     run_dir = Path(resolve(cfg).run_dir)
     points, what = bench_points(cfg, run_dir, model_path)
