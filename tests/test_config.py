@@ -437,6 +437,22 @@ def test_resolve_fixed_micro_batches() -> None:
     assert (r.mode, r.algorithm_type) == ("both", "grpo")
 
 
+def test_nccl_alias_and_split_modes_fall_back_to_checkpoint() -> None:
+    base = {
+        "model": {"model_path": "m"},
+        "buffer": {
+            "explorer_input": {"taskset": {"path": "d"}},
+            "trainer_input": {"experience_buffer": {"name": "e", "storage_type": "queue"}},
+        },
+    }
+    online = validate_config({**base, "synchronizer": {"sync_method": "online"}})
+    assert resolve(online).sync_method == "nccl"  # Trinity-RFT's old name
+    for mode in ("train", "explore"):
+        cfg = validate_config({**base, "mode": mode, "synchronizer": {"sync_method": "nccl"}})
+        r = resolve(cfg)
+        assert r.sync_method == "checkpoint" and "mode both" in r.sync_method_source
+
+
 def test_resolve_explicit_train_batch_and_dynamic_bsz() -> None:
     cfg = TrinityConfig.model_validate(
         {

@@ -63,7 +63,6 @@ def test_refusals_name_the_key_and_feature() -> None:
             },
             "cluster": {"node_num": 1},
             "monitor": {"monitor_type": ["jsonl", "swanlab"]},
-            "synchronizer": {"sync_method": "nccl"},
             "trainer": {"trainer_strategy": "fsdp2", "ulysses_sequence_parallel_size": 1},
         }
     )
@@ -75,7 +74,6 @@ def test_refusals_name_the_key_and_feature() -> None:
         "explorer.rollout_model.enable_openai_api",
         "explorer.auxiliary_models",
         "monitor.monitor_type",
-        "synchronizer.sync_method",
         "trainer.trainer_strategy",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
     assert "'serve' is not built yet" in probs["mode"]

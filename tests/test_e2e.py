@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,11 +158,12 @@ def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
     assert "2 tries" in r.stderr  # bounded retries: 1 + max_retry_times
 
 
-def test_checkpoint_sync_and_offset(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
+def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     cfg = grpo_config(
         tmp_path,
         tiny_model_dir,
-        extra="synchronizer: {sync_method: checkpoint, sync_interval: 1, sync_offset: 1}\n",
+        extra=f"synchronizer: {{sync_method: {method}, sync_interval: 1, sync_offset: 1}}\n",
     )
     r = run_trinity(cfg)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

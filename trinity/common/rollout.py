@@ -10,10 +10,22 @@ new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE`'s `mod
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.registry import Registry
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The engines that load one weights payload together (`RolloutEngine.update_weights`): this
+    one is `rank` of `world`, in call `call`, an id the same for all of them and new for every load.
+    A collective sync method needs it (`trinity.sync.collective`); the others ignore it."""
+
+    rank: int = 0
+    world: int = 1
+    call: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,11 @@ class RolloutEngine(Protocol):
         """Logprob of tokens[1:] given their prefixes."""
         ...
 
-    def update_weights(self, method: str, payload: list[Any], version: int) -> int:
-        """Load weights published with sync method `method` (`trinity.sync.methods`)."""
+    def update_weights(
+        self, method: str, payload: list[Any], version: int, peers: Peers | None = None
+    ) -> int:
+        """Load weights published with sync method `method` (`trinity.sync.method`); `peers`
+        places this engine among those loading them in one call (None: on its own)."""
         ...
 
     def get_stats(self) -> dict[str, float]: ...

@@ -293,9 +293,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     # synchronizer
     acted(
         "synchronizer.sync_method",
-        "how weights travel (unset = best available, see resolve())",
-        refused=("nccl",),
-        refused_reason="collective (nccl) weight sync; use memory or checkpoint",
+        "how weights travel (unset = best available, see resolve()); nccl is gloo on CPU",
     ),
     acted(
         "synchronizer.sync_style",

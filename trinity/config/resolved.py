@@ -80,6 +80,14 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     )
     best_sync = BEST_SYNC_SPLIT if cfg.mode in ("explore", "train") else BEST_SYNC
     sync, sync_src = _chosen(cfg.synchronizer.sync_method, "synchronizer.sync_method", best_sync)
+    if sync == "nccl" and cfg.mode != "both":
+        sync, sync_src = (
+            "checkpoint",
+            (
+                f"synchronizer.sync_method nccl needs trainer and engines in one run (mode both); "
+                f"mode {cfg.mode} sends weights by checkpoint, as Trinity-RFT does"
+            ),
+        )
     strategy, strategy_src = _chosen(
         cfg.trainer.trainer_strategy, "trainer.trainer_strategy", BEST_STRATEGY
     )

@@ -247,16 +247,18 @@ class SynchronizerConfig(ConfigSection):
     """How and when trained weights reach the explorer."""
 
     renamed_values: ClassVar[dict[str, dict[str, str]]] = {
+        "sync_method": {"online": "nccl", "offline": "checkpoint"},
         "sync_style": {
             "dynamic_by_explorer": "explorer_driven",
             "dynamic_by_trainer": "trainer_driven",
-        }
+        },
     }
 
     sync_method: Literal["checkpoint", "memory", "nccl"] | None = Field(
         None,
         description="'checkpoint' = via files on disk; 'memory' = via the Ray object store; "
-        "'nccl' = a collective broadcast (gloo on CPU); None = the best available here "
+        "'nccl' = a collective broadcast (gloo on CPU; mode both only, checkpoint otherwise); "
+        "None = the best available here "
         "('memory', see resolve()).",
     )
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = Field(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from trinity.common.rollout import ENGINE, Sample, SamplingParams
+from trinity.common.rollout import ENGINE, Peers, Sample, SamplingParams
 from trinity.explorer.sampling import sample_next
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
@@ -202,9 +202,11 @@ class HFRolloutEngine:
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def update_weights(self, method: str, payload: list[Any], version: int) -> int:
+    def update_weights(
+        self, method: str, payload: list[Any], version: int, peers: Peers | None = None
+    ) -> int:
         """Load the weights a sync method published (`trinity.sync.method`); bump the version."""
-        return self.load_state(sync_method(method).receive(payload), version)
+        return self.load_state(sync_method(method).receive(payload, peers), version)
 
     def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
         """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from typing import Any
 
-from trinity.common.rollout import Sample, SamplingParams
+from trinity.common.rollout import Peers, Sample, SamplingParams
 
 
 class BatchingClient:
@@ -70,7 +71,11 @@ class BatchingClient:
 
     async def update_weights(self, method: str, payload: list[Any], version: int) -> None:
         """Every engine loads the weights `payload` stands for (sync method `method`)."""
-        calls = (e.update_weights.remote(method, payload, version) for e in self.engines)
+        n, call = len(self.engines), uuid.uuid4().hex
+        calls = (
+            e.update_weights.remote(method, payload, version, Peers(i, n, call))
+            for i, e in enumerate(self.engines)
+        )
         await asyncio.gather(*calls)
         self.model_version = version
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from trinity.sync.method import SYNC_METHOD
+from trinity.sync.method import SYNC_METHOD, Peers
 
 
 @SYNC_METHOD.register("checkpoint")
@@ -28,7 +28,7 @@ class CheckpointSync:
         tmp.rename(path)
         return [str(path)]
 
-    def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
+    def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
         path = Path(payload[0])
         if not path.is_dir():
             return load_file(str(path))

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 import torch
 
-from trinity.sync.method import SYNC_METHOD
+from trinity.sync.method import SYNC_METHOD, Peers
 
 
 @SYNC_METHOD.register("memory")
@@ -27,7 +27,7 @@ class MemorySync:
             arrays[k] = (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
         return [ray.put(arrays)]  # in a list: Ray passes a nested reference on unresolved
 
-    def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
+    def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
         arrays = ray.get(payload[0])
         # object-store arrays are read-only views: copy into tensors the model can own
         return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in arrays.items()}

@@ -1,6 +1,6 @@
 """The weight-sync contract: how weights travel from the trainer to the rollout engines.
 
-    synchronizer: {sync_method: memory}     # or checkpoint
+    synchronizer: {sync_method: memory}     # or checkpoint, or nccl (a collective broadcast)
 
 A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_method` name:
 
@@ -10,8 +10,8 @@ A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_
 * `discard` (synchronizer): release what a payload holds once no explorer can still ask for it.
 
 The synchronizer and the explorer only pass payloads along; neither knows how a method works.
-A new transport (a collective broadcast) is one new module in `sync/` and a line in
-`SYNC_METHOD`'s `modules`.
+A new transport is one new module in `sync/` and a line in `SYNC_METHOD`'s `modules`
+(`collective.py`, the `nccl` method, was added that way).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from trinity.common.registry import Registry
+from trinity.common.rollout import Peers
 
 
 @runtime_checkable
@@ -30,8 +31,12 @@ class SyncMethod(Protocol):
         """Trainer half: publish `state` (the trainer's weights of `version`) as a payload."""
         ...
 
-    def receive(self, payload: list[Any]) -> dict[str, torch.Tensor]:
-        """Engine half: the weights a payload stands for, as tensors the engine may own."""
+    def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
+        """Engine half: the weights a payload stands for, as tensors the engine may own.
+
+        `peers`: this engine's place among the engines that load the payload in the same call (a
+        collective method needs it; the others ignore it). None: an engine loading on its own.
+        """
         ...
 
     def discard(self, payload: list[Any]) -> None:
@@ -41,7 +46,11 @@ class SyncMethod(Protocol):
 
 SYNC_METHOD: Registry[type] = Registry(
     "sync_method",
-    modules={"memory": "trinity.sync.memory", "checkpoint": "trinity.sync.checkpoint"},
+    modules={
+        "memory": "trinity.sync.memory",
+        "checkpoint": "trinity.sync.checkpoint",
+        "nccl": "trinity.sync.collective",
+    },
 )
 
 

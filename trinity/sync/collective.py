@@ -1,0 +1,267 @@
+"""`sync_method: nccl`: weights broadcast from the trainer to every engine over a process group.
+
+NCCL when the trainer's weights are on a GPU, gloo (the same code) when they are on the CPU, so the
+method runs, and is tested, on a CPU machine too. As in Trinity-RFT it needs the trainer and the
+engines in one run (`mode: both`); `resolve()` sends weights by `checkpoint` in the split modes.
+
+How a sync goes (the trainer never waits for the explorer, and no weight bytes pass through Ray):
+
+* `send` (trainer process) packs the weights into flat byte buckets, a snapshot the trainer may
+  train past, and hands them to the process's `_Broadcaster`. On first use it starts a
+  `TCPStore` and a thread that serves broadcasts. The payload is only the store's address, the
+  version and the tensors' layout (name, dtype, shape).
+* `receive` (each engine, all of one explorer's engines at once, as one call with its own id):
+  each engine registers its process id under the call; engine 0 queues a request (call, version,
+  world size) under the store's request counter; every engine waits for the trainer's go-ahead
+  for the call, then joins the broadcast and unpacks the buckets: the bytes are bit-exact.
+* The trainer's thread serves requests in order. A group of `world + 1` members (trainer rank 0)
+  is kept while the same engine processes call; other processes (an engine restarted, a new
+  explorer) or a failed broadcast make the next call build a new group under a new name. A
+  request for a version the trainer no longer holds gets an error the engines raise.
+* `discard` (synchronizer process) posts `discard/<version>`; the trainer drops that snapshot at
+  its next `send` or served request.
+
+One explorer at a time, as upstream: two explorers' calls would each need a group of their own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trinity.sync.method import SYNC_METHOD, Peers
+
+BUCKET_BYTES = 256 << 20  # one broadcast moves at most this many bytes
+ALIGN = 16  # every tensor starts at a multiple of this many bytes in its bucket
+TIMEOUT = datetime.timedelta(minutes=30)  # a member that never joins a group or a broadcast
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor lies in the flat byte buckets: (name, dtype, shape, bucket, start)."""
+
+    entries: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
+    bucket_sizes: tuple[int, ...]
+
+    @staticmethod
+    def of(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> Layout:
+        entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        sizes: list[int] = []
+        used = 0
+        for name, t in state.items():
+            n = t.numel() * t.element_size()
+            used = -(-used // ALIGN) * ALIGN  # a view as int64 or float64 needs aligned bytes
+            if not sizes or (used > 0 and used + n > bucket_bytes):
+                sizes.append(0)
+                used = 0
+            entries.append(
+                (name, str(t.dtype).removeprefix("torch."), tuple(t.shape), len(sizes) - 1, used)
+            )
+            used += n
+            sizes[-1] = used
+        return Layout(tuple(entries), tuple(sizes))
+
+
+def pack(
+    state: dict[str, torch.Tensor], layout: Layout, device: torch.device
+) -> list[torch.Tensor]:
+    """Copy the tensors' bytes into fresh uint8 buckets on `device` (a snapshot)."""
+    buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in layout.bucket_sizes]
+    for (_, _, _, b, start), t in zip(layout.entries, state.values(), strict=True):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        buckets[b][start : start + flat.numel()].copy_(flat)
+    return buckets
+
+
+def unpack(buckets: list[torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """The name -> tensor dict the buckets hold (views into them; the caller owns the buckets)."""
+    out = {}
+    for name, dtype, shape, b, start in layout.entries:
+        dt = getattr(torch, dtype)
+        n = dt.itemsize * _numel(shape)
+        out[name] = buckets[b][start : start + n].view(dt).reshape(shape)
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # no Ray here (a unit test): the loopback address serves this machine
+        pass
+    return "127.0.0.1"
+
+
+def _group(store: Any, world: int, rank: int, backend: str, generation: int) -> Any:
+    """A process group of `world` members outside torch's default group (the trainer may own that)."""
+    prefixed = dist.PrefixStore(f"trinity_weight_sync/{generation}", store)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(prefixed, rank, world, dist.ProcessGroupNCCL.Options())
+    return dist.ProcessGroupGloo(prefixed, rank, world, TIMEOUT)
+
+
+def _broadcast(group: Any, buckets: list[torch.Tensor]) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for bucket in buckets:
+        group.broadcast([bucket], opts).wait()
+
+
+class _Broadcaster:
+    """The trainer process's half: holds snapshots by version and serves broadcast requests.
+
+    The serving thread has its own store connection: a connection serialises its calls, and the
+    thread spends its idle time blocked in `wait`.
+    """
+
+    def __init__(self) -> None:
+        self.host = _node_ip()
+        self.store = dist.TCPStore(
+            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT
+        )
+        self.port = self.store.port
+        self.snapshots: dict[int, list[torch.Tensor]] = {}
+        self.lock = threading.Lock()
+        threading.Thread(target=self._serve, name="trinity-weight-broadcast", daemon=True).start()
+
+    def hold(self, version: int, buckets: list[torch.Tensor]) -> None:
+        self._drop_discarded(self.store)
+        with self.lock:
+            self.snapshots[version] = buckets
+
+    def _serve(self) -> None:
+        store = dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=TIMEOUT)
+        group, members, generation = None, None, 0
+        answered: list[str] = []
+        k = 1
+        while True:
+            key = f"request/{k}"
+            try:
+                store.wait([key])
+            except dist.DistStoreError:  # nobody asked for TIMEOUT: keep serving
+                continue
+            call, version, world = store.get(key).decode().split(":")
+            version, world = int(version), int(world)
+            self._drop_discarded(store)
+            with self.lock:
+                buckets = self.snapshots.get(version)
+            # the engines of this call, by their process ids: another set needs another group
+            joined = tuple(store.get(f"member/{call}/{r}").decode() for r in range(world))
+            if buckets is None:
+                held = sorted(self.snapshots)
+                store.set(
+                    f"go/{call}", f"error:the trainer no longer holds v{version} (holds {held})"
+                )
+            else:
+                backend = "nccl" if buckets and buckets[0].is_cuda else "gloo"
+                if joined != members:
+                    group, members, generation = None, joined, generation + 1
+                store.set(f"go/{call}", f"ok:{backend}:{generation}")
+                try:
+                    if group is None:
+                        group = _group(store, world + 1, 0, backend, generation)
+                    _broadcast(group, buckets)
+                except Exception:  # an engine died mid-broadcast (it raises there): the group
+                    group, members = None, None  # is spent, the next call builds a new one
+            store.delete_key(key)
+            for r in range(world):
+                store.delete_key(f"member/{call}/{r}")
+            answered.append(f"go/{call}")
+            if len(answered) > 2:  # every engine has read it by now: it joined a later call
+                store.delete_key(answered.pop(0))
+            k += 1
+
+    def _drop_discarded(self, store: Any) -> None:
+        with self.lock:
+            for v in list(self.snapshots):
+                if store.check([f"discard/{v}"]):
+                    del self.snapshots[v]
+                    store.delete_key(f"discard/{v}")
+
+
+class _Receiver:
+    """An engine process's half for one trainer store: its identity and its current group."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.store = dist.TCPStore(host, port, is_master=False, timeout=TIMEOUT)
+        self.uid = uuid.uuid4().hex
+        self.group: tuple[int, Any] | None = None  # (generation, group)
+
+    def receive(self, version: int, layout: Layout, peers: Peers) -> list[torch.Tensor]:
+        call = peers.call
+        self.store.set(f"member/{call}/{peers.rank}", self.uid)
+        if peers.rank == 0:
+            index = self.store.add("requests", 1)
+            self.store.set(f"request/{index}", f"{call}:{version}:{peers.world}")
+        self.store.wait([f"go/{call}"])
+        status, _, detail = self.store.get(f"go/{call}").decode().partition(":")
+        if status != "ok":
+            raise RuntimeError(f"weight broadcast v{version}: {detail}")
+        backend, generation = detail.split(":")[0], int(detail.split(":")[1])
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in layout.bucket_sizes]
+        if self.group is None or self.group[0] != generation:
+            group = _group(self.store, peers.world + 1, peers.rank + 1, backend, generation)
+            self.group = (generation, group)
+        _broadcast(self.group[1], buckets)
+        return buckets
+
+
+_BROADCASTER: _Broadcaster | None = None
+_RECEIVERS: dict[tuple[str, int], _Receiver] = {}
+_SETUP = threading.Lock()
+
+
+@SYNC_METHOD.register("nccl")
+class CollectiveSync:
+    def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
+        global _BROADCASTER
+        with _SETUP:
+            if _BROADCASTER is None:
+                _BROADCASTER = _Broadcaster()
+        layout = Layout.of(state)
+        device = next(iter(state.values())).device if state else torch.device("cpu")
+        _BROADCASTER.hold(version, pack(state, layout, device))
+        return [
+            {
+                "host": _BROADCASTER.host,
+                "port": _BROADCASTER.port,
+                "version": version,
+                "layout": layout,
+            }
+        ]
+
+    def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
+        p = payload[0]
+        with _SETUP:
+            key = (p["host"], p["port"])
+            if key not in _RECEIVERS:
+                _RECEIVERS[key] = _Receiver(*key)
+            receiver = _RECEIVERS[key]
+        buckets = receiver.receive(p["version"], p["layout"], peers or Peers())
+        return unpack(buckets, p["layout"])
+
+    def discard(self, payload: list[Any]) -> None:
+        p = payload[0]
+        with _SETUP:
+            key = (p["host"], p["port"])
+            if key not in _RECEIVERS:
+                _RECEIVERS[key] = _Receiver(*key)
+            store = _RECEIVERS[key].store
+        store.set(f"discard/{p['version']}", "1")
