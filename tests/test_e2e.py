@@ -176,6 +176,54 @@ def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     assert [records[s]["rollout/model_version"] for s in (1, 2, 3)] == [0, 0, 1]
 
 
+@pytest.mark.parametrize("style", ["trainer_driven", "explorer_driven"])
+def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, style):
+    cfg = grpo_config(
+        tmp_path,
+        tiny_model_dir,
+        extra=f"synchronizer: {{sync_method: memory, sync_style: {style}, sync_interval: 2}}\n",
+    )
+    text = cfg.read_text().replace("total_steps: 3", "total_steps: 5")
+    text = text.replace(
+        "  repeat_times: 4\n",
+        "  repeat_times: 4\n  sample_strategy: staleness_control\n"
+        "  sample_strategy_args: {max_staleness: 1}\n",
+    )
+    cfg.write_text(text)
+    r = run_trinity(cfg)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    by_step = {
+        json.loads(x)["step"]: json.loads(x)
+        for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+    }
+    used = [int(by_step[s]["rollout/model_version"]) for s in range(1, 6)]
+    published = [s for s in range(1, 6) if "sync/publish_s" in by_step[s]]
+    # admission: explore step s starts with weights of train step >= s - 2 (max_staleness 1),
+    # and never with weights not trained yet (<= s - 1)
+    assert all(s - 2 <= v <= s - 1 for s, v in zip(range(1, 6), used) if s > 2), used
+    assert used == sorted(used) and set(used) - {0} <= set(published)
+    # the trainer sees it: no experience more than 1 version older than the weights training it
+    assert max(by_step[s]["staleness/max"] for s in range(1, 6)) <= 1
+    assert (
+        sum(
+            by_step[s]["staleness/count_0"]
+            for s in range(1, 6)
+            if "staleness/count_0" in by_step[s]
+        )
+        + sum(by_step[s].get("staleness/count_1", 0) for s in range(1, 6))
+        == 5 * 4 * 4
+    )
+    if style == "trainer_driven":
+        # unasked, every sync_interval train steps; the explorer waits for v2 before step 3
+        # (it needs >= 1) and for v4 before step 5 (it needs >= 3)
+        assert published == [2, 4] and used == [0, 0, 2, 2, 4]
+    else:
+        # published only when the explorer asked: it needs new weights before steps 3 to 5
+        assert 1 <= len(published) <= 3
+    assert buffer_counts(cfg)["trained"] == 5 * 4 * 4
+
+
 def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     # 8 train tasks, 3 per step, 2 epochs: 16 tasks = five steps of 3, then 1. When an epoch's
     # last batch was served partial (2 tasks, step 3), the trainer waited for 3 tasks' worth of

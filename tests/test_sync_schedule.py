@@ -84,3 +84,63 @@ def test_bad_values_raise():
         version_for_explore_step(1, 0, 0)
     with pytest.raises(ValueError, match="sync_offset"):
         explorer_syncs_after(1, 1, -1)
+
+
+def test_sync_styles_pick_how_the_explorer_takes_weights():
+    from trinity.sync.schedule import explorer_sync, versions_to_keep
+
+    assert explorer_sync("fixed", trainer_in_run=True) == "schedule"
+    assert explorer_sync("fixed", trainer_in_run=False) == "latest"  # mode explore
+    assert explorer_sync("trainer_driven", trainer_in_run=True) == "latest"
+    assert explorer_sync("explorer_driven", trainer_in_run=True) == "request"
+    assert explorer_sync("explorer_driven", trainer_in_run=False) == "request"
+    with pytest.raises(ValueError, match="valid: fixed"):
+        explorer_sync("dynamic", trainer_in_run=True)
+    # the trainer publishes unasked on the interval, except when the explorer drives
+    assert [trainer_publishes_after(t, 2, "trainer_driven") for t in (1, 2, 3, 4)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert not any(trainer_publishes_after(t, 1, "explorer_driven") for t in range(1, 10))
+    # a dynamic style takes the newest: the newest and the one an engine may still be loading
+    assert versions_to_keep(1, 5, True, "trainer_driven") == 2
+    assert versions_to_keep(1, 5, True, "fixed") == 6
+
+
+def test_admission_bound_and_when_it_cannot_be_met():
+    from trinity.sync.schedule import admission_version, staleness_bound_problem
+
+    # N = 1: explore step s starts with weights of train step >= s - 2 (never below 0)
+    assert [admission_version(s, 1) for s in range(1, 6)] == [0, 0, 1, 2, 3]
+    assert [admission_version(s, 0) for s in range(1, 5)] == [0, 1, 2, 3]  # on-policy
+    assert admission_version(9, None) == 0
+    # publishing every 3 steps, step s needs a multiple of 3 in [s-1-N, s-1]: N >= 2
+    assert staleness_bound_problem("fixed", 3, 2) is None
+    assert "sync_interval - 1 = 2" in staleness_bound_problem("trainer_driven", 3, 1)
+    assert staleness_bound_problem("explorer_driven", 3, 0) is None  # publishes on request
+
+
+def simulate_admission(interval: int, offset: int, bound: int, steps: int) -> list[int]:
+    """fixed style + admission, walked step by step; the trainer trains as far as data allows."""
+    current, used, published = 0, [], {0}
+    for s in range(1, steps + 1):
+        if s > 1 and explorer_syncs_after(s - 1, interval, offset):
+            want = weights_version_after_explore_step(s - 1, interval, offset)
+            current = max(current, want)
+        oldest = max(0, s - 1 - bound)
+        if current < oldest:
+            current = min(v for v in published if v >= oldest)
+        used.append(current)
+        published |= {t for t in range(1, s + 1) if trainer_publishes_after(t, interval)}
+        published = {v for v in published if v <= s}  # the trainer has data up to step s
+    return used
+
+
+@pytest.mark.parametrize("interval,offset,bound", [(1, 3, 1), (2, 0, 1), (1, 2, 0), (3, 5, 2)])
+def test_admission_keeps_every_step_within_the_bound(interval, offset, bound):
+    used = simulate_admission(interval, offset, bound, 20)
+    ages = [s - 1 - v for s, v in zip(range(1, 21), used)]
+    assert max(ages) <= bound
+    assert used == sorted(used)

@@ -151,3 +151,48 @@ def test_latest_never_waits_and_shared_actors_count_their_users():
     s = SynchronizerActor("memory", max_versions=1)
     assert [s.attach(), s.attach()] == [1, 2]  # the explore and the train process
     assert [s.detach(), s.detach()] == [1, 0]  # 0: the last one out ends the actor
+
+
+def test_explorer_driven_request_protocol():
+    """explorer_driven: the explorer asks; the trainer publishes when asked, only then."""
+
+    async def main():
+        s = SynchronizerActor(
+            "memory", max_versions=versions_to_keep(1, 0, True, "explorer_driven")
+        )
+        # nothing trained yet: nothing newer than v0, the explorer goes on at once
+        assert await s.request(have=0, timeout=1) is None
+        # the trainer trained step 1; nobody asked, so it does not publish
+        assert await s.trained_step(1) is False
+        asker = asyncio.create_task(s.request(have=0, timeout=5))
+        await asyncio.sleep(0.01)
+        assert not asker.done() and s.wanted == 1  # waits for the trainer's current weights
+        # the trainer finishes step 2, sees the request, publishes v2 (its current weights)
+        assert await s.trained_step(2) is True
+        await s.publish(2, ["w2"])
+        assert await asker == (2, ["w2"]) and s.wanted == 0
+        # the trainer has trained nothing newer than v2: the explorer keeps its weights
+        assert await s.trained_step(2) is False
+        assert await s.request(have=2, timeout=1) is None
+        # published weights newer than the explorer's come at once, without asking
+        await s.publish(3, ["w3"])
+        assert await s.request(have=2, timeout=1) == (3, ["w3"])
+        # a trainer that dies wakes an asking explorer with its error
+        await s.trained_step(4)
+        asker = asyncio.create_task(s.request(have=3, timeout=5))
+        await asyncio.sleep(0.01)
+        await s.fail("RuntimeError: out of memory")
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await asker
+
+    asyncio.run(main())
+
+
+def test_explorer_driven_request_times_out_naming_the_versions():
+    async def main():
+        s = SynchronizerActor("memory", max_versions=2)
+        await s.trained_step(3)
+        with pytest.raises(TimeoutError, match="newer than v0 .* trained step 3"):
+            await s.request(have=0, timeout=0.05)
+
+    asyncio.run(main())

@@ -297,9 +297,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     ),
     acted(
         "synchronizer.sync_style",
-        "when weights travel",
-        refused=("explorer_driven", "trainer_driven"),
-        refused_reason="dynamic sync styles; use fixed",
+        "when weights travel (trinity.sync.schedule)",
     ),
     acted("synchronizer.sync_interval", "train steps between syncs"),
     acted("synchronizer.sync_offset", "explorer lead in steps"),

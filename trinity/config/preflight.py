@@ -86,6 +86,7 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
     report.notes += not_applicable_notes(cfg)
     # 2. and 3.
     report.problems += _algorithm_problems(cfg.algorithm)
+    report.problems += _staleness_problems(cfg)
     # 4.
     report.problems += _model_problems(cfg)
     # 2., 3. and 5. for what the explorer and the trainer read
@@ -132,6 +133,22 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
 
 
 # --- names and arguments ----------------------------------------------------------------------
+
+
+def _staleness_problems(cfg: TrinityConfig) -> list[Problem]:
+    """A `staleness_control` bound that is negative or that the sync style can never meet."""
+    from trinity.algorithm.sample_strategy import max_staleness
+    from trinity.sync.schedule import staleness_bound_problem
+
+    algo, sync = cfg.algorithm, cfg.synchronizer
+    bound = max_staleness(algo.sample_strategy, algo.sample_strategy_args)
+    path = "algorithm.sample_strategy_args.max_staleness"
+    if bound is None:
+        return []
+    if not isinstance(bound, int) or bound < 0:
+        return [Problem(path, f"must be an integer >= 0, got {bound!r}")]
+    why = staleness_bound_problem(sync.sync_style, sync.sync_interval, bound)
+    return [Problem(path, why)] if why else []
 
 
 def _lookup(registry: Any, name: str, path: str) -> tuple[Any, Problem | None]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.resources import Share
@@ -26,7 +27,11 @@ from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer, resolve_model_path
-from trinity.sync.schedule import explorer_syncs_after, weights_version_after_explore_step
+from trinity.sync.schedule import (
+    admission_version,
+    explorer_syncs_after,
+    weights_version_after_explore_step,
+)
 from trinity.tasks import Task, load_taskset, make_selector
 from trinity.workflows import WORKFLOW
 
@@ -142,9 +147,11 @@ class Explorer:
     ) -> dict[str, Any]:
         """Explore `total_steps` steps, syncing weights at the schedule's points; release the buffer.
 
-        `sync="schedule"` (mode both): after explore step s the explorer waits for exactly the
-        version the schedule names. `sync="latest"` (mode explore: the trainer, if any, is another
-        process): at the same points it takes whatever newer weights were published, never waits.
+        `sync` (`schedule.explorer_sync`): "schedule" (mode both, sync_style fixed): after explore
+        step s the explorer waits for exactly the version the schedule names. "latest"
+        (trainer_driven, or mode explore: the trainer, if any, is another process): at the same
+        points it takes whatever newer weights were published, never waits. "request"
+        (explorer_driven): at the same points it asks the trainer for its current weights.
 
         1. evaluate at start (`explorer.eval_on_startup`)
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the
@@ -155,9 +162,12 @@ class Explorer:
         it handed out, steps continue after `start.step`, and there is no start-up evaluation;
         `weights` (a checkpoint and its version: the trainer's resumed one) are loaded first.
         """
-        if sync not in ("schedule", "latest"):
-            raise ValueError(f"sync must be 'schedule' or 'latest', got {sync!r}")
+        if sync not in ("schedule", "latest", "request"):
+            raise ValueError(f"sync must be 'schedule', 'latest' or 'request', got {sync!r}")
         scfg, ecfg = self.cfg.synchronizer, self.cfg.explorer
+        bound = max_staleness(
+            self.cfg.algorithm.sample_strategy, self.cfg.algorithm.sample_strategy_args
+        )
         await self.buffer.register_writer.remote(ecfg.name)
         # 1.
         if ecfg.eval_on_startup and self.eval_tasksets and start is None:
@@ -181,8 +191,17 @@ class Explorer:
                             step - 1, scfg.sync_interval, scfg.sync_offset
                         )
                     )
-                else:
+                elif sync == "latest":
                     synced = await self.sync_to_latest()
+                else:
+                    synced = await self.sync_on_request()
+            # admission (staleness_control): no step starts with weights older than its bound
+            oldest = admission_version(step, bound)
+            if self.client is not None and self.client.model_version < oldest:
+                admitted = await self.admit(
+                    oldest, newest=sync != "schedule", ask=sync == "request"
+                )
+                synced = {k: synced.get(k, 0.0) + v for k, v in admitted.items()}
             tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
             if not tasks:
                 break
@@ -317,6 +336,37 @@ class Explorer:
         got, payload = found
         await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
         return {"sync/load_s": time.perf_counter() - t0, "sync/pause_s": time.perf_counter() - t0}
+
+    async def admit(self, oldest: int, newest: bool, ask: bool) -> dict[str, float]:
+        """Wait until weights of train step >= `oldest` are published and load them (the newest
+        published when `newest`); `ask` the trainer to publish (explorer_driven)."""
+        assert self.client is not None
+        t0 = time.perf_counter()
+        timeout = self.cfg.synchronizer.sync_timeout
+        got, payload = await self.synchronizer.wait_for.remote(oldest, timeout, ask)
+        if newest:
+            got, payload = await self.synchronizer.latest.remote(got - 1) or (got, payload)
+        t1 = time.perf_counter()
+        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        t2 = time.perf_counter()
+        return {"sync/admission_wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
+
+    async def sync_on_request(self) -> dict[str, float]:
+        """explorer_driven: ask the trainer for its current weights; go on with ours when it has
+        trained nothing newer (`SynchronizerActor.request`)."""
+        if self.client is None:
+            return {}
+        t0 = time.perf_counter()
+        found = await self.synchronizer.request.remote(
+            self.client.model_version, self.cfg.synchronizer.sync_timeout
+        )
+        if found is None:
+            return {"sync/pause_s": time.perf_counter() - t0}
+        t1 = time.perf_counter()
+        got, payload = found
+        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        t2 = time.perf_counter()
+        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
 
     async def sync_to(self, version: int) -> dict[str, float]:
         """Wait for the trainer's weights of `version` and load them into every engine.

@@ -30,7 +30,7 @@ from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
-from trinity.sync.schedule import versions_to_keep
+from trinity.sync.schedule import explorer_sync, versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
 from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
 from trinity.trainer.runner import TrainerRunner
@@ -239,7 +239,8 @@ def run_stage(
     try:
         # 1.
         rcfg = resolve(cfg)
-        keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains)
+        style = cfg.synchronizer.sync_style
+        keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains, style)
         if shared:  # an explorer in another process may be loading the previous version
             keep = max(keep, 2)
         sync = start(SynchronizerActor, "synchronizer", rcfg.sync_method, keep, share=shared)
@@ -253,7 +254,10 @@ def run_stage(
         # trainer and engines alternate in on-policy lockstep, and in a train stage from a
         # dataset (whose engines only evaluate before and after training)
         lockstep = (mode == "train" and not reads_queue) or (
-            mode == "both" and rcfg.sync_interval == 1 and rcfg.sync_offset == 0
+            mode == "both"
+            and style == "fixed"
+            and rcfg.sync_interval == 1
+            and rcfg.sync_offset == 0
         )
         # a process of a split run: another process computes beside it on the same cluster
         split = mode == "explore" or reads_queue
@@ -302,13 +306,11 @@ def run_stage(
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
         if explores:
-            # mode both: the exact version the schedule names; explore: the newest, if any
+            # mode both, fixed: the exact version the schedule names; explore or trainer_driven:
+            # the newest, if any; explorer_driven: the trainer's current weights, on request
             weights = (str(resume), checkpoint_step(resume)) if resume and trains else None
-            refs.append(
-                explorer.run.remote(
-                    total, sync="schedule" if trains else "latest", start=start, weights=weights
-                )
-            )
+            how = explorer_sync(style, trainer_in_run=trains)
+            refs.append(explorer.run.remote(total, sync=how, start=start, weights=weights))
         if trainer is not None:
             # publish only for a consumer: an explorer that syncs (this process's or, reading a
             # queue, another's); the final evaluation

@@ -40,12 +40,17 @@ class SynchronizerActor(RefCounted):
         ] = {}  # [ObjectRef] or [path]; a list keeps refs as refs
         self._cond = asyncio.Condition()
         self._failed: str | None = None
+        self.trained = 0  # the trainer's newest trained step (explorer_driven: maybe unpublished)
+        self.wanted = 0  # a version an explorer waits for and asked the trainer for (0: none)
 
     async def publish(self, version: int, payload: list[Any]) -> None:
         async with self._cond:
             if version < self.version:
                 raise ValueError(f"weights version went back from {self.version} to {version}")
             self.version = version
+            self.trained = max(self.trained, version)
+            if version >= self.wanted:
+                self.wanted = 0
             replaced = self._payloads.pop(version, None)
             if replaced is not None and replaced != payload:
                 self._discard(replaced)
@@ -60,8 +65,15 @@ class SynchronizerActor(RefCounted):
             self._failed = reason
             self._cond.notify_all()
 
-    async def wait_for(self, version: int, timeout: float | None = None) -> tuple[int, list[Any]]:
-        """Block until weights of `version` (or, if skipped, the next newer one) are published."""
+    async def wait_for(
+        self, version: int, timeout: float | None = None, ask: bool = False
+    ) -> tuple[int, list[Any]]:
+        """Block until weights of `version` (or, if skipped, the next newer one) are published.
+
+        `ask`: also ask the trainer to publish (explorer_driven, where it publishes on request).
+        """
+        if ask:
+            self.wanted = max(self.wanted, version)
 
         def ready() -> bool:
             return self.version >= version or self._failed is not None
@@ -86,6 +98,45 @@ class SynchronizerActor(RefCounted):
 
     def latest_version(self) -> int:
         return self.version
+
+    async def trained_step(self, step: int) -> bool:
+        """The trainer has trained `step`; True when an explorer asked for weights newer than
+        the published ones (`sync_style: explorer_driven`): the trainer should publish now."""
+        async with self._cond:
+            self.trained = max(self.trained, step)
+            self._cond.notify_all()
+            return self.wanted > self.version and step > self.version
+
+    async def request(
+        self, have: int, timeout: float | None = None
+    ) -> tuple[int, list[Any]] | None:
+        """explorer_driven: the trainer's current weights if newer than `have`, else None.
+
+        Published weights newer than `have` come at once. Otherwise, when the trainer has trained
+        past `have`, ask it and wait until it publishes (after the step it is in); when it has not,
+        there is nothing newer: None, and the explorer goes on with its weights.
+        """
+        async with self._cond:
+            if self.version <= have and self.trained <= have:
+                return None
+            if self.version <= have:
+                self.wanted = max(self.wanted, have + 1)
+                try:
+                    await asyncio.wait_for(
+                        self._cond.wait_for(
+                            lambda: self.version > have or self._failed is not None
+                        ),
+                        timeout,
+                    )
+                except TimeoutError as e:
+                    raise TimeoutError(
+                        f"asked the trainer for weights newer than v{have} and waited {timeout}s "
+                        f"(it has trained step {self.trained})"
+                    ) from e
+                if self.version <= have:
+                    raise RuntimeError(f"trainer stopped before publishing: {self._failed}")
+            got = max(self._payloads)
+            return got, self._payloads[got]
 
     async def latest(self, newer_than: int) -> tuple[int, list[Any]] | None:
         """The newest published weights if newer than `newer_than`, else None (never waits).

@@ -39,6 +39,8 @@ class TrainerRunner:
         self.trainer: Trainer | None = None
         self.dataset: DatasetSource | None = None
         self.unacked: list[int] = []  # buffer leases read since the last checkpoint
+        self._on_request = False  # sync_style explorer_driven: publish when an explorer asks
+        self._read_metrics: dict[str, float] = {}  # a publish while waiting for data
 
     def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
         """Load the model (and the SFT dataset in train mode). Returns the dataset size."""
@@ -76,6 +78,10 @@ class TrainerRunner:
         weights, optimizer, scheduler, RNG and step; the dataset skips the batches it trained.
         """
         cfg = self.cfg
+        style = cfg.synchronizer.sync_style
+        # explorer_driven: publish when an explorer asks (polled after each step, and every
+        # second while waiting for data), not on the schedule
+        self._on_request = publish_steps and style == "explorer_driven"
         self.trainer = Trainer(cfg, self.model_path, total_steps, self.num_threads)
         n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
         step, last_saved = 0, None
@@ -88,16 +94,24 @@ class TrainerRunner:
             while step < total_steps:
                 # 1.
                 t0 = time.perf_counter()
-                exps = self._read(n)
+                exps = self._read(n, step)
                 if not exps:
                     break
                 wait = time.perf_counter() - t0
                 # 2.
                 step += 1
+                versions = [e.model_version for e in exps]
                 metrics = self.trainer.train_step(exps)
+                if self.dataset is None:  # rollouts (a dataset's rows have no version)
+                    metrics.update(staleness_metrics(versions, trained_with=step - 1))
                 metrics["timing/train_wait_buffer"] = wait
+                metrics.update(self._read_metrics)
+                self._read_metrics = {}
                 # 3.
-                if publish_steps and trainer_publishes_after(step, cfg.synchronizer.sync_interval):
+                scheduled = trainer_publishes_after(step, cfg.synchronizer.sync_interval, style)
+                if (publish_steps and scheduled) or (
+                    self._on_request and ray.get(self.synchronizer.trained_step.remote(step))
+                ):
                     metrics.update(self._publish(step))
                 if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
                     last_saved = self._checkpoint(step)
@@ -122,21 +136,32 @@ class TrainerRunner:
             self.unacked = []
         return path
 
-    def _read(self, n: int) -> list[Any] | None:
+    def _read(self, n: int, step: int) -> list[Any] | None:
+        """The next train batch; None when the data is done. `step`: the last trained step."""
         if self.dataset is not None:
             return self.dataset.read(n)
         timeout = self.cfg.buffer.trainer_input.experience_buffer
         timeout = timeout.max_read_timeout if timeout is not None else 1800.0
-        try:
-            lease = ray.get(self.buffer.read.remote(n, timeout))
-            self.unacked.append(lease.id)
-            return lease.experiences
-        except BufferClosed:
-            return None
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, BufferClosed):
+        deadline = time.monotonic() + timeout
+        while True:
+            # explorer_driven: wait in 1 s slices and answer an explorer's request between them
+            wait = min(1.0, timeout) if self._on_request else timeout
+            try:
+                lease = ray.get(self.buffer.read.remote(n, wait))
+                self.unacked.append(lease.id)
+                return lease.experiences
+            except BufferClosed:
                 return None
-            raise
+            except (TimeoutError, ray.exceptions.RayTaskError) as e:
+                cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
+                if isinstance(cause, BufferClosed):
+                    return None
+                if not (isinstance(cause, TimeoutError) and self._on_request):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+            if step > 0 and ray.get(self.synchronizer.trained_step.remote(step)):
+                self._read_metrics = self._publish(step)
 
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:
         """Publish the weights of `step` with the configured sync method's trainer half."""
@@ -150,3 +175,16 @@ class TrainerRunner:
             "sync/publish_s": time.perf_counter() - t0,
             "sync/bytes": float(state_nbytes(state)),
         }
+
+
+def staleness_metrics(versions: list[int], trained_with: int) -> dict[str, float]:
+    """How many versions older than the trainer's weights (`trained_with`) each experience's
+    rollout weights were: mean, max, and a histogram (`staleness/count_<k>`, the experiences k
+    versions old)."""
+    if not versions:
+        return {}
+    ages = [trained_with - v for v in versions]
+    out = {"staleness/mean": sum(ages) / len(ages), "staleness/max": float(max(ages))}
+    for age in sorted(set(ages)):
+        out[f"staleness/count_{age}"] = float(ages.count(age))
+    return out
