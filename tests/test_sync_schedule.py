@@ -141,6 +141,6 @@ def simulate_admission(interval: int, offset: int, bound: int, steps: int) -> li
 @pytest.mark.parametrize("interval,offset,bound", [(1, 3, 1), (2, 0, 1), (1, 2, 0), (3, 5, 2)])
 def test_admission_keeps_every_step_within_the_bound(interval, offset, bound):
     used = simulate_admission(interval, offset, bound, 20)
-    ages = [s - 1 - v for s, v in zip(range(1, 21), used)]
+    ages = [s - 1 - v for s, v in zip(range(1, 21), used, strict=True)]
     assert max(ages) <= bound
     assert used == sorted(used)

@@ -192,7 +192,7 @@ def test_explorer_driven_request_times_out_naming_the_versions():
     async def main():
         s = SynchronizerActor("memory", max_versions=2)
         await s.trained_step(3)
-        with pytest.raises(TimeoutError, match="newer than v0 .* trained step 3"):
+        with pytest.raises(TimeoutError, match=r"newer than v0 .* trained step 3"):
             await s.request(have=0, timeout=0.05)
 
     asyncio.run(main())
