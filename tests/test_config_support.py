@@ -113,14 +113,14 @@ def test_stage_keys_are_checked_in_each_stage() -> None:
             "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
             "stages": [
                 {"stage_name": "a", "algorithm": {"repeat_times": 2}},
-                {"stage_name": "b", "synchronizer": {"sync_style": "trainer_driven"}},
+                {"stage_name": "b", "trainer": {"trainer_strategy": "fsdp2"}},
             ],
         }
     )
     probs = [str(p) for p in not_built_problems(cfg)]
     assert probs == [
-        "stages[1].synchronizer.sync_style: 'trainer_driven' is not built yet "
-        "(dynamic sync styles; use fixed)"
+        "stages[1].trainer.trainer_strategy: 'fsdp2' is not built yet "
+        "(multi-rank training; use torch)"
     ]
 
 
