@@ -106,6 +106,33 @@ def test_survives_restart_with_nothing_lost_and_nothing_trained_twice(tmp_path):
     asyncio.run(second())
 
 
+def test_a_checkpoint_whose_ack_was_lost_still_settles_its_leases(tmp_path):
+    # the trainer wrote a checkpoint recording lease b, then died before acking it: the restart
+    # acks b (settled) before recovering, so b's experiences are not trained a second time;
+    # settling a lease that was acked already (a) changes nothing
+    path = tmp_path / "b.db"
+
+    async def first() -> list[int]:
+        q = QueueStorage(path)
+        await q.write([exp(i) for i in range(6)])
+        a = await q.read(2)
+        await q.ack([a.id])
+        b = await q.read(2)  # in checkpoint N, whose ack never happened
+        q.log.close()
+        return [a.id, b.id]
+
+    async def second(settled: list[int]) -> None:
+        q = QueueStorage(path, settled=settled)
+        assert q.stats() == {
+            "written": 6, "trained": 4, "pending": 2, "leased": 0, "dropped": 0,
+            "trained_twice": 0,
+        }  # fmt: skip
+        got = await q.read(2)
+        assert [e.reward for e in got.experiences] == [4.0, 5.0]
+
+    asyncio.run(second(asyncio.run(first())))
+
+
 def test_trained_and_dropped_rows_keep_their_counts_not_their_payload(tmp_path):
     async def main():
         q = QueueStorage(tmp_path / "b.db")

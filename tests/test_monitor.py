@@ -55,3 +55,13 @@ def test_terminal_gets_a_progress_bar_with_eta(tmp_path):
     assert "sft step   11" not in text  # no per-step lines
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
         == [11, 12, 13]  # fmt: skip
+
+
+def test_a_torn_last_line_is_cut_before_appending(tmp_path):
+    from rich.console import Console
+
+    from trinity.monitor.monitor import Monitor
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "train/lo')  # killed
+    Monitor(tmp_path, ["jsonl"], Console(file=io.StringIO())).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -24,7 +24,12 @@ __all__ = ["BufferClosed", "QueueStorage"]
 
 @STORAGE.register("queue")
 class QueueStorage(RefCounted):
-    def __init__(self, path: str | Path | None, capacity: int = 10000) -> None:
+    def __init__(
+        self, path: str | Path | None, capacity: int = 10000, settled: list[int] = ()
+    ) -> None:
+        """`settled`: leases the checkpoint a resumed trainer starts from has trained (its
+        `buffer_leases.json`); acked before recovery, in case the crash came between writing
+        that checkpoint and its ack, so they are not handed out (and trained) again."""
         self.capacity = capacity
         self.log = SQLiteLog(path) if path is not None else None
         self._items: collections.deque[tuple[int, Experience]] = collections.deque()
@@ -37,6 +42,7 @@ class QueueStorage(RefCounted):
         self._cursors: dict[str, Cursor] = {}  # memory only (no log)
         self._next_lease = 1
         if self.log is not None:
+            self.log.ack(list(settled))
             self._items.extend(self.log.recover())
             self._next_lease = self.log.max_lease() + 1
         self.written = 0

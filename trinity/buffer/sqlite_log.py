@@ -111,13 +111,17 @@ class SQLiteLog:
             )
 
     def ack(self, leases: list[int]) -> int:
-        """Mark every row of these leases trained. Returns how many rows."""
+        """Mark every row of these leases trained. Returns how many rows.
+
+        Only leased rows: acking a lease again (a checkpoint's record after its ack went
+        through, `QueueStorage(settled=...)`) changes nothing.
+        """
         if not leases:
             return 0
         with self.conn:
             self.conn.execute("BEGIN")
             cur = self.conn.executemany(
-                "UPDATE experience_log SET state = 2, acks = acks + 1 WHERE lease = ?",
+                "UPDATE experience_log SET state = 2, acks = acks + 1 WHERE lease = ? AND state = 1",
                 [(i,) for i in leases],
             )
             count = int(cur.rowcount)

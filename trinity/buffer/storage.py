@@ -3,13 +3,16 @@
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
 `ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type`; a storage is
-built as `cls(path, capacity)` (`path`: its durable file, or None for memory only) and runs as a
-named Ray actor, so explorers and trainers in other processes meet in it.
+built as `cls(path, capacity, settled)` (`path`: its durable file, or None for memory only;
+`settled`: leases a resumed trainer's checkpoint recorded as trained) and runs as a named Ray
+actor, so explorers and trainers in other processes meet in it.
 
 Exactly once. `read` hands experiences out under a *lease*; the trainer `ack`s a lease only once
 the train step that used it is durably checkpointed. A lease never acked (the trainer crashed
 between reading and its next checkpoint) is handed out again after a restart, and a rolled-back
-trainer retrains it from that checkpoint: nothing is lost, nothing is trained twice.
+trainer retrains it from that checkpoint: nothing is lost, nothing is trained twice. A checkpoint
+records its leases too, so a crash between writing it and the ack loses the ack, not the fact
+(`settled`).
 
 Resuming. A write carries the explorer's cursor (`Cursor`) and a durable storage keeps it with
 the experiences, so a restarted explorer continues after exactly what the storage holds.

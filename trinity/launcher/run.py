@@ -32,7 +32,7 @@ from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import explorer_sync, versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
-from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
+from trinity.trainer.checkpoint import checkpoint_step, latest_resumable, trained_leases
 from trinity.trainer.runner import TrainerRunner
 
 
@@ -250,7 +250,8 @@ def run_stage(
             capacity = eb.capacity if eb else 10000
             storage = storage_class(eb.storage_type if eb else "queue")
             path = str(stage_dir / "buffer" / f"{buf_name}.db")
-            buffer = start(storage, f"buffer/{buf_name}", path, capacity, share=shared)
+            settled = trained_leases(resume) if trains else []
+            buffer = start(storage, f"buffer/{buf_name}", path, capacity, settled, share=shared)
         # trainer and engines alternate in on-policy lockstep, and in a train stage from a
         # dataset (whose engines only evaluate before and after training)
         lockstep = (mode == "train" and not reads_queue) or (

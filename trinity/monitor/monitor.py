@@ -56,6 +56,7 @@ class Monitor:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = run_dir / (f"metrics.{part}.jsonl" if part else "metrics.jsonl")
+        _drop_torn_line(self.jsonl_path)
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self._tb = None
         if "tensorboard" in monitor_types:
@@ -202,3 +203,14 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
             v = None
         out[k] = v
     return out
+
+
+def _drop_torn_line(path: Path) -> None:
+    """A run killed mid-write leaves a last line without its newline: cut it, so a resumed run
+    appends whole records (the steps it retrains are logged again; the later record wins)."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)

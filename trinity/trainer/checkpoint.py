@@ -6,6 +6,7 @@ optimizer and lr-scheduler state, RNG states, the step.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -17,6 +18,14 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 TRAINER_STATE = "trainer_state.pt"
+LEASES = "buffer_leases.json"
+
+
+def trained_leases(checkpoint: Path | None) -> list[int]:
+    """The buffer leases a checkpoint's train steps used (none recorded: [])."""
+    if checkpoint is None or not (Path(checkpoint) / LEASES).is_file():
+        return []
+    return [int(i) for i in json.loads((Path(checkpoint) / LEASES).read_text())]
 
 
 def save_hf_checkpoint(
@@ -26,9 +35,11 @@ def save_hf_checkpoint(
     step: int,
     keep: int | None,
     trainer_state: dict[str, Any] | None = None,
+    leases: list[int] | None = None,
 ) -> Path:
-    """Write `root/global_step_<step>` atomically (with `trainer_state.pt` when given) and prune
-    to the newest `keep` checkpoints."""
+    """Write `root/global_step_<step>` atomically (with `trainer_state.pt` and the buffer
+    `leases` its steps trained, `buffer_leases.json`, when given) and prune to the newest `keep`
+    checkpoints."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
     tmp = root / f".global_step_{step}.tmp"
@@ -37,6 +48,8 @@ def save_hf_checkpoint(
     tokenizer.save_pretrained(tmp)
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER_STATE)
+    if leases is not None:
+        (tmp / LEASES).write_text(json.dumps(leases))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if keep is not None and keep > 0:

@@ -130,7 +130,9 @@ class TrainerRunner:
     def _checkpoint(self, step: int) -> Path:
         """Save a checkpoint, then ack the buffer leases its steps used: they are trained for good."""
         assert self.trainer is not None
-        path = self.trainer.save_checkpoint(self.stage_dir, step)
+        # the leases go into the checkpoint too: a crash before the ack below must not hand
+        # their experiences out again (the resumed buffer acks them, `QueueStorage(settled)`)
+        path = self.trainer.save_checkpoint(self.stage_dir, step, leases=list(self.unacked))
         if self.unacked:
             ray.get(self.buffer.ack.remote(self.unacked))
             self.unacked = []

@@ -242,8 +242,15 @@ class Trainer:
 
     # -- weights out -------------------------------------------------------------------------
 
-    def save_checkpoint(self, root: Path, step: int, extra: dict[str, Any] | None = None) -> Path:
-        """Weights plus the trainer state that resuming needs (`extra`: the caller's own)."""
+    def save_checkpoint(
+        self,
+        root: Path,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        leases: list[int] | None = None,
+    ) -> Path:
+        """Weights plus the trainer state that resuming needs (`extra`: the caller's own;
+        `leases`: the buffer leases trained since the last checkpoint)."""
         keep = self.config.trainer.max_checkpoints_to_keep
         state = {
             "step": step,
@@ -253,7 +260,7 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
         }
-        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep, state)
+        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep, state, leases)
 
     def resume(self, checkpoint: Path) -> dict[str, Any]:
         """Load weights, optimizer, scheduler and RNG states saved by `save_checkpoint`.
