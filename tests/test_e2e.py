@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +218,39 @@ def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, 
         # published only when the explorer asked: it needs new weights before steps 3 to 5
         assert 1 <= len(published) <= 3
     assert buffer_counts(cfg)["trained"] == 5 * 4 * 4
+
+
+def test_async_at_staleness_0_makes_the_same_updates_as_sync(tmp_path, tiny_model_dir):
+    # explorer_driven with max_staleness 0: every explore step must start with the weights of the
+    # previous train step, so the run is on-policy lockstep by admission; for a fixed seed it
+    # trains exactly what the fixed schedule trains (threads pinned: the plans differ otherwise)
+    pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
+    losses, weights = {}, {}
+    for style in ("fixed", "explorer_driven"):
+        d = tmp_path / style
+        d.mkdir()
+        cfg = grpo_config(d, tiny_model_dir, extra=f"synchronizer: {{sync_style: {style}}}\n")
+        cfg.write_text(
+            cfg.read_text().replace(
+                "  repeat_times: 4\n",
+                "  repeat_times: 4\n  sample_strategy: staleness_control\n"
+                "  sample_strategy_args: {max_staleness: 0}\n",
+            )
+        )
+        r = run_trinity(cfg, overrides=[*pinned, "explorer.eval_interval=0"])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        run_dir = d / "ckpt" / "e2e" / "grpo"
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[style] = {
+            r["step"]: (r["train/loss"], r["rollout/model_version"])
+            for r in recs
+            if "train/loss" in r
+        }
+        weights[style] = load_file(run_dir / "global_step_3" / "model.safetensors")
+    assert losses["explorer_driven"] == losses["fixed"]
+    assert [v for _, v in losses["fixed"].values()] == [0, 1, 2]
+    for k, w in weights["fixed"].items():
+        assert torch.equal(w, weights["explorer_driven"][k]), k
 
 
 def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):

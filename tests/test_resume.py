@@ -3,9 +3,13 @@
 import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from datetime import datetime
+from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_e2e import ROOT, buffer_counts, grpo_config, run_trinity, user_module
@@ -155,3 +159,54 @@ def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
         r["step"]: r["rollout/model_version"] for r in records if "rollout/model_version" in r
     }
     assert versions == {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_nothing_and_trains_nothing_twice(tmp_path, tiny_model_dir):
+    """10 trials: start the run (continue_from_checkpoint), SIGKILL the driver's whole process
+    group, the trainer actor or the explorer actor at a random moment, start it again; then let
+    it finish. By experience id nothing is lost or trained twice, and the steps continue."""
+    import random
+    import signal
+    import tempfile
+    import time
+
+    rng = random.Random(1234)  # the moments and targets are drawn, but the same every run
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rk", dir="/tmp"))  # short: Ray's socket paths
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    steps = 10
+    sets = [f"buffer.total_steps={steps}", "trainer.save_interval=1", "explorer.eval_interval=0",
+            "explorer.eval_on_startup=false", "continue_from_checkpoint=true"]  # fmt: skip
+    args = [a for s in sets for a in ("--set", s)]
+    env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache"), "RAY_TMPDIR": str(ray_tmp)}
+    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *args]
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    killed = []
+    try:
+        for _ in range(10):
+            target = rng.choice(["driver", "trainer", "explorer"])
+            delay = rng.uniform(4.0, 20.0)
+            p = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            time.sleep(delay)
+            if p.poll() is None:
+                if target == "driver":
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    actor = "ray::TrainerRunner" if target == "trainer" else "ray::Explorer"
+                    subprocess.run(["pkill", "-9", "-f", actor], check=False)
+                killed.append(target)
+            p.wait(timeout=120)
+            subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)  # Ray's leftovers
+            if (run_dir / f"global_step_{steps}").is_dir():
+                break
+        assert killed, "no trial was killed: the moments are too late for this machine"
+        final = run_trinity(cfg, {"RAY_TMPDIR": str(ray_tmp)}, overrides=sets, timeout=300)
+        assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    finally:
+        subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)
+    assert (run_dir / f"global_step_{steps}").is_dir()
+    counts = buffer_counts(cfg)
+    assert counts["written"] == counts["trained"] == steps * 16, (killed, counts)
+    assert counts["trained_twice"] == counts["pending"] == counts["leased"] == 0, (killed, counts)
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "e2e").iterdir()) == ["grpo"]

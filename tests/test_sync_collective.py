@@ -129,12 +129,14 @@ def test_every_method_moves_weights_bit_exactly(method, tmp_path, ray_local):
             return {k: v.clone() for k, v in got.items()}
 
     state = _state(11)
+    sent = {k: v.clone() for k, v in state.items()}
     payload = sync_method(method).send(state, 1, tmp_path / "sync")
+    state["embed.weight"].add_(1.0)  # the trainer trains on: a payload is a snapshot
     engines = [Engine.remote() for _ in range(2)]
     call = uuid.uuid4().hex
     got = ray.get([e.load.remote(payload, i, 2, call) for i, e in enumerate(engines)])
     for g in got:
         # memory sends bfloat16 as float32 (numpy has no bfloat16); the engine's
         # load_state_dict casts it back, exactly (bf16 -> fp32 -> bf16 is lossless)
-        g = {k: v.to(state[k].dtype) for k, v in g.items()}
-        assert_bit_exact(g, state)
+        g = {k: v.to(sent[k].dtype) for k, v in g.items()}
+        assert_bit_exact(g, sent)

@@ -24,7 +24,9 @@ class MemorySync:
         arrays = {}
         for k, v in state.items():
             t = v.detach().cpu()
-            arrays[k] = (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+            # a view of the tensor, no copy: `ray.put` copies it into the object store, so the
+            # stored object is a snapshot the trainer may train past
+            arrays[k] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
         return [ray.put(arrays)]  # in a list: Ray passes a nested reference on unresolved
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
