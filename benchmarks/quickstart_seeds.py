@@ -2,13 +2,15 @@
 
     .venv/bin/python benchmarks/quickstart_seeds.py --seeds 0 1 2 3 4
     .venv/bin/python benchmarks/quickstart_seeds.py --seeds 5 6 --parallel 2 --threads 1
+    .venv/bin/python benchmarks/quickstart_seeds.py --seeds 10 11 --set model.model_path='tiny://1m?seed=0' \
+        --out-name quickstart_task_seeds   # one model init, different problems and sampling
 
 Each seed runs `trinity run --config examples/quickstart/quickstart.yaml --set seed=S` as a
 subprocess with its own fresh `TRINITY_CACHE_DIR` (so the tiny model is built from scratch, as on
 a new machine) and its own checkpoint root, then reads what it wrote: held-out greedy and sampled
 accuracy at the start, after the SFT stage and after the GRPO stage, and the wall time from start
 to summary (model build included). Prints one row per seed, then mean, standard deviation and range,
-and writes `benchmarks/results/quickstart_seeds.json`.
+and writes `benchmarks/results/quickstart_seeds.json` (`--out-name` renames it).
 
 Wall times are only comparable between runs that had the machine to themselves: with
 `--parallel 2` the runs share the cores and each takes longer (pass `--threads 1` so they do not
@@ -33,7 +35,7 @@ CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
 GREEDY, SAMPLED = "eval/add2_heldout/accuracy", "eval/add2_heldout_sampled/accuracy"
 
 
-def run_seed(seed: int, work: Path, threads: int | None) -> dict:
+def run_seed(seed: int, work: Path, threads: int | None, extra: list[str]) -> dict:
     """Run the quickstart once for `seed` in `work`; returns its numbers."""
     env = {
         **os.environ,
@@ -45,6 +47,8 @@ def run_seed(seed: int, work: Path, threads: int | None) -> dict:
     if threads:
         cmd += ["--set", f"trainer.num_threads={threads}"]
         cmd += ["--set", f"explorer.rollout_model.num_threads={threads}"]
+    for override in extra:
+        cmd += ["--set", override]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -85,11 +89,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--parallel", type=int, default=1, help="runs at the same time")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per actor")
+    ap.add_argument(
+        "--set", dest="extra", action="append", default=[], help="KEY=VALUE override, repeatable"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out-name", default="quickstart_seeds", help="JSON file name, no suffix")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="quickstart_seeds_"))
     with ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda s: run_seed(s, work, args.threads), args.seeds))
+        rows = list(pool.map(lambda s: run_seed(s, work, args.threads, args.extra), args.seeds))
     keys = [k for k in rows[0] if k != "seed"]
     header = f"{'seed':>5} " + " ".join(f"{k:>14}" for k in keys)
     print(header)
@@ -105,11 +113,12 @@ def main() -> None:
         "config": str(CONFIG.relative_to(ROOT)),
         "parallel": args.parallel,
         "threads": args.threads,
+        "overrides": args.extra,
         "runs": rows,
         "stats": stats,
         "logs": str(work),
     }
-    (args.out / "quickstart_seeds.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"logs and checkpoints: {work}")
 
 

@@ -77,6 +77,60 @@ def grpo_config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     return cfg
 
 
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> command line of every process below `pid` (from `ps`)."""
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True)
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in rows.stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) >= 2:
+            children.setdefault(int(parts[1]), []).append((int(parts[0]), [*parts, ""][2]))
+    found, todo = {}, [pid]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
+def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_model_dir):
+    """SIGKILL the rollout engine's process mid-run: Ray restarts it, the explorer gives it the
+    weights it held, and every later step still samples with the weights of the step before."""
+    import time
+
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    sets = ["buffer.total_steps=6", "explorer.eval_interval=0"]
+    env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
+    p = subprocess.Popen(
+        cmd + [a for s in sets for a in ("--set", s)], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    metrics_file = tmp_path / "ckpt" / "e2e" / "grpo" / "metrics.jsonl"
+    killed, deadline = [], time.monotonic() + 180
+    try:
+        while not killed and p.poll() is None and time.monotonic() < deadline:
+            steps = metrics_file.read_text().count('"train/loss"') if metrics_file.exists() else 0
+            if steps >= 2:
+                engines = [pid for pid, a in descendants(p.pid).items() if "HFRolloutEngine" in a]
+                for pid in engines:
+                    os.kill(pid, 9)
+                killed += engines
+            time.sleep(0.2)
+        out, _ = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    assert len(killed) == 1, killed  # one engine, killed once
+    assert p.returncode == 0, out[-3000:]
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    by_step = {rec["step"]: rec for rec in records if "rollout/model_version" in rec}
+    assert sorted(by_step) == [1, 2, 3, 4, 5, 6]
+    # on-policy across the crash: the restarted engine did not fall back to the start weights
+    assert [by_step[s]["rollout/model_version"] for s in range(1, 7)] == [0, 1, 2, 3, 4, 5]
+    assert by_step[6]["rollout/engine_restarts"] == 1
+
+
 def test_grpo_end_to_end(tmp_path, tiny_model_dir):
     r = run_trinity(grpo_config(tmp_path, tiny_model_dir))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -327,6 +327,39 @@ def test_teacher_answers_slip_at_the_given_rate_on_carry_problems_only():
     assert {r["question"]: r["teacher_answer"] for r in fewer} == first
 
 
+def test_show_carry_writes_the_ones_carry_before_the_result():
+    from trinity.rewards import arithmetic_reward
+    from trinity.tasks.synthetic import arithmetic
+
+    def by_question(**kw):
+        # seed 3's training split holds all five problems below
+        add = arithmetic("train", 3, 7000, digits=2, ops="+", min_operand=10, **kw)
+        sub = arithmetic("train", 3, 3500, digits=2, ops="-", min_operand=10, **kw)
+        return {r["question"]: r for r in add + sub}
+
+    worked = by_question(show_carry=True, teacher_slip_rate=1.0)
+    plain = by_question(teacher_slip_rate=1.0)
+    assert worked.keys() == plain.keys()  # the same problems, only the answers are spelt out
+    for q, expected in {
+        "47+38=": ("1:85", "1:75"),  # 7+8=15 carries 1; the slipping teacher notes it, adds none
+        "74+56=": ("1:130", "1:120"),  # 4+6=10 carries 1
+        "23+45=": ("0:68", "0:68"),  # 3+5=8: no carry, nothing to slip
+        "52-38=": ("1:14", "1:24"),  # 2<8 borrows 1; 52-38 without the borrow is 24
+        "58-32=": ("0:26", "0:26"),
+    }.items():
+        assert (worked[q]["answer"], worked[q]["teacher_answer"]) == expected, q
+    for q, row in worked.items():
+        carry, result = row["answer"].split(":")
+        assert result == plain[q]["answer"] and carry in "01"
+        assert row["teacher_answer"].split(":")[1] == plain[q]["teacher_answer"]
+        # the reward scores the result: the truth `1:85` expects 85, whatever note precedes it
+        assert arithmetic_reward(result, row["answer"], {})["accuracy"] == 1.0
+    assert arithmetic_reward("0:85", "1:85", {})["accuracy"] == 1.0
+    assert arithmetic_reward("1:75", "1:85", {})["accuracy"] == 0.0
+    with pytest.raises(ValueError, match="show_carry is defined for ops"):
+        arithmetic("train", 0, 10, digits=2, ops="*", show_carry=True)
+
+
 def test_min_operand_keeps_to_true_two_digit_numbers():
     from trinity.tasks.synthetic import arithmetic
 

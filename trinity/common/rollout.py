@@ -76,6 +76,10 @@ class RolloutEngine(Protocol):
         places this engine among those loading them in one call (None: on its own)."""
         ...
 
+    def weights_version(self) -> int:
+        """The version of the weights loaded (0: those the engine was built with)."""
+        ...
+
     def get_stats(self) -> dict[str, float]: ...
 
 

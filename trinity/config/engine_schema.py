@@ -44,6 +44,13 @@ class InferenceModelConfig(ConfigSection):
         description="torch CPU threads of each engine replica; None = its share of the free "
         "cores (trinity.common.resources).",
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times Ray restarts a crashed engine replica (its process died: OOM kill, "
+        "segfault); the explorer reloads the weights it held and resends its requests. "
+        "0: a crash ends the run.",
+    )
     use_v1: bool = Field(True, description="vLLM: use the V1 engine.")
     enforce_eager: bool = Field(True, description="vLLM: no CUDA graphs (eager mode).")
     enable_prefix_caching: bool = Field(False, description="vLLM: reuse KV cache of prefixes.")

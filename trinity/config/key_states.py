@@ -186,6 +186,7 @@ def _model_entries(p: str, rollout: bool) -> list[KeyState]:
         acted(f"{p}.seed", "engine sampling seed"),
         acted(f"{p}.max_batch_size", "sequences per generate call"),
         acted(f"{p}.num_threads", "torch threads of each engine (unset: its share of the cores)"),
+        acted(f"{p}.max_restarts", "a crashed engine is restarted and given its weights again"),
         not_built(f"{p}.enable_openai_api", "the OpenAI-compatible endpoint"),
         not_built(f"{p}.enable_history", "recording model calls for workflows"),
         acted(f"{p}.enable_thinking", "chat templates of rollout prompts (overrides model.*)"),

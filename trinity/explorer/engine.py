@@ -223,5 +223,8 @@ class HFRolloutEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def weights_version(self) -> int:
+        return self.model_version
+
     def get_stats(self) -> dict[str, float]:
         return dict(self.stats)

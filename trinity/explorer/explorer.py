@@ -88,7 +88,9 @@ class Explorer:
         engine_cls = ray.remote(engine_class(resolve(cfg).engine_type))  # unset: best available
         share = self.engine_share or Share(0, 0, rm.num_threads or os.cpu_count() or 1)
         self.engines = [
-            engine_cls.options(num_cpus=share.num_cpus, num_gpus=share.num_gpus).remote(
+            engine_cls.options(
+                num_cpus=share.num_cpus, num_gpus=share.num_gpus, max_restarts=rm.max_restarts
+            ).remote(
                 self.model_path,
                 dtype=rm.dtype,
                 seed=seeds.engine_seed(cfg, i),
@@ -271,6 +273,7 @@ class Explorer:
             **{f"rollout/{k}": v for k, v in counts.items()},
             "rollout/tokens_per_s": sum(e.response_length for e in experiences) / elapsed,
             "rollout/model_version": float(self.client.model_version),
+            "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
         }
 

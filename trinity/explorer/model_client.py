@@ -4,26 +4,112 @@ Workflows run concurrently as asyncio tasks and each asks for its own samples. `
 collects every request made in the same turn of the event loop and sends them to the engines as
 one batched `generate` per distinct set of sampling params, split evenly across `engine_num`
 engines. So 16 tasks × 8 samples become one 128-sequence batch, not 16 small ones.
+
+A crashed engine (its process died: `RayActorError`; an exception raised inside an engine method
+is not a crash and propagates) is restarted by Ray when the actor was started with
+`max_restarts`. The client waits for it to come back, loads the weights every engine holds into it
+again (a restarted actor starts from the model it was created with), and resends the call. When
+Ray gives up on it, `EngineLost` names the engine and the crash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.rollout import Peers, Sample, SamplingParams
 
 
+class EngineLost(RuntimeError):
+    """A rollout engine's process died and Ray did not bring it back."""
+
+
 class BatchingClient:
-    def __init__(self, engines: list[Any]) -> None:
+    def __init__(self, engines: list[Any], restart_timeout: float = 600.0) -> None:
+        """`restart_timeout`: seconds to wait for a crashed engine to answer again."""
         if not engines:
             raise ValueError("no rollout engines")
         self.engines = engines  # Ray actor handles of HFRolloutEngine
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._flush_task: asyncio.Task | None = None
         self.model_version = 0
+        self.restart_timeout = restart_timeout
+        self.restarts = 0  # engine crashes recovered from, over the client's life
+        self._weights: tuple[str, list[Any], int] | None = None  # what every engine holds
+        self._recovering: dict[int, asyncio.Task] = {}
+
+    async def _on_engine(
+        self,
+        i: int,
+        call: Callable[[Any], Any],
+        served_with: Callable[[Any, Any], Awaitable[int]] | None = None,
+    ) -> Any:
+        """`await call(engine i)`, recovering from crashes of engine i (see the module doc).
+
+        `served_with(engine, result)`: the weights version the result came from. An answer from
+        older weights than the engines were given means the engine was restarted between calls
+        (Ray hands calls to the new process without an error): it is recovered and asked again.
+        """
+        for _ in range(_MAX_RECOVERIES_PER_CALL):
+            engine = self.engines[i]
+            try:
+                result = await call(engine)
+                if served_with is None or self._weights is None:
+                    return result
+                if await served_with(engine, result) >= self._weights[2]:
+                    return result
+                crash: BaseException = RuntimeError(
+                    f"engine {i} answered with weights older than v{self._weights[2]}"
+                )
+            except RayActorError as e:
+                crash = e
+            # one recovery per crash, however many calls were in flight when it died
+            task = self._recovering.get(i)
+            if task is None or task.done():
+                task = asyncio.create_task(self._recover(i, crash))
+                self._recovering[i] = task
+            await asyncio.shield(task)
+        raise EngineLost(f"rollout engine {i} kept crashing: {crash}")
+
+    async def _recover(self, i: int, crash: BaseException) -> None:
+        """Wait for Ray to restart engine i, then give it the weights every engine holds."""
+        engine, deadline = self.engines[i], time.monotonic() + self.restart_timeout
+        while True:
+            try:
+                held = await engine.weights_version.remote()  # answers once it is up again
+                break
+            except ActorUnavailableError:  # restarting, or briefly unreachable: ask again
+                if time.monotonic() > deadline:
+                    raise EngineLost(
+                        f"rollout engine {i} crashed and did not come back within "
+                        f"{self.restart_timeout:.0f}s: {crash}"
+                    ) from crash
+                await asyncio.sleep(0.5)
+            except RayActorError as e:
+                raise EngineLost(
+                    f"rollout engine {i} crashed and Ray did not restart it (restarts used up, "
+                    f"explorer.rollout_model.max_restarts): {crash}"
+                ) from e
+        if self._weights is not None and held < self._weights[2]:
+            method, payload, version = self._weights
+            try:
+                await engine.update_weights.remote(
+                    method, payload, version, Peers(0, 1, _call_id())
+                )
+            except Exception as e:
+                raise EngineLost(
+                    f"rollout engine {i} restarted after a crash but could not load weights "
+                    f"v{version} ({method}) again: {e}"
+                ) from e
+        elif self._weights is not None:
+            return  # already given its weights: a late report of a crash recovered from
+        self.restarts += 1
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Sample]:
         fut = asyncio.get_running_loop().create_future()
@@ -50,13 +136,13 @@ class BatchingClient:
         k = len(self.engines)
         shards = [group[i::k] for i in range(k)]
         calls = [
-            (shard, engine.generate.remote([p for p, _ in shard], params))
-            for shard, engine in zip(shards, self.engines, strict=True)
+            (shard, asyncio.ensure_future(self._generate(i, [p for p, _ in shard], params)))
+            for i, shard in enumerate(shards)
             if shard
         ]
-        for shard, ref in calls:
+        for shard, pending in calls:
             try:
-                results = await ref
+                results = await pending
             except BaseException as e:  # hand the failure to every waiting workflow
                 for _, fut in shard:
                     if not fut.done():
@@ -66,18 +152,48 @@ class BatchingClient:
                 if not fut.done():
                     fut.set_result(samples)
 
+    async def _generate(
+        self, i: int, prompts: list[list[int]], params: SamplingParams
+    ) -> list[list[Sample]]:
+        async def served_with(engine: Any, result: list[list[Sample]]) -> int:
+            return min(s.model_version for samples in result for s in samples)
+
+        return await self._on_engine(i, lambda e: e.generate.remote(prompts, params), served_with)
+
     async def logprobs(self, tokens: list[int]) -> list[float]:
-        return await self.engines[0].logprobs.remote(tokens)
+        async def served_with(engine: Any, result: list[float]) -> int:
+            return await engine.weights_version.remote()
+
+        return await self._on_engine(0, lambda e: e.logprobs.remote(tokens), served_with)
 
     async def update_weights(self, method: str, payload: list[Any], version: int) -> None:
-        """Every engine loads the weights `payload` stands for (sync method `method`)."""
-        n, call = len(self.engines), uuid.uuid4().hex
-        calls = (
-            e.update_weights.remote(method, payload, version, Peers(i, n, call))
-            for i, e in enumerate(self.engines)
-        )
-        await asyncio.gather(*calls)
+        """Every engine loads the weights `payload` stands for (sync method `method`).
+
+        An engine that crashes while loading is restarted and loads them alone (a group of one).
+        """
+        n, call = len(self.engines), _call_id()
+
+        async def load(i: int) -> None:
+            first = True
+
+            def send(engine: Any) -> Any:
+                nonlocal first
+                peers = Peers(i, n, call) if first else Peers(0, 1, _call_id())
+                first = False
+                return engine.update_weights.remote(method, payload, version, peers)
+
+            await self._on_engine(i, send)
+
+        await asyncio.gather(*(load(i) for i in range(n)))
+        self._weights = (method, payload, version)
         self.model_version = version
+
+
+_MAX_RECOVERIES_PER_CALL = 8
+
+
+def _call_id() -> str:
+    return uuid.uuid4().hex
 
 
 class TaskModelHandle:

@@ -151,16 +151,26 @@ def carry_slip(a: int, op: str, b: int) -> int | None:
     return None
 
 
-def _add_teacher(rows: list[dict[str, Any]], seed: int, slip_rate: float) -> None:
+def _with_carry(a: int, op: str, b: int, result: int) -> str:
+    """`result` preceded by the ones column's carry (or borrow) digit: 47+38 -> `1:85`."""
+    return f"{int(carry_slip(a, op, b) is not None)}:{result}"
+
+
+def _add_teacher(rows: list[dict[str, Any]], seed: int, slip_rate: float, show_carry: bool) -> None:
     """Give every row a `teacher_answer`: the answer, or with `slip_rate` a carry slip.
 
+    With `show_carry` the slipping teacher still notes the carry but does not add it (`1:75`).
     The draw is per (seed, question), so a problem's teacher answer does not depend on
     `num_tasks` or on the order rows were generated in.
     """
     for row in rows:
-        slip = carry_slip(row["a"], row["op"], row["b"])
+        a, op, b = row["a"], row["op"], row["b"]
+        slip = carry_slip(a, op, b)
         slipped = slip is not None and random.Random(f"teacher:{seed}:{row['question']}").random()
-        row["teacher_answer"] = str(slip) if slipped and slipped < slip_rate else row["answer"]
+        if not (slipped and slipped < slip_rate):
+            row["teacher_answer"] = row["answer"]
+        else:
+            row["teacher_answer"] = _with_carry(a, op, b, slip) if show_carry else str(slip)
 
 
 @GENERATORS.register("arithmetic")
@@ -175,6 +185,7 @@ def arithmetic(
     allow_negative: bool = False,
     eval_fraction: float = 0.1,
     teacher_slip_rate: float | None = None,
+    show_carry: bool = False,
 ) -> list[dict[str, Any]]:
     """Problems like `23+45=` with answer `68`.
 
@@ -186,6 +197,13 @@ def arithmetic(
     imperfect teacher who, on problems whose ones digits carry (or borrow), forgets the carry with
     that probability (`carry_slip`) and is right otherwise. SFT on `teacher_answer` imitates the
     slip; a reward that checks `answer` can then teach the model past its teacher.
+
+    `show_carry` (ops '+' and '-') writes answers as worked solutions: the ones column's carry
+    (or borrow) digit, a colon, the result (`47+38=` -> `1:85`, `52-38=` -> `1:14`, `23+45=` ->
+    `0:68`). Every digit of such an answer is then a sum of single digits seen before it, which a
+    small model learns steadily; without the note, the ones digit of a sum, `(a + b) mod 10`, says
+    nothing about either digit alone, and learning it waits on a long, seed-dependent plateau.
+    `arithmetic_reward` reads the last number, so it scores the result alone.
     """
     _check_common("arithmetic", num_tasks, eval_fraction)
     if teacher_slip_rate is not None and not 0.0 <= teacher_slip_rate <= 1.0:
@@ -194,6 +212,8 @@ def arithmetic(
         )
     if teacher_slip_rate and "*" in ops:
         raise ValueError("arithmetic: teacher_slip_rate is defined for ops '+' and '-' only")
+    if show_carry and "*" in ops:
+        raise ValueError("arithmetic: show_carry is defined for ops '+' and '-' only")
     if not ops or any(op not in _OPS for op in ops):
         raise ValueError(f"arithmetic: ops must be a non-empty string of '+-*', got {ops!r}")
     if max_operand is None:
@@ -224,8 +244,11 @@ def arithmetic(
 
     space = len(op_list) * len(values) ** 2
     rows = _select("arithmetic", split, seed, num_tasks, eval_fraction, space, enumerate_all, draw)
+    if show_carry:
+        for row in rows:
+            row["answer"] = _with_carry(row["a"], row["op"], row["b"], int(row["answer"]))
     if teacher_slip_rate is not None:
-        _add_teacher(rows, seed, teacher_slip_rate)
+        _add_teacher(rows, seed, teacher_slip_rate, show_carry)
     return rows
 
 
