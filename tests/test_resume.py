@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_e2e import ROOT, buffer_counts, grpo_config, run_trinity, user_module
+from test_e2e import ROOT, buffer_counts, descendants, grpo_config, run_trinity, user_module
 
 from trinity.config.run_folder import fresh_name
 
@@ -164,8 +164,10 @@ def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing_and_trains_nothing_twice(tmp_path, tiny_model_dir):
     """10 trials: start the run (continue_from_checkpoint), SIGKILL the driver's whole process
-    group, the trainer actor or the explorer actor at a random moment, start it again; then let
-    it finish. By experience id nothing is lost or trained twice, and the steps continue."""
+    group, the trainer actor or the explorer actor at a drawn moment (during start-up, or a drawn
+    number of steps in), start it again; then let it finish. By experience id nothing is lost or
+    trained twice, and the steps continue."""
+    import contextlib
     import random
     import signal
     import tempfile
@@ -174,7 +176,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_trains_nothing_twice(tmp_pa
     rng = random.Random(1234)  # the moments and targets are drawn, but the same every run
     ray_tmp = Path(tempfile.mkdtemp(prefix="rk", dir="/tmp"))  # short: Ray's socket paths
     cfg = grpo_config(tmp_path, tiny_model_dir)
-    steps = 100  # more than 10 short trials get through, so every trial is killed mid-run
+    steps = 100  # 10 trials train at most 8 steps each: every trial is killed mid-run
     sets = [f"buffer.total_steps={steps}", "buffer.total_epochs=12", "trainer.save_interval=1",
             "explorer.eval_interval=0",
             "explorer.eval_on_startup=false", "continue_from_checkpoint=true"]  # fmt: skip
@@ -182,30 +184,56 @@ def test_sigkill_at_random_moments_loses_nothing_and_trains_nothing_twice(tmp_pa
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache"), "RAY_TMPDIR": str(ray_tmp)}
     cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *args]
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
-    killed = []
+
+    def newest_checkpoint() -> int:
+        names = (d.name.removeprefix("global_step_") for d in run_dir.glob("global_step_*"))
+        return max((int(n) for n in names if n.isdigit()), default=0)
+
+    killed, early = [], []  # early: trials that ended before their kill (exit code, log tail)
+    p = None
     try:
-        for _ in range(10):
+        for trial in range(10):
             target = rng.choice(["driver", "trainer", "explorer"])
-            delay = rng.uniform(10.0, 22.0)  # start-up takes ~10 s here
-            p = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            time.sleep(delay)
-            if p.poll() is None:
+            log = tmp_path / f"trial_{trial}.log"
+            with log.open("w") as out:
+                p = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                                     stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            # the moment is drawn in steps, not seconds, so it falls mid-run on a fast machine
+            # too: during start-up (one trial in five), or 1-8 steps after the last checkpoint
+            if rng.random() < 0.2:
+                time.sleep(rng.uniform(1.0, 8.0))
+            else:
+                due, deadline = newest_checkpoint() + rng.randint(1, 8), time.monotonic() + 180
+                while newest_checkpoint() < due and p.poll() is None:
+                    assert time.monotonic() < deadline, f"trial {trial}: no step {due} in 180 s"
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 0.5))
+            procs = descendants(p.pid)  # this run's processes only, none of an earlier trial
+            if p.poll() is not None:
+                early.append((trial, p.returncode, log.read_text()[-1500:]))
+            else:
                 if target != "driver":  # SIGKILL the actor's process, if it is up yet
-                    actor = "ray::TrainerRunner" if target == "trainer" else "ray::Explorer"
-                    hit = subprocess.run(["pkill", "-9", "-f", actor], check=False)
-                    target = target if hit.returncode == 0 else "driver"
+                    title = "ray::TrainerRunner" if target == "trainer" else "ray::Explorer"
+                    hits = [pid for pid, cmdline in procs.items() if cmdline.startswith(title)]
+                    for pid in hits:
+                        os.kill(pid, signal.SIGKILL)
+                    target = target if hits else "driver"
                 if target == "driver":
                     os.killpg(p.pid, signal.SIGKILL)
                 killed.append(target)
             p.wait(timeout=120)
+            for pid in procs:  # what outlived its driver (Ray workers are reparented on its death)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)  # Ray's leftovers
             if (run_dir / f"global_step_{steps}").is_dir():
                 break
-        assert len(killed) >= 10, f"only {len(killed)} trials were killed mid-run"
+        assert len(killed) >= 10, f"only {len(killed)} trials were killed mid-run: {early}"
         final = run_trinity(cfg, {"RAY_TMPDIR": str(ray_tmp)}, overrides=sets, timeout=300)
         assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     finally:
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
         subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)
     assert (run_dir / f"global_step_{steps}").is_dir()
     counts = buffer_counts(cfg)
