@@ -99,7 +99,7 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     import time
 
     cfg = grpo_config(tmp_path, tiny_model_dir)
-    sets = ["buffer.total_steps=6", "explorer.eval_interval=0"]
+    sets = ["buffer.total_steps=10", "explorer.eval_interval=0"]
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
     p = subprocess.Popen(
@@ -111,12 +111,12 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     try:
         while not killed and p.poll() is None and time.monotonic() < deadline:
             steps = metrics_file.read_text().count('"train/loss"') if metrics_file.exists() else 0
-            if steps >= 2:
+            if steps >= 1:  # on-policy: the explorer is at most one step ahead of the trainer
                 engines = [pid for pid, a in descendants(p.pid).items() if "HFRolloutEngine" in a]
                 for pid in engines:
                     os.kill(pid, 9)
                 killed += engines
-            time.sleep(0.2)
+            time.sleep(0.05)
         out, _ = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
@@ -125,10 +125,10 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     assert p.returncode == 0, out[-3000:]
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     by_step = {rec["step"]: rec for rec in records if "rollout/model_version" in rec}
-    assert sorted(by_step) == [1, 2, 3, 4, 5, 6]
+    assert sorted(by_step) == list(range(1, 11))
     # on-policy across the crash: the restarted engine did not fall back to the start weights
-    assert [by_step[s]["rollout/model_version"] for s in range(1, 7)] == [0, 1, 2, 3, 4, 5]
-    assert by_step[6]["rollout/engine_restarts"] == 1
+    assert [by_step[s]["rollout/model_version"] for s in range(1, 11)] == list(range(10))
+    assert by_step[10]["rollout/engine_restarts"] == 1
 
 
 def test_grpo_end_to_end(tmp_path, tiny_model_dir):

@@ -33,7 +33,7 @@ def _zero_weights(model_dir) -> dict[str, torch.Tensor]:
 
 def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ray_local, tmp_path):
     zeros = _zero_weights(tiny_model_dir)
-    engine_cls = ray.remote(HFRolloutEngine).options(num_cpus=0, max_restarts=1)
+    engine_cls = ray.remote(HFRolloutEngine).options(num_cpus=0, max_restarts=2)
     engines = [engine_cls.remote(str(tiny_model_dir), seed=i, num_threads=1) for i in range(2)]
     client = BatchingClient(engines, restart_timeout=120)
     sample = SamplingParams(n=2, temperature=1.0, max_tokens=3)
@@ -65,7 +65,12 @@ def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ra
             assert all(s.model_version == 7 for s in samples)
         assert await client.logprobs([5, 6, 7]) == pytest.approx([uniform] * 2, abs=1e-5)
         assert client.restarts == 2
-        # max_restarts=1: engine 1 has used its restart; the next crash is the end of it
+        # a crash between calls, then a weight load: counted, and the new weights replace the lost
+        ray.kill(engines[1], no_restart=False)
+        await client.update_weights("memory", sync_method("memory").send(zeros, 8, tmp_path), 8)
+        assert client.restarts == 3
+        assert [await e.weights_version.remote() for e in engines] == [8, 8]
+        # max_restarts=2: engine 1 has used both; the next crash is the end of it
         ray.kill(engines[1], no_restart=False)
         with pytest.raises(EngineLost, match=r"engine 1 crashed and Ray did not restart it"):
             await both_engines()

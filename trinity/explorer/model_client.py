@@ -174,6 +174,12 @@ class BatchingClient:
         n, call = len(self.engines), _call_id()
 
         async def load(i: int) -> None:
+            if self._weights is not None:
+                held = await self._on_engine(i, lambda e: e.weights_version.remote())
+                if held < self._weights[2]:
+                    # restarted between calls (no error): counted; the load below replaces what
+                    # it lost
+                    self.restarts += 1
             first = True
 
             def send(engine: Any) -> Any:
