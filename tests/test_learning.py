@@ -116,9 +116,11 @@ def test_quickstart_config_scaled_down(tmp_path):
     start = next(rec[key] for rec in records if rec["step"] == 0 and key in rec)
     sft_end = [rec[key] for rec in by_stage["sft"] if key in rec][-1]
     assert start == 0.0  # a random-init model answers nothing right
-    # >= 4 of the 200 held-out sums after 300 SFT steps (in-process probes at constant lr 3e-3,
-    # operands 0-99: 0.04 to 0.30 at step 300 over four runs; operands 10-99 learn sooner)
-    assert sft_end >= 0.02, sft_end
+    # a greedy model at the teacher's level gets the 55% of sums without a carry right and few of
+    # the rest, where the teacher slips 70% of the time (0.57-0.70 after the full stage). With
+    # worked answers there is no plateau to wait on (full-length runs, seeds 0-4: training loss
+    # 0.23-0.38 at step 300), so 300 steps get well on the way: >= 40 of 200
+    assert sft_end >= 0.2, sft_end
     grpo = [rec for rec in by_stage["grpo"] if "train/loss" in rec]
     assert len(grpo) == 4 and all("rollout/reward_mean" in rec for rec in grpo)
     assert (run_dir / "grpo" / "global_step_4").is_dir()
