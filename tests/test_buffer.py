@@ -223,3 +223,33 @@ def test_experience_roundtrip_and_length_checks():
         Experience(
             tokens=torch.tensor([1, 2, 3]), prompt_length=2, logprobs=torch.tensor([0.0, 0.0])
         )
+
+
+def test_restart_holds_at_most_capacity_in_memory_and_pages_the_rest_in_order(tmp_path):
+    async def main():
+        first = QueueStorage(tmp_path / "b.db", capacity=100)
+        await first.write([exp(i) for i in range(30)])
+        await first.read(4)  # leased, never acked: pending again after the restart
+        first.log.close()
+        # restarted with a smaller capacity: 30 pending, 10 in memory, 20 left on disk
+        q = QueueStorage(tmp_path / "b.db", capacity=10)
+        assert len(q._items) == 10 and q.size() == 30
+        writer = asyncio.create_task(q.write([exp(100), exp(101)]))
+        await asyncio.sleep(0.01)
+        assert not writer.done()  # 30 waiting >= capacity 10: the writer waits for room
+        got = []
+        for _ in range(3):
+            got += [e.reward for e in (await q.read(8)).experiences]
+            assert len(q._items) <= 10
+        await asyncio.wait_for(writer, 1)  # 6 left: room for the new rows, behind them
+        await q.close()
+        while True:
+            try:
+                got += [e.reward for e in (await q.read(8)).experiences]
+            except BufferClosed:
+                break
+        # every pending row once, in write order, then what was written after the restart
+        assert got == [float(i) for i in range(30)] + [100.0, 101.0]
+        assert q.stats()["pending"] == 0 and q.stats()["leased"] == 32
+
+    asyncio.run(main())

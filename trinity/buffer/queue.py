@@ -6,6 +6,10 @@ Implements `trinity.buffer.storage.ExperienceStorage`. Writes go through to SQLi
 (`<run_dir>/buffer/<name>.db`, `sqlite_log.py`) before they are visible; reads hand experiences
 out under a lease that the trainer acks after its next checkpoint, so a restarted run finds every
 experience that was written and not yet trained on, in write order.
+
+At most `capacity` experiences are held in memory. A restart that finds more pending rows (the
+leased ones come back on top of a full queue, or `capacity` was lowered) keeps the rest on disk
+and pages them in, in write order, as reads make room; new writes queue behind them.
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ class QueueStorage(RefCounted):
         self._next_local_id = -1
         self._cursors: dict[str, Cursor] = {}  # memory only (no log)
         self._next_lease = 1
+        self._on_disk = 0  # pending rows in the log and not in memory: all after `_items`
+        self._paged_to = 0  # id of the last row paged in from the log
         if self.log is not None:
             self.log.ack(list(settled))
-            self._items.extend(self.log.recover())
+            self._on_disk = self.log.recover()
             self._next_lease = self.log.max_lease() + 1
+            self._page_in(capacity)
         self.written = 0
         self.read_count = 0
 
@@ -52,7 +59,7 @@ class QueueStorage(RefCounted):
         """Append experiences (blocks while the queue is at capacity), with the writer's cursor
         in the same transaction. Returns the queue size."""
         async with self._cond:
-            await self._cond.wait_for(lambda: len(self._items) < self.capacity or self._closed)
+            await self._cond.wait_for(lambda: self.size() < self.capacity or self._closed)
             if self._closed:
                 raise BufferClosed("write to a closed buffer")
             if self.log is not None:
@@ -62,7 +69,10 @@ class QueueStorage(RefCounted):
                     self._cursors[cursor.explorer] = cursor
                 ids = list(range(self._next_local_id, self._next_local_id - len(experiences), -1))
                 self._next_local_id -= len(experiences)
-            self._items.extend(zip(ids, experiences, strict=True))
+            if self._on_disk:  # behind the rows still on disk: paged in after them
+                self._on_disk += len(experiences)
+            else:
+                self._items.extend(zip(ids, experiences, strict=True))
             self.written += len(experiences)
             self._cond.notify_all()
             return len(self._items)
@@ -78,8 +88,9 @@ class QueueStorage(RefCounted):
         """
 
         def ready() -> bool:
+            self._page_in(max(n, self.capacity))
             self._drop_stale(min_version)
-            return len(self._items) >= n or self._closed
+            return len(self._items) >= n or (self._closed and not self._on_disk)
 
         async with self._cond:
             try:
@@ -115,6 +126,19 @@ class QueueStorage(RefCounted):
         for i in lease_ids:
             del self._leases[i]
 
+    def _page_in(self, room: int) -> None:
+        """Move pending rows from the log into memory, in write order, up to `room` in memory."""
+        while self._on_disk and len(self._items) < room and self.log is not None:
+            rows = self.log.pending(self._paged_to, room - len(self._items))
+            if not rows:
+                raise RuntimeError(
+                    f"buffer log {self.log.path}: {self._on_disk} pending rows expected on disk "
+                    f"after id {self._paged_to}, none found"
+                )
+            self._items.extend(rows)
+            self._on_disk -= len(rows)
+            self._paged_to = rows[-1][0]
+
     def _drop_stale(self, min_version: int | None) -> None:
         if min_version is None:
             return
@@ -149,7 +173,8 @@ class QueueStorage(RefCounted):
             self._cond.notify_all()
 
     def size(self) -> int:
-        return len(self._items)
+        """Experiences waiting to be read (in memory and still on disk)."""
+        return len(self._items) + self._on_disk
 
     def stats(self) -> dict[str, int]:
         if self.log is not None:

@@ -132,13 +132,21 @@ class SQLiteLog:
             )
         return count
 
-    def recover(self) -> list[tuple[int, Experience]]:
-        """Return unacked leases to pending; the pending rows in write order."""
+    def recover(self) -> int:
+        """Return unacked leases to pending. Returns how many rows are pending (`pending`)."""
         with self.conn:
             self.conn.execute("UPDATE experience_log SET state = 0, lease = NULL WHERE state = 1")
+        return int(
+            self.conn.execute("SELECT COUNT(*) FROM experience_log WHERE state = 0").fetchone()[0]
+        )
+
+    def pending(self, after: int, limit: int) -> list[tuple[int, Experience]]:
+        """Up to `limit` pending rows with ids above `after`, in write order."""
         rows = self.conn.execute(
             "SELECT e.id, COALESCE(p.data, e.payload) FROM experience_log e "
-            "LEFT JOIN experience_payload p ON p.id = e.id WHERE e.state = 0 ORDER BY e.id"
+            "LEFT JOIN experience_payload p ON p.id = e.id WHERE e.state = 0 AND e.id > ? "
+            "ORDER BY e.id LIMIT ?",
+            (after, limit),
         ).fetchall()
         return [(int(i), Experience.from_dict(json.loads(p))) for i, p in rows]
 
