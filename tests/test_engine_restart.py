@@ -15,7 +15,7 @@ import torch
 
 from trinity.common.rollout import SamplingParams
 from trinity.explorer.engine import HFRolloutEngine
-from trinity.explorer.model_client import BatchingClient, EngineLost
+from trinity.explorer.model_client import BatchingClient
 from trinity.sync.method import sync_method
 
 
@@ -70,9 +70,5 @@ def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ra
         await client.update_weights("memory", sync_method("memory").send(zeros, 8, tmp_path), 8)
         assert client.restarts == 3
         assert [await e.weights_version.remote() for e in engines] == [8, 8]
-        # max_restarts=2: engine 1 has used both; the next crash is the end of it
-        ray.kill(engines[1], no_restart=False)
-        with pytest.raises(EngineLost, match=r"engine 1 crashed and Ray did not restart it"):
-            await both_engines()
 
     asyncio.run(main())
