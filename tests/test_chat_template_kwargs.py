@@ -45,7 +45,7 @@ def test_sft_and_rollout_prompts_render_with_enable_thinking(tiny_model_dir):
     sent: list[list[int]] = []
 
     class Client:  # records what the handle sends to the engines
-        async def generate(self, ids, params):
+        async def generate(self, ids, params, key=None):
             sent.append(ids)
             return []
 

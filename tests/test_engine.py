@@ -63,7 +63,7 @@ class FakeEngine:
         outer = self
 
         class Method:
-            def remote(self, prompts, params):
+            def remote(self, prompts, params, keys=None):
                 outer.calls.append((len(prompts), params))
                 fut = asyncio.get_running_loop().create_future()
                 fut.set_result([[f"{p[0]}-{i}" for i in range(params.n)] for p in prompts])
@@ -88,3 +88,56 @@ def test_batcher_merges_concurrent_requests_per_sampling_params():
     # 6 train prompts split 3/3 over two engines in one call each; 2 greedy prompts 1/1
     sizes = sorted((n, p.temperature) for e in engines for n, p in e.calls)
     assert sizes == [(1, 0.0), (1, 0.0), (3, 1.0), (3, 1.0)]
+
+
+class LocalActor:
+    """An engine behind a Ray-handle-shaped facade: `engine.method.remote(...)` runs it now."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        method = getattr(self._engine, name)
+
+        class Remote:
+            @staticmethod
+            def remote(*args):
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(method(*args))
+                return fut
+
+        return Remote()
+
+
+def test_keyed_tasks_sample_the_same_whatever_the_batching_and_engine_count(tiny_model_dir):
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=6)
+    questions = ["1+2=", "3+4=", "5+6=", "7+8=", "12+34="]
+
+    def engines(k):
+        return [LocalActor(HFRolloutEngine(str(tiny_model_dir), seed=10 * i)) for i in range(k)]
+
+    async def task(client, tok, i):
+        handle = TaskModelHandle(client, tok, params, key=1000 + i)
+        first = await handle.chat([{"role": "user", "content": questions[i]}])
+        # a workflow's 2nd call, made as soon as its 1st is answered, while the batch's other
+        # shards may still run (it used to wait forever: no batch was gathering)
+        second = await handle.generate(first[0].response_ids[:2] or [5])
+        return [s.response_ids for s in first + second]
+
+    async def together(k):  # every task at once: one batch per turn, sharded over k engines
+        client = BatchingClient(engines(k))
+        tok = client.engines[0]._engine.tokenizer
+        return await asyncio.gather(*(task(client, tok, i) for i in range(len(questions))))
+
+    async def one_by_one():  # each task alone in its batches
+        client = BatchingClient(engines(1))
+        tok = client.engines[0]._engine.tokenizer
+        return [await task(client, tok, i) for i in reversed(range(len(questions)))][::-1]
+
+    batched, sharded, alone = (
+        asyncio.run(together(1)),
+        asyncio.run(together(2)),
+        asyncio.run(one_by_one()),
+    )
+    assert batched == sharded == alone
+    assert len({tuple(map(tuple, r)) for r in batched}) == len(questions)

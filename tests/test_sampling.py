@@ -1,11 +1,12 @@
 """Sampling filters against hand-derived distributions, and the engine's decode loop against
 `model.generate` (greedy, left padding, rows stopping at different steps)."""
 
+import numpy as np
 import pytest
 import torch
 
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
-from trinity.explorer.sampling import filter_logits, sample_next
+from trinity.explorer.sampling import filter_logits, keyed_uniforms, sample_next, splitmix64
 
 # probabilities 0.5, 0.3, 0.15, 0.05 as logits
 PROBS = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
@@ -106,3 +107,48 @@ def test_sampled_sequences_are_reproducible_from_the_seed(tiny_model_dir):
         runs.append([s.response_ids for s in engine.generate([p], params)[0]])
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[0]}) > 1  # the n samples of one prompt differ
+
+
+def test_splitmix64_matches_the_reference_sequence():
+    # SplitMix64 seeded with 0 (Vigna's splitmix64.c: state += golden gamma, then mix) outputs
+    # 0xE220A8397B1DCDAF, then 0x6E789E6AA1B965F4; splitmix64(x) mixes x + gamma, so
+    # splitmix64(0) and splitmix64(gamma) are those two outputs
+    gamma = 0x9E3779B97F4A7C15
+    out = splitmix64(np.array([0, gamma], dtype=np.uint64))
+    assert [int(v) for v in out] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
+
+
+def test_keyed_draws_follow_the_filtered_distribution():
+    keys = np.arange(40_000, dtype=np.uint64)
+    u = keyed_uniforms(keys, t=3)
+    assert u.shape == (40_000, 1) and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    logits = LOGITS.expand(len(keys), -1)
+    picked = sample_next(logits, temperature=1.0, uniforms=u)
+    freq = torch.bincount(picked, minlength=4).float() / len(keys)
+    # binomial std of each frequency is at most sqrt(0.25 / 40000) = 0.0025
+    torch.testing.assert_close(freq, PROBS[0], atol=0.01, rtol=0)
+    # top_p=0.7 keeps tokens 0 and 1, renormalised: 0.5/0.8 and 0.3/0.8
+    picked = sample_next(logits, temperature=1.0, top_p=0.7, uniforms=u)
+    freq = torch.bincount(picked, minlength=4).float() / len(keys)
+    torch.testing.assert_close(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01, rtol=0)
+    # another step's uniforms are another draw: about 1 - sum(p^2) = 1 - 0.365 = 0.635 of the picks change
+    again = sample_next(logits, temperature=1.0, uniforms=keyed_uniforms(keys, t=4))
+    changed = (again != sample_next(logits, temperature=1.0, uniforms=u)).float().mean()
+    assert abs(float(changed) - 0.635) < 0.015
+
+
+def test_a_keyed_prompt_samples_the_same_tokens_whatever_shares_its_batch(tiny_model_dir):
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_tokens=8)
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0)
+    a = engine.chat_prompt_ids([{"role": "user", "content": "5+6="}])
+    b = engine.chat_prompt_ids([{"role": "user", "content": "12+34="}])
+    alone = engine.generate([a], params, keys=[7])[0]
+    other_engine = HFRolloutEngine(str(tiny_model_dir), seed=99)  # another generator seed
+    batched = other_engine.generate([b, a, a], params, keys=[8, 7, 9])
+    ids = lambda samples: [s.response_ids for s in samples]  # noqa: E731
+    assert ids(batched[1]) == ids(alone)
+    assert ids(batched[2]) != ids(alone)  # another key, other samples
+    assert len({tuple(r) for r in ids(alone)}) > 1  # the n samples of one prompt differ
+    # unkeyed prompts still repeat from the engine's seed
+    first = HFRolloutEngine(str(tiny_model_dir), seed=3).generate([a], params)[0]
+    assert ids(HFRolloutEngine(str(tiny_model_dir), seed=3).generate([a], params)[0]) == ids(first)

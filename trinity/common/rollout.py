@@ -61,8 +61,18 @@ class RolloutEngine(Protocol):
 
     model_version: int
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
-        """`params.n` samples per prompt (token ids in, token ids + logprobs out)."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+    ) -> list[list[Sample]]:
+        """`params.n` samples per prompt (token ids in, token ids + logprobs out).
+
+        `keys`: a 64-bit sampling key per prompt. A keyed prompt's samples depend on its key, its
+        params and the weights alone, never on the rest of the batch (`explorer/sampling.py`);
+        None leaves the draws to the engine's seeded generator.
+        """
         ...
 
     def logprobs(self, tokens: list[int]) -> list[float]:

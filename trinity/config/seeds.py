@@ -2,7 +2,7 @@
 
     seed: 3                     # top level: reaches every source below unless a section says
     model: {model_path: tiny://1m}                   # tiny model init: seed 3 (URL ?seed=N wins)
-    explorer.rollout_model.seed                      # engine sampling; replica i uses seed + i
+    explorer.rollout_model.seed                      # sampling keys; replica i's generator seed + i
     buffer.explorer_input.taskset.data_selector.seed # shuffle / random task order
     buffer.explorer_input.taskset.generator_args.seed  # which synthetic problems are drawn
     # the trainer seeds torch (dropout, any sampling inside a loss) with the global seed
@@ -33,7 +33,12 @@ def model_path(cfg: Any, path: str | None = None) -> str:
     return f"{TINY_SCHEME}{preset}?seed={cfg.seed}"
 
 
-def engine_seed(cfg: Any, replica: int) -> int:
-    """Sampling seed of rollout engine replica `replica` (0-based)."""
+def rollout_seed(cfg: Any) -> int:
+    """The seed of the explorer's sampling keys (`TaskModelHandle`): what each task samples."""
     own = cfg.explorer.rollout_model.seed
-    return (cfg.seed if own is None else own) + replica
+    return cfg.seed if own is None else own
+
+
+def engine_seed(cfg: Any, replica: int) -> int:
+    """Generator seed of rollout engine replica `replica` (0-based), for unkeyed requests."""
+    return rollout_seed(cfg) + replica

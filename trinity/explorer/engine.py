@@ -6,7 +6,9 @@ own decode loop rather than `model.generate`, for what RL rollouts need:
   (`generate` would prefill every copy: n times the prompt compute for GRPO's groups);
 - rows that sampled eos leave the batch at once, so long and short answers don't pay for each other;
 - the logprob of every sampled token is taken at each step, never keeping [B, R, V] logits;
-- sampling (temperature, top-k, top-p; `sampling.py`) draws from a per-engine seeded generator.
+- sampling (temperature, top-k, top-p; `sampling.py`) is keyed: a request's key, hashed with its
+  sample index and the decode step, gives each draw, so a request samples the same tokens whatever
+  shares its batch; requests without a key get one from the engine's seeded generator.
 It also returns the exact sampled ids, a finish reason, and the `model_version` that
 `update_weights` bumps. Greedy output equals `model.generate`'s (tested).
 
@@ -21,11 +23,12 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from trinity.common.rollout import ENGINE, Peers, Sample, SamplingParams
-from trinity.explorer.sampling import sample_next
+from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
@@ -76,16 +79,39 @@ class HFRolloutEngine:
     # -- sampling --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
-        """Sample `params.n` continuations for each prompt. Returns one list per prompt."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+    ) -> list[list[Sample]]:
+        """Sample `params.n` continuations for each prompt. Returns one list per prompt.
+
+        `keys`: a 64-bit sampling key per prompt (`sampling.keyed_uniforms`); None (for all, or
+        for one prompt) draws the key from the engine's seeded generator.
+        """
+        keys = list(keys) if keys is not None else [None] * len(prompts)
+        if len(keys) != len(prompts):
+            raise ValueError(f"{len(keys)} sampling keys for {len(prompts)} prompts")
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
         out: list[list[Sample]] = []
         for start in range(0, len(prompts), per_chunk):
-            out.extend(self._generate_batch(prompts[start : start + per_chunk], params))
+            chunk = slice(start, start + per_chunk)
+            out.extend(self._generate_batch(prompts[chunk], params, keys[chunk]))
         return out
 
+    def _row_keys(self, keys: list[int | None], n: int) -> np.ndarray:
+        """[len(keys) * n] uint64: sample j of prompt i is keyed splitmix64(splitmix64(key_i) + j)."""
+        filled = [
+            k if k is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            for k in keys
+        ]
+        base = splitmix64(np.repeat(np.asarray(filled, dtype=np.uint64), n))
+        with np.errstate(over="ignore"):
+            return splitmix64(base + np.tile(np.arange(n, dtype=np.uint64), len(keys)))
+
     def _generate_batch(
-        self, prompts: list[list[int]], params: SamplingParams
+        self, prompts: list[list[int]], params: SamplingParams, keys: list[int | None]
     ) -> list[list[Sample]]:
         """Prefill each prompt once, fan its KV cache out to `n` rows, decode until all stop.
 
@@ -137,6 +163,7 @@ class HFRolloutEngine:
         lengths = torch.full((rows,), max_new, dtype=torch.long, device=self.device)
         stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
         stop_ids = torch.tensor(sorted(self.eos_ids), device=self.device)
+        row_keys = self._row_keys(keys, n)  # [b], follows `alive`
         # 3.
         for t in range(max_new):
             tok = sample_next(
@@ -144,7 +171,7 @@ class HFRolloutEngine:
                 temperature=params.temperature,
                 top_k=params.top_k,
                 top_p=params.top_p,
-                generator=self.generator,
+                uniforms=keyed_uniforms(row_keys, t) if params.temperature > 0 else None,
             )  # [b]
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             tokens[alive, t] = tok
@@ -157,6 +184,7 @@ class HFRolloutEngine:
                 if keep.numel() == 0:
                     break
                 cache.batch_select_indices(keep)
+                row_keys = row_keys[keep.cpu().numpy()]
                 alive, tok = alive[keep], tok[keep]
                 attention, next_pos = attention[keep], next_pos[keep]
             if t + 1 == max_new:

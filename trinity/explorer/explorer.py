@@ -26,6 +26,7 @@ from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+from trinity.explorer.sampling import stable_key
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.schedule import (
     admission_version,
@@ -226,7 +227,8 @@ class Explorer:
         a trainer reading `batch_size * repeat_times` never waits for a short step.
         """
         t0 = time.perf_counter()
-        kept, counts = await self._run_tasks(tasks, self._train_params)
+        key = self._sampling_key("train", step)
+        kept, counts = await self._run_tasks(tasks, self._train_params, key=key)
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
         while refill is not None and len(kept) < target:
@@ -239,6 +241,8 @@ class Explorer:
                 more,
                 self._train_params,
                 budget=math.inf,  # counted against the step's budget
+                key=key,
+                first=base,
             )
             kept += [(base + i, exps) for i, exps in extra]
             counts = {k: counts[k] + extra_counts[k] for k in counts}
@@ -284,7 +288,12 @@ class Explorer:
         metrics: dict[str, float] = {}
         for name, tasks in self.eval_tasksets.items():
             t0 = time.perf_counter()
-            kept, counts = await self._run_tasks(tasks, self._eval_params, f"eval {name!r}")
+            kept, counts = await self._run_tasks(
+                tasks,
+                self._eval_params,
+                f"eval {name!r}",
+                key=self._sampling_key("eval", step, name),
+            )
             exps = [e for _, es in kept for e in es]
             if not exps:
                 raise RuntimeError(f"eval {name!r}: the workflows returned no experiences")
@@ -389,6 +398,11 @@ class Explorer:
 
     # -- running workflows ---------------------------------------------------------------------
 
+    def _sampling_key(self, *what: object) -> int:
+        """The key of a batch of tasks' samples: seed, explorer, what and when (`_run_tasks`
+        adds the task's position and try), so samples repeat with the seed whatever the timing."""
+        return stable_key(seeds.rollout_seed(self.cfg), self.cfg.explorer.name, *what)
+
     def _train_params(self, task: Task) -> SamplingParams:
         m, ra = self.cfg.model, task.rollout_args
         return SamplingParams(
@@ -415,8 +429,13 @@ class Explorer:
         params_fn: Any,
         what: str = "explore step",
         budget: float | None = None,
+        key: int | None = None,
+        first: int = 0,
     ) -> tuple[list[tuple[int, list[Experience]]], dict[str, float]]:
         """Run every task's workflow concurrently (bounded by `runner_per_model` per engine).
+
+        `key`: the batch's sampling key; task i's try a samples with stable_key(key, first + i,
+        a) (`TaskModelHandle`).
 
         A task that fails every try (`max_retry_times` retries, each bounded by `max_timeout`)
         is dropped and counted. When more than `max_failure_fraction` of the tasks fail (or
@@ -429,14 +448,15 @@ class Explorer:
         limit = asyncio.Semaphore(max(1, ecfg.runner_per_model * len(self.engines)))
         counts = {"retries": 0, "timeouts": 0}
 
-        async def one(task: Task) -> list[Experience] | WorkflowFailed:
+        async def one(i: int, task: Task) -> list[Experience] | WorkflowFailed:
             async with limit:
                 try:
-                    return await self._run_with_retry(task, params_fn(task), counts)
+                    task_key = None if key is None else stable_key(key, first + i)
+                    return await self._run_with_retry(task, params_fn(task), counts, task_key)
                 except WorkflowFailed as e:
                     return e
 
-        results = list(await asyncio.gather(*(one(t) for t in tasks)))
+        results = list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
         failed = [r for r in results if isinstance(r, WorkflowFailed)]
         if budget is None:
             budget = ecfg.max_failure_fraction * len(tasks)
@@ -455,18 +475,22 @@ class Explorer:
         return kept, stats
 
     async def _run_with_retry(
-        self, task: Task, params: SamplingParams, counts: dict[str, int]
+        self, task: Task, params: SamplingParams, counts: dict[str, int], key: int | None = None
     ) -> list[Experience]:
         ecfg = self.cfg.explorer
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
         workflow_cls = WORKFLOW.get(name)
-        handle = TaskModelHandle(
-            self.client, self.tokenizer, params, chat_template_kwargs(self.cfg)
-        )
         errors = []
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
+            handle = TaskModelHandle(
+                self.client,
+                self.tokenizer,
+                params,
+                chat_template_kwargs(self.cfg),
+                key=None if key is None else stable_key(key, attempt),
+            )
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 return await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)

@@ -24,6 +24,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.rollout import Peers, Sample, SamplingParams
+from trinity.explorer.sampling import stable_key
 
 
 class EngineLost(RuntimeError):
@@ -36,8 +37,9 @@ class BatchingClient:
         if not engines:
             raise ValueError("no rollout engines")
         self.engines = engines  # Ray actor handles of HFRolloutEngine
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
-        self._flush_task: asyncio.Task | None = None
+        self._pending: list[tuple[list[int], SamplingParams, int | None, asyncio.Future]] = []
+        self._flush_task: asyncio.Task | None = None  # gathering the next batch, if any
+        self._batches: set[asyncio.Task] = set()  # batches in flight (the loop keeps weak refs)
         self.model_version = 0
         self.restart_timeout = restart_timeout
         self.restarts = 0  # engine crashes recovered from, over the client's life
@@ -111,11 +113,17 @@ class BatchingClient:
             return  # already given its weights: a late report of a crash recovered from
         self.restarts += 1
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Sample]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
+    ) -> list[Sample]:
+        """`params.n` samples of `prompt_ids`, batched with the requests made in the same turn
+        of the event loop; `key` (`RolloutEngine.generate`) makes them independent of that batch."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, params, fut))
-        if self._flush_task is None or self._flush_task.done():
+        self._pending.append((prompt_ids, params, key, fut))
+        if self._flush_task is None:
             self._flush_task = asyncio.create_task(self._flush())
+            self._batches.add(self._flush_task)
+            self._flush_task.add_done_callback(self._batches.discard)
         return await fut
 
     async def _flush(self) -> None:
@@ -125,18 +133,28 @@ class BatchingClient:
             seen = len(self._pending)
             await asyncio.sleep(0)
         pending, self._pending = self._pending, []
-        groups: dict[SamplingParams, list[tuple[list[int], asyncio.Future]]] = {}
-        for prompt, params, fut in pending:
-            groups.setdefault(params, []).append((prompt, fut))
+        # a request made from now on (a workflow's next turn, answered while other shards of
+        # this batch are still running) gathers the next batch
+        self._flush_task = None
+        groups: dict[SamplingParams, list[tuple[list[int], int | None, asyncio.Future]]] = {}
+        for prompt, params, key, fut in pending:
+            groups.setdefault(params, []).append((prompt, key, fut))
         await asyncio.gather(*(self._run_group(p, g) for p, g in groups.items()))
 
     async def _run_group(
-        self, params: SamplingParams, group: list[tuple[list[int], asyncio.Future]]
+        self, params: SamplingParams, group: list[tuple[list[int], int | None, asyncio.Future]]
     ) -> None:
         k = len(self.engines)
         shards = [group[i::k] for i in range(k)]
         calls = [
-            (shard, asyncio.ensure_future(self._generate(i, [p for p, _ in shard], params)))
+            (
+                shard,
+                asyncio.ensure_future(
+                    self._generate(
+                        i, [p for p, _, _ in shard], params, [key for _, key, _ in shard]
+                    )
+                ),
+            )
             for i, shard in enumerate(shards)
             if shard
         ]
@@ -144,21 +162,23 @@ class BatchingClient:
             try:
                 results = await pending
             except BaseException as e:  # hand the failure to every waiting workflow
-                for _, fut in shard:
+                for _, _, fut in shard:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
-            for (_, fut), samples in zip(shard, results, strict=True):
+            for (_, _, fut), samples in zip(shard, results, strict=True):
                 if not fut.done():
                     fut.set_result(samples)
 
     async def _generate(
-        self, i: int, prompts: list[list[int]], params: SamplingParams
+        self, i: int, prompts: list[list[int]], params: SamplingParams, keys: list[int | None]
     ) -> list[list[Sample]]:
         async def served_with(engine: Any, result: list[list[Sample]]) -> int:
             return min(s.model_version for samples in result for s in samples)
 
-        return await self._on_engine(i, lambda e: e.generate.remote(prompts, params), served_with)
+        return await self._on_engine(
+            i, lambda e: e.generate.remote(prompts, params, keys), served_with
+        )
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         async def served_with(engine: Any, result: list[float]) -> int:
@@ -203,7 +223,12 @@ def _call_id() -> str:
 
 
 class TaskModelHandle:
-    """What one workflow run sees: the model with this task's default sampling params."""
+    """What one workflow run sees: the model with this task's default sampling params.
+
+    `key` (a `stable_key` of the run's seed, the step, the task and the try): the k-th generate
+    call of the workflow is sampled with key (key, k), so a task's samples are the same however
+    its requests were batched; None leaves them to the engines' generators.
+    """
 
     def __init__(
         self,
@@ -211,11 +236,18 @@ class TaskModelHandle:
         tokenizer: Any,
         defaults: SamplingParams,
         chat_template_kwargs: dict[str, Any] | None = None,
+        key: int | None = None,
     ) -> None:
         self._client = client
         self.tokenizer = tokenizer
         self.defaults = defaults
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._key = key
+        self._calls = 0  # generate calls made, in the workflow's order
+
+    def _next_key(self) -> int | None:
+        self._calls += 1
+        return None if self._key is None else stable_key(self._key, self._calls)
 
     @property
     def model_version(self) -> int:
@@ -236,11 +268,11 @@ class TaskModelHandle:
             return_dict=False,
             **self.chat_template_kwargs,
         )
-        return await self._client.generate(list(ids), self._params(sampling))
+        return await self._client.generate(list(ids), self._params(sampling), self._next_key())
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self._client.generate(ids, self._params(sampling))
+        return await self._client.generate(ids, self._params(sampling), self._next_key())
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self._client.logprobs(tokens)

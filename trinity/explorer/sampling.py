@@ -8,11 +8,48 @@ above it is below `top_p`, so the most likely token is always kept.
 
 The logprob an RL trainer needs is that of the *raw* policy (temperature 1, nothing filtered);
 the engine computes it separately from the unfiltered logits.
+
+Keyed draws. A request may carry a 64-bit key; the uniform behind token t of its sample j is then
+a hash of (key, j, t) (`keyed_uniforms`), not the next number of a generator shared by the batch.
+Which tokens a request samples then depends on its key and the logits alone, not on which other
+requests share its batch, which engine serves it, or when it arrived, so request batching may
+follow timing (reward code in threads, environments that wait) and a seed still repeats a run.
 """
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
 import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finaliser (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number
+    generators"), elementwise on uint64: a bijection whose outputs pass BigCrush as a counter
+    sequence."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def keyed_uniforms(keys: np.ndarray, t: int) -> torch.Tensor:
+    """U[0, 1) float32 per key for decode step `t`: the top 24 bits of
+    splitmix64(key ^ splitmix64(t)) / 2^24 (exact in float32, so never 1.0). keys: [B] uint64
+    -> [B, 1]."""
+    step = splitmix64(np.asarray([t & _MASK64], dtype=np.uint64))
+    bits = splitmix64(keys ^ step) >> np.uint64(40)
+    return torch.from_numpy((bits.astype(np.float64) / float(1 << 24)).astype(np.float32))[:, None]
+
+
+def stable_key(*parts: object) -> int:
+    """A 64-bit key from strings and ints, equal in every process and Python run (unlike `hash`)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def filter_logits(
@@ -47,19 +84,24 @@ def sample_next(
     top_k: int = -1,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of logits [B, V]: argmax when temperature == 0, else a draw. -> [B]
 
     The draw inverts the CDF: with c_k = p_0 + ... + p_k and u ~ U[0, c_last), token k is the
     first with c_k > u, so P(k) = c_k - c_(k-1) = p_k and a filtered-out token (p_k = 0) is never
     drawn. One uniform per row instead of one random number per vocabulary entry: several times
-    cheaper than torch.multinomial on CPU.
+    cheaper than torch.multinomial on CPU. `uniforms` [B, 1] in [0, 1) (`keyed_uniforms`) are
+    used instead of drawing from `generator`.
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)  # [B, V]
     cdf = torch.cumsum(probs, dim=-1)  # [B, V]
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device)  # [B, 1]
+    if uniforms is None:
+        u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device)  # [B, 1]
+    else:
+        u = uniforms.to(probs.device)
     total = cdf[:, -1:].contiguous()  # [B, 1], 1 up to rounding
     picked = torch.searchsorted(cdf, u * total, right=True)  # [B, 1]
     # if u * total rounds up to total, fall back to the last token with probability > 0

@@ -9,6 +9,7 @@ component is also kept in `Experience.metrics` so the monitor reports it separat
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -33,9 +34,11 @@ class MathWorkflow(Workflow):
         reward_fn = REWARD_FN.get(reward_name)
         samples = await model.chat(task.to_messages())
         responses = [model.decode(s.response_ids) for s in samples]
-        # scored on the event loop, not in a thread: a thread's finishing time would decide how
-        # the next requests are batched, and with it which samples a seed draws
-        scores = [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
+        # scored in a thread, so slow reward code does not hold up other tasks' requests (their
+        # samples are keyed, so the batching this timing decides does not change them)
+        scores = await asyncio.to_thread(
+            lambda: [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
+        )
         experiences = []
         for run, (sample, response, components) in enumerate(
             zip(samples, responses, scores, strict=True)
