@@ -196,6 +196,18 @@ def test_buffer_closes_when_its_last_writer_releases(tmp_path):
             await reader
         with pytest.raises(ValueError, match="never registered"):
             await q.release_writer("explorer_c")
+        # an explore process run again (after a crash, or to explore more) reopens it
+        await q.register_writer("explorer_b")
+        await q.register_writer("explorer_b")  # its crashed run had registered the name too
+        await q.write([exp(2)])
+        assert len((await q.read(1, timeout=1)).experiences) == 1
+        await q.release_writer("explorer_b")
+        with pytest.raises(BufferClosed):
+            await q.read(1, timeout=1)
+        await q.close()  # for good: a writer that comes later cannot write
+        await q.register_writer("explorer_d")
+        with pytest.raises(BufferClosed):
+            await q.write([exp(3)])
 
     asyncio.run(main())
 

@@ -15,7 +15,7 @@ import torch
 
 from trinity.common.rollout import SamplingParams
 from trinity.explorer.engine import HFRolloutEngine
-from trinity.explorer.model_client import BatchingClient
+from trinity.explorer.model_client import BatchingClient, EngineLost
 from trinity.sync.method import sync_method
 
 
@@ -70,5 +70,24 @@ def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ra
         await client.update_weights("memory", sync_method("memory").send(zeros, 8, tmp_path), 8)
         assert client.restarts == 3
         assert [await e.weights_version.remote() for e in engines] == [8, 8]
+
+    asyncio.run(main())
+
+
+def test_an_engine_ray_does_not_restart_ends_the_call_with_engine_lost(tiny_model_dir, ray_local):
+    engine = (
+        ray.remote(HFRolloutEngine)
+        .options(num_cpus=0, max_restarts=0)
+        .remote(str(tiny_model_dir), seed=0, num_threads=1)
+    )
+    client = BatchingClient([engine], restart_timeout=30)
+    sample = SamplingParams(n=1, temperature=1.0, max_tokens=2)
+
+    async def main() -> None:
+        assert len(await client.generate([5, 6], sample)) == 1
+        ray.kill(engine, no_restart=True)  # dead for good, as when max_restarts are used up
+        with pytest.raises(EngineLost, match="rollout engine 0 crashed and Ray did not restart"):
+            await client.generate([5, 6], sample)
+        assert client.restarts == 0
 
     asyncio.run(main())

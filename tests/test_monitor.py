@@ -65,3 +65,41 @@ def test_a_torn_last_line_is_cut_before_appending(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "train/lo')  # killed
     Monitor(tmp_path, ["jsonl"], Console(file=io.StringIO())).close()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_reports_a_killed_driver_never_merged_are_merged_by_the_next_run(tmp_path):
+    from trinity.monitor.hub import MetricsHub
+
+    def both(step: int) -> list[tuple[str, int, dict]]:
+        return [("explorer", step, {"rollout/reward_mean": step / 10}),
+                ("trainer", step, {"train/loss": 1.0 / step})]  # fmt: skip
+
+    def pump(hub: MetricsHub, monitor: Monitor) -> None:
+        for event in hub.drain():
+            monitor.add(*event)
+
+    quiet = Console(file=io.StringIO())
+    first = Monitor(tmp_path, ["jsonl"], quiet)
+    hub = MetricsHub(str(first.journal_path))
+    hub.begin_stage("grpo")
+    first.begin_stage("grpo", {"explorer", "trainer"}, last_step=5)
+    for event in both(1) + both(2):
+        hub.put(*event)
+    pump(hub, first)  # steps 1 and 2 are written
+    for event in both(3) + both(4)[:1]:  # then the driver is killed before it pumps again:
+        hub.put(*event)  # step 3 was reported whole, step 4 by the explorer only
+    del first, hub  # no close: a SIGKILL runs nothing
+
+    second = Monitor(tmp_path, ["jsonl"], quiet)
+    hub = MetricsHub(str(second.journal_path))
+    hub.begin_stage("grpo")
+    second.begin_stage("grpo", {"explorer", "trainer"}, last_step=5)  # writes step 3 at once
+    for event in both(4)[1:] + both(5):  # the resumed trainer retrains step 4, then step 5
+        hub.put(*event)
+    pump(hub, second)
+    second.close()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # each step once, whole
+    for r in records:
+        assert r["rollout/reward_mean"] == r["step"] / 10 and r["train/loss"] == 1.0 / r["step"]
+    assert not second.journal_path.exists()  # a run that closes normally drops the journal

@@ -40,6 +40,7 @@ class QueueStorage(RefCounted):
         self._leases: dict[int, int] = {}  # lease id -> experiences in it (not yet acked)
         self._cond = asyncio.Condition()
         self._closed = False
+        self._closed_for_good = False  # `close()`: no writer reopens it
         self._writers: set[str] = set()
         self._released: set[str] = set()
         self._next_local_id = -1
@@ -151,10 +152,14 @@ class QueueStorage(RefCounted):
                 self.log.drop([i for i, _ in stale if i >= 0])
 
     async def register_writer(self, writer: str) -> None:
+        """`writer` writes from now on. A writer may come back (an explore process run again
+        after a crash or to explore more): that undoes its release and reopens the buffer if
+        the releases had closed it (not an explicit `close`)."""
         async with self._cond:
-            if writer in self._writers:
-                raise ValueError(f"writer {writer!r} is already registered with this buffer")
             self._writers.add(writer)
+            self._released.discard(writer)
+            if self._closed and not self._closed_for_good:
+                self._closed = False
 
     async def release_writer(self, writer: str) -> None:
         """`writer` is done; the last registered writer to release closes the buffer."""
@@ -169,7 +174,7 @@ class QueueStorage(RefCounted):
     async def close(self) -> None:
         """End writing now: pending and future reads drain what is left, then see BufferClosed."""
         async with self._cond:
-            self._closed = True
+            self._closed = self._closed_for_good = True
             self._cond.notify_all()
 
     def size(self) -> int:

@@ -20,6 +20,8 @@ the experiences, so a restarted explorer continues after exactly what the storag
 Ending. Each writer (explorer) `register_writer`s itself and `release_writer`s when done; the
 storage is closed when every registered writer has released it, so the first explorer to finish
 does not end the run for the others. Readers then drain what is left and see `BufferClosed`.
+A writer that registers again (a restarted explore process) undoes its release, reopening a
+storage its release had closed; `close()` ends writing for good.
 """
 
 from __future__ import annotations
@@ -74,9 +76,13 @@ class ExperienceStorage(Protocol):
         """The train steps that used these leases are durably checkpointed: consumed for good."""
         ...
 
-    async def register_writer(self, writer: str) -> None: ...
+    async def register_writer(self, writer: str) -> None:
+        """`writer` writes from now on (again, when it had released: see Ending above)."""
+        ...
 
-    async def release_writer(self, writer: str) -> None: ...
+    async def release_writer(self, writer: str) -> None:
+        """`writer` is done; when every registered writer is, the storage closes."""
+        ...
 
     async def close(self) -> None:
         """End writing now, whoever is registered."""

@@ -172,6 +172,7 @@ class Explorer:
             self.cfg.algorithm.sample_strategy, self.cfg.algorithm.sample_strategy_args
         )
         await self.buffer.register_writer.remote(ecfg.name)
+        await self.synchronizer.register_reader.remote(ecfg.name, self._version())
         # 1.
         if ecfg.eval_on_startup and self.eval_tasksets and start is None:
             await self.evaluate(step=0)
@@ -215,7 +216,15 @@ class Explorer:
         # 3. only after success: a failed explorer has not finished writing, and a trainer
         # waiting on it must not take its failure for the end of the data (and checkpoint)
         await self.buffer.release_writer.remote(ecfg.name)
+        await self.synchronizer.release_reader.remote(ecfg.name)
         return {"explore_steps": step}
+
+    @property
+    def _name(self) -> str:
+        return self.cfg.explorer.name
+
+    def _version(self) -> int:
+        return self.client.model_version if self.client is not None else 0
 
     async def explore_step(
         self, step: int, tasks: list[Task], refill: Iterator[Task] | None = None
@@ -342,7 +351,7 @@ class Explorer:
         if self.client is None:
             return {}
         t0 = time.perf_counter()
-        found = await self.synchronizer.latest.remote(self.client.model_version)
+        found = await self.synchronizer.latest.remote(self.client.model_version, reader=self._name)
         if found is None:
             return {}
         got, payload = found
@@ -355,9 +364,14 @@ class Explorer:
         assert self.client is not None
         t0 = time.perf_counter()
         timeout = self.cfg.synchronizer.sync_timeout
-        got, payload = await self.synchronizer.wait_for.remote(oldest, timeout, ask)
+        got, payload = await self.synchronizer.wait_for.remote(
+            oldest, timeout, ask, reader=self._name
+        )
         if newest:
-            got, payload = await self.synchronizer.latest.remote(got - 1) or (got, payload)
+            got, payload = await self.synchronizer.latest.remote(got - 1, reader=self._name) or (
+                got,
+                payload,
+            )
         t1 = time.perf_counter()
         await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
         t2 = time.perf_counter()
@@ -370,7 +384,7 @@ class Explorer:
             return {}
         t0 = time.perf_counter()
         found = await self.synchronizer.request.remote(
-            self.client.model_version, self.cfg.synchronizer.sync_timeout
+            self.client.model_version, self.cfg.synchronizer.sync_timeout, reader=self._name
         )
         if found is None:
             return {"sync/pause_s": time.perf_counter() - t0}
@@ -389,7 +403,7 @@ class Explorer:
             return {}
         t0 = time.perf_counter()
         got, payload = await self.synchronizer.wait_for.remote(
-            version, self.cfg.synchronizer.sync_timeout
+            version, self.cfg.synchronizer.sync_timeout, reader=self._name
         )
         t1 = time.perf_counter()
         await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)

@@ -140,7 +140,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     types = config.monitor.monitor_type
     types = [types] if isinstance(types, str) else list(types)
     monitor = Monitor(run_dir, types, console, part=_run_part(config))
-    hub = ray.remote(MetricsHub).options(num_cpus=0).remote()
+    hub = ray.remote(MetricsHub).options(num_cpus=0).remote(str(monitor.journal_path))
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
@@ -250,7 +250,9 @@ def run_stage(
             capacity = eb.capacity if eb else 10000
             storage = storage_class(eb.storage_type if eb else "queue")
             path = str(stage_dir / "buffer" / f"{buf_name}.db")
-            settled = trained_leases(resume) if trains else []
+            # whichever process of a run creates the buffer settles the leases the run's newest
+            # checkpoint trained (an explore process may come back before the train process)
+            settled = trained_leases(resume)
             buffer = start(storage, f"buffer/{buf_name}", path, capacity, settled, share=shared)
         # trainer and engines alternate in on-policy lockstep, and in a train stage from a
         # dataset (whose engines only evaluate before and after training)
@@ -289,6 +291,7 @@ def run_stage(
             sizes.update(d)
         total = _plan_steps(cfg, explores, sizes)
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
+        ray.get(hub.begin_stage.remote(name))
         monitor.begin_stage(
             name, sources, offset + total, {"final_eval"} if evaluates else set(), first_step=offset
         )
@@ -369,6 +372,7 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
     )
     try:
         ray.get(explorer.prepare.remote(with_train_tasks=False))
+        ray.get(hub.begin_stage.remote(name))
         monitor.begin_stage(name, {"bench"}, points[-1].step, first_step=0)
         rows = []
         for i, p in enumerate(points):

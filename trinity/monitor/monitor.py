@@ -6,6 +6,11 @@ Explorer and trainer report each step separately; the monitor merges their repor
 record per step (`{"step": 3, "stage": "grpo", "rollout/reward_mean": ..., "train/loss": ...}`)
 and writes it once every expected source has reported (or at close).
 
+Reports also go to a journal (`metrics.journal.jsonl`, written by the `MetricsHub`). A run whose
+driver was killed leaves reports there that never reached `metrics.jsonl`; the next run of the
+same folder merges them into its records of those steps (`begin_stage`), and a run that closes
+normally deletes the journal.
+
 Console: when it is a terminal (`isatty`), one rich progress bar per stage with the step count,
 ETA and the latest metrics, and a printed line only for evaluations; otherwise (a log file, a
 pipe) one plain line per step with `step k/N` and the ETA.
@@ -56,7 +61,9 @@ class Monitor:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = run_dir / (f"metrics.{part}.jsonl" if part else "metrics.jsonl")
+        self.journal_path = self.jsonl_path.with_suffix(".journal.jsonl")
         _drop_torn_line(self.jsonl_path)
+        self._unmerged = _unmerged_reports(self.journal_path, self.jsonl_path)
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self._tb = None
         if "tensorboard" in monitor_types:
@@ -93,6 +100,9 @@ class Monitor:
         self.stage, self.expected, self.last_step = stage, expected_sources, last_step
         self.last_expected = expected_sources | (last_step_sources or set())
         self.first_step, self._t_stage = first_step, time.perf_counter()
+        # what an earlier run reported but never wrote (its driver was killed)
+        for source, step, metrics in self._unmerged.pop(stage, []):
+            self.add(source, step, metrics)
         if self.progress_bar:
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
@@ -182,8 +192,12 @@ class Monitor:
         self.console.print(" | ".join(parts), soft_wrap=True)
 
     def close(self) -> None:
+        """Write what is pending; every journaled report is then in the records: drop the
+        journal (unless reports of a stage this run did not reach are still unmerged)."""
         self.end_stage()
         self._jsonl.close()
+        if not self._unmerged:
+            self.journal_path.unlink(missing_ok=True)
         if self._tb is not None:
             self._tb.close()
 
@@ -202,6 +216,24 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, float) and not math.isfinite(v):
             v = None
         out[k] = v
+    return out
+
+
+def _unmerged_reports(journal: Path, records: Path) -> dict[str, list[tuple[str, int, dict]]]:
+    """Per stage, the journal's reports of steps `records` has no record of (in report order)."""
+    if not journal.is_file():
+        return {}
+    _drop_torn_line(journal)
+    written = set()
+    if records.is_file():
+        for line in records.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            written.add((r.get("stage", ""), r["step"]))
+    out: dict[str, list[tuple[str, int, dict]]] = {}
+    for line in journal.read_text(encoding="utf-8").splitlines():
+        e = json.loads(line)
+        if (e["stage"], e["step"]) not in written:
+            out.setdefault(e["stage"], []).append((e["source"], e["step"], e["metrics"]))
     return out
 
 

@@ -18,14 +18,18 @@ from trinity.sync.method import sync_method
 
 
 class SynchronizerActor(RefCounted):
-    """Ray actor. `publish` from the trainer, `wait_for` from the explorer.
+    """Ray actor. `publish` from the trainer; `wait_for`, `latest` or `request` from explorers.
 
-    A published version is kept until an explorer has taken it or a newer one, so an explorer
-    that asks for version v gets exactly v even when the trainer has already moved on
-    (`sync_offset > 0`): the schedule is honoured exactly, not "latest wins". At most
-    `max_versions` (newest) are held (`schedule.versions_to_keep`: what the schedule can still
-    request; 1 when nobody explores), so memory stays bounded when no one reads; an explorer
-    asking for a version dropped by that bound gets the next newer one, as for a skipped version.
+    Explorers are readers: each registers by name (`register_reader`), every take records the
+    version it now holds, and it releases when done. What is kept after each publish or take:
+    - the newest version (a final evaluation, an explorer that arrives later);
+    - every version a reader holds (a restarted engine reloads it: `BatchingClient`);
+    - versions newer than the oldest one a reader holds, up to `max_versions` newest
+      (`schedule.versions_to_keep`: what the schedule can still request), so an explorer that
+      asks for version v gets exactly v even when the trainer has moved on (`sync_offset > 0`),
+      and a reader that never reads holds memory to a bound. An explorer asking for a version
+      dropped by that bound gets the next newer one, as for a skipped version.
+    With no reader registered only the newest is kept: nothing accumulates when nobody reads.
     """
 
     def __init__(self, method: str, max_versions: int) -> None:
@@ -42,6 +46,37 @@ class SynchronizerActor(RefCounted):
         self._failed: str | None = None
         self.trained = 0  # the trainer's newest trained step (explorer_driven: maybe unpublished)
         self.wanted = 0  # a version an explorer waits for and asked the trainer for (0: none)
+        self.readers: dict[str, int] = {}  # registered explorer -> the version it holds
+
+    async def register_reader(self, name: str, holds: int = 0) -> None:
+        """Explorer `name` reads versions from now on; it holds `holds` (0: its start weights)."""
+        async with self._cond:
+            self.readers[name] = holds
+            self._prune()
+
+    async def release_reader(self, name: str) -> None:
+        """Explorer `name` reads no more: what only it held is dropped."""
+        async with self._cond:
+            self.readers.pop(name, None)
+            self._prune()
+
+    def _take(self, reader: str, got: int) -> tuple[int, list[Any]]:
+        self.readers[reader] = got
+        payload = self._payloads[got]
+        self._prune()
+        return got, payload
+
+    def _prune(self) -> None:
+        """Drop (and discard) the versions no reader can still ask for (see the class doc)."""
+        if not self._payloads:
+            return
+        newest = max(self._payloads)
+        held = set(self.readers.values())
+        floor = min(held) if held else newest
+        window = sorted(self._payloads)[-self.max_versions :]
+        keep = {v for v in window if v >= floor} | held | {newest}
+        for v in [v for v in self._payloads if v not in keep]:
+            self._discard(self._payloads.pop(v))
 
     async def publish(self, version: int, payload: list[Any]) -> None:
         async with self._cond:
@@ -55,8 +90,7 @@ class SynchronizerActor(RefCounted):
             if replaced is not None and replaced != payload:
                 self._discard(replaced)
             self._payloads[version] = payload
-            for old in sorted(self._payloads)[: -self.max_versions]:
-                self._discard(self._payloads.pop(old))
+            self._prune()
             self._cond.notify_all()
 
     async def fail(self, reason: str) -> None:
@@ -66,9 +100,10 @@ class SynchronizerActor(RefCounted):
             self._cond.notify_all()
 
     async def wait_for(
-        self, version: int, timeout: float | None = None, ask: bool = False
+        self, version: int, timeout: float | None = None, ask: bool = False, *, reader: str
     ) -> tuple[int, list[Any]]:
-        """Block until weights of `version` (or, if skipped, the next newer one) are published.
+        """Block until weights of `version` (or, if skipped, the next newer one) are published;
+        `reader` holds them from now on.
 
         `ask`: also ask the trainer to publish (explorer_driven, where it publishes on request).
         """
@@ -87,11 +122,7 @@ class SynchronizerActor(RefCounted):
                 ) from e
             if self.version < version:
                 raise RuntimeError(f"trainer stopped before publishing v{version}: {self._failed}")
-            got = min(v for v in self._payloads if v >= version)
-            payload = self._payloads[got]
-            for old in [v for v in self._payloads if v < got]:
-                self._discard(self._payloads.pop(old))
-            return got, payload
+            return self._take(reader, min(v for v in self._payloads if v >= version))
 
     def _discard(self, payload: list[Any]) -> None:
         self.method.discard(payload)
@@ -108,7 +139,7 @@ class SynchronizerActor(RefCounted):
             return self.wanted > self.version and step > self.version
 
     async def request(
-        self, have: int, timeout: float | None = None
+        self, have: int, timeout: float | None = None, *, reader: str
     ) -> tuple[int, list[Any]] | None:
         """explorer_driven: the trainer's current weights if newer than `have`, else None.
 
@@ -135,10 +166,9 @@ class SynchronizerActor(RefCounted):
                     ) from e
                 if self.version <= have:
                     raise RuntimeError(f"trainer stopped before publishing: {self._failed}")
-            got = max(self._payloads)
-            return got, self._payloads[got]
+            return self._take(reader, max(self._payloads))
 
-    async def latest(self, newer_than: int) -> tuple[int, list[Any]] | None:
+    async def latest(self, newer_than: int, *, reader: str) -> tuple[int, list[Any]] | None:
         """The newest published weights if newer than `newer_than`, else None (never waits).
 
         What an explorer in its own process (`mode: explore`) asks at each sync point: it takes
@@ -147,5 +177,4 @@ class SynchronizerActor(RefCounted):
         async with self._cond:
             if not self._payloads or self.version <= newer_than:
                 return None
-            got = max(self._payloads)
-            return got, self._payloads[got]
+            return self._take(reader, max(self._payloads))

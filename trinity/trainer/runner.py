@@ -113,9 +113,11 @@ class TrainerRunner:
                     self._on_request and ray.get(self.synchronizer.trained_step.remote(step))
                 ):
                     metrics.update(self._publish(step))
+                # reported before the checkpoint: a step checkpointed is a step reported (the
+                # hub journals it), so a resumed run has the metrics of every step it skips
+                ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
                 if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
                     last_saved = self._checkpoint(step)
-                ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
         except BaseException as e:
             ray.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
             raise
