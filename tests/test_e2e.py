@@ -406,10 +406,11 @@ def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir
         assert "train/loss" in rec
 
 
-def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_dir):
-    # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then one
-    # `trinity run` with mode explore and one with mode train, sharing the run's buffer and
-    # synchronizer by name (in the namespace of project/name), each started by whichever came first
+def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path, tiny_model_dir):
+    # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then two
+    # `trinity run`s with mode explore (distinct explorer names) and one with mode train, sharing
+    # the run's buffer and synchronizer by name (in the namespace of project/name), each started
+    # by whichever came first; the buffer ends when both explorers have released it
     import secrets
     import shutil
     import signal
@@ -440,12 +441,16 @@ def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_
                 assert time.time() < deadline, "ray start --head did not come up"
                 time.sleep(0.5)
         cfg = grpo_config(tmp_path, tiny_model_dir)
-        common = [f"cluster.ray_address=127.0.0.1:{port}", "buffer.total_steps=4",
-                  "buffer.explorer_input.eval_tasksets=[]"]  # fmt: skip
+        common = [f"cluster.ray_address=127.0.0.1:{port}", "buffer.explorer_input.eval_tasksets=[]"]
         cache = tmp_path / "cache"
         procs = {}
-        for mode in ("train", "explore"):
-            sets = [a for o in [*common, f"mode={mode}"] for a in ("--set", o)]
+        roles = {
+            "train": ["mode=train", "buffer.total_steps=8"],  # what both explorers write
+            "alpha": ["mode=explore", "explorer.name=alpha", "buffer.total_steps=4"],
+            "beta": ["mode=explore", "explorer.name=beta", "buffer.total_steps=4"],
+        }
+        for mode, own in roles.items():
+            sets = [a for o in [*common, *own] for a in ("--set", o)]
             procs[mode] = subprocess.Popen(
                 [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *sets],
                 cwd=ROOT,
@@ -454,7 +459,7 @@ def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_
                 stderr=subprocess.PIPE,
                 text=True,
             )
-        outs = {mode: p.communicate(timeout=300) for mode, p in procs.items()}
+        outs = {mode: p.communicate(timeout=420) for mode, p in procs.items()}
         for mode, p in procs.items():
             assert p.returncode == 0, (mode, outs[mode][0][-2000:], outs[mode][1][-3000:])
         run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
@@ -463,11 +468,13 @@ def test_explore_and_train_as_two_processes_on_one_cluster(tmp_path, tiny_model_
             return [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
 
         trained = [r["step"] for r in read("metrics.trainer.jsonl") if "train/loss" in r]
-        explored = [r for r in read("metrics.explorer-explorer.jsonl") if "rollout/tasks" in r]
-        assert trained == [1, 2, 3, 4] and len(explored) == 4
-        assert (run_dir / "global_step_4" / "model.safetensors").exists()
+        for name in ("alpha", "beta"):
+            explored = [r for r in read(f"metrics.explorer-{name}.jsonl") if "rollout/tasks" in r]
+            assert [r["step"] for r in explored] == [1, 2, 3, 4], name
+        assert trained == list(range(1, 9))
+        assert (run_dir / "global_step_8" / "model.safetensors").exists()
         counts = buffer_counts(cfg)
-        assert counts["written"] == counts["trained"] == 4 * 4 * 4, counts
+        assert counts["written"] == counts["trained"] == 2 * 4 * 4 * 4, counts
         assert counts["leased"] == counts["pending"] == counts["trained_twice"] == 0
         # the last process to finish ended the shared actors: nothing is left in the namespace
         probe = (
