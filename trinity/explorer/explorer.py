@@ -313,6 +313,8 @@ class Explorer:
             metrics[f"eval/{name}/reward_mean"] = m["reward_mean"]
             metrics[f"eval/{name}/response_length"] = m["response_length"]
             metrics[f"timing/eval_{name}"] = time.perf_counter() - t0
+        # the weights evaluated (an asynchronous run's step s may evaluate an older version)
+        metrics["eval/model_version"] = float(self._version())
         self.last_eval = {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
         if report:
             await self.hub.put.remote(source, self.step_offset + step, metrics)
