@@ -370,10 +370,8 @@ class Explorer:
             oldest, timeout, ask, reader=self._name
         )
         if newest:
-            got, payload = await self.synchronizer.latest.remote(got - 1, reader=self._name) or (
-                got,
-                payload,
-            )
+            found = await self.synchronizer.latest.remote(got - 1, reader=self._name)
+            got, payload = found or (got, payload)
         t1 = time.perf_counter()
         await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
         t2 = time.perf_counter()
@@ -417,7 +415,7 @@ class Explorer:
     def _sampling_key(self, *what: object) -> int:
         """The key of a batch of tasks' samples: seed, explorer, what and when (`_run_tasks`
         adds the task's position and try), so samples repeat with the seed whatever the timing."""
-        return stable_key(seeds.rollout_seed(self.cfg), self.cfg.explorer.name, *what)
+        return stable_key(seeds.rollout_seed(self.cfg), self._name, *what)
 
     def _train_params(self, task: Task) -> SamplingParams:
         m, ra = self.cfg.model, task.rollout_args
