@@ -494,3 +494,43 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
         head.wait(timeout=60)
         subprocess.run(["pkill", "-f", str(ray_tmp)], check=False)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_node_num_spreads_the_engines_over_the_cluster_s_nodes(tmp_path, tiny_model_dir):
+    # a two-node Ray cluster on this machine (two raylets, as Ray's own tests build one): the
+    # trainer and engine 0 go to the first node, engine 1 to the other
+    import tempfile
+
+    from ray.cluster_utils import Cluster
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # short: Ray's socket paths
+    env = {"RAY_TMPDIR": str(ray_tmp)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    sets = ["cluster.node_num=2", "explorer.rollout_model.engine_num=2", "buffer.total_steps=2",
+            "buffer.explorer_input.eval_tasksets=[]"]  # fmt: skip
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ids = {cluster.head_node.node_id, *(n.node_id for n in cluster.worker_nodes)}
+        r = run_trinity(cfg, env, overrides=[*sets, f"cluster.ray_address={cluster.address}"])
+        out = " ".join(r.stdout.split())
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        placed = re.search(r"nodes: 2: (\w+) \(trainer, engine 0\); (\w+) \(engine 1\)", out)
+        assert placed, out[-3000:]
+        first, second = placed.groups()
+        assert first != second
+        assert all(any(i.startswith(p) for i in ids) for p in (first, second)), (ids, first, second)
+        run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+        steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in steps if "train/loss" in r] == [1, 2]
+    finally:
+        cluster.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    # a local instance is one node: refused at once, naming the key
+    r = run_trinity(cfg, env, overrides=[*sets, "cluster.ray_address=local"])
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "cluster.node_num=2" in r.stderr and "ray start --head" in r.stderr

@@ -262,7 +262,10 @@ KEY_STATES: tuple[KeyState, ...] = (
     not_built("model.tinker", "the Tinker training backend"),
     # cluster
     acted("cluster.ray_address", "ray.init"),
-    not_built("cluster.node_num", "multi-node runs", inert=(None, 1)),
+    acted(
+        "cluster.node_num",
+        "the run waits for this many Ray nodes; trainer on the first, engine i on node i mod N",
+    ),
     acted("cluster.gpu_per_node", "at most this many GPUs are reserved for trainer and engines"),
     # buffer
     acted("buffer.batch_size", "tasks per explore step"),

@@ -188,10 +188,15 @@ class ClusterConfig(ConfigSection):
     """The Ray cluster the run uses."""
 
     ray_address: str = Field(
-        "auto", description="Ray address; 'auto' joins a running cluster or starts a local one."
+        "auto",
+        description="Ray address; 'auto' joins a running cluster or starts a local one, 'local' "
+        "always starts a local one.",
     )
     node_num: int | None = Field(
-        None, ge=1, description="Number of nodes; None = detected from the Ray cluster."
+        None,
+        ge=1,
+        description="Ray nodes the run spreads over (it waits for them): trainer on the first, "
+        "engine i on node i mod N; None or 1 = one node.",
     )
     gpu_per_node: int | None = Field(
         None,

@@ -21,6 +21,7 @@ import ray
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
+from trinity.common.placement import on_node
 from trinity.common.resources import Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
@@ -63,11 +64,14 @@ class Explorer:
         hub: Any,
         step_offset: int = 0,
         engine_share: Share | None = None,
+        engine_nodes: list[str] | None = None,
     ) -> None:
         """`engine_share`: what each engine reserves and its threads (the launcher's resource
-        plan); None = no reservation, every core."""
+        plan); None = no reservation, every core. `engine_nodes`: engine i runs on node i mod N
+        (`common.placement`); None or empty: wherever Ray places it."""
         self.cfg = config
         self.engine_share = engine_share
+        self.engine_nodes = list(engine_nodes or [])
         self.model_path = resolve_model_path(model_path)
         self.buffer = buffer
         self.synchronizer = synchronizer
@@ -90,7 +94,10 @@ class Explorer:
         share = self.engine_share or Share(0, 0, rm.num_threads or os.cpu_count() or 1)
         self.engines = [
             engine_cls.options(
-                num_cpus=share.num_cpus, num_gpus=share.num_gpus, max_restarts=rm.max_restarts
+                num_cpus=share.num_cpus,
+                num_gpus=share.num_gpus,
+                max_restarts=rm.max_restarts,
+                **on_node(self.engine_nodes, i),
             ).remote(
                 self.model_path,
                 dtype=rm.dtype,

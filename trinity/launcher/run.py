@@ -18,6 +18,8 @@ import ray
 from rich.console import Console
 
 from trinity.buffer.storage import storage_class
+from trinity.common.placement import describe as describe_nodes
+from trinity.common.placement import node_resources, on_node, run_nodes
 from trinity.common.resources import ResourcePlan, plan_resources
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.config.run_folder import (
@@ -62,7 +64,7 @@ def run_namespace(cfg: Any) -> str:
     return "trinity:" + "/".join(p for p in (cfg.project, cfg.group, cfg.name) if p)
 
 
-def init_ray(address: str, namespace: str | None = None) -> None:
+def init_ray(address: str, namespace: str | None = None) -> bool:
     """Join the configured cluster, or start a private local instance.
 
     `auto` joins a cluster started with `ray start` (its address file, or RAY_ADDRESS) and
@@ -71,10 +73,11 @@ def init_ray(address: str, namespace: str | None = None) -> None:
     dies with it. A cluster that is named but does not answer (a `ray start --head` that was
     killed leaves its address file behind) is reported and replaced by a local instance within
     seconds, instead of Ray retrying the dead address for half a minute and failing. An explicit
-    `ray_address` that does not answer is an error.
+    `ray_address` that does not answer is an error. Returns whether it joined a cluster (False:
+    a local instance of this process).
     """
     if ray.is_initialized():
-        return
+        return True
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
@@ -82,6 +85,9 @@ def init_ray(address: str, namespace: str | None = None) -> None:
         "configure_logging": True,
         "namespace": namespace,
     }
+    if address == "local":  # Ray's name for a new local instance
+        ray.init(address="local", **kwargs)
+        return False
     if address != "auto":
         if "://" not in address and not _answers(address):
             raise ConnectionError(
@@ -89,7 +95,7 @@ def init_ray(address: str, namespace: str | None = None) -> None:
                 "(start one with `ray start --head`, or use ray_address: auto)"
             )
         ray.init(address=address, **kwargs)
-        return
+        return address != "local"
     found, source = _announced_address()
     if found is not None and "://" not in found and not _answers(found):
         Console(stderr=True, highlight=False).print(
@@ -98,8 +104,9 @@ def init_ray(address: str, namespace: str | None = None) -> None:
             soft_wrap=True,
         )
         ray.init(address="local", **kwargs)
-        return
+        return False
     ray.init(**kwargs)
+    return found is not None
 
 
 def _announced_address() -> tuple[str | None, str]:
@@ -135,7 +142,8 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     stages = stage_configs(config)
     if config.mode == "bench" and config.stages:  # bench the run its stages wrote
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
-    init_ray(config.cluster.ray_address, run_namespace(config))
+    joined = init_ray(config.cluster.ray_address, run_namespace(config))
+    nodes = run_nodes(config.cluster.node_num, joined)
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
     types = [types] if isinstance(types, str) else list(types)
@@ -155,7 +163,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
                 console.print(f"resuming stage {name} from {resume}", soft_wrap=True)
             res = run_stage(
                 cfg, name, model_path, stage_dir, hub, monitor, offset,
-                config.continue_from_checkpoint, resume,
+                config.continue_from_checkpoint, resume, nodes,
             )  # fmt: skip
             results.append(res)
             model_path = res.checkpoint or model_path
@@ -197,10 +205,12 @@ def run_stage(
     offset: int,
     continuing: bool = False,
     resume: Path | None = None,
+    nodes: list[str] | None = None,
 ) -> StageResult:
     """One stage. `continuing` (`continue_from_checkpoint`): the explorer continues after its
     cursor in the buffer; `resume`: the stage's newest checkpoint, the trainer continues from it
-    (and an explorer of the same process starts from its weights).
+    (and an explorer of the same process starts from its weights); `nodes`: the Ray nodes the
+    run spreads over (`common.placement.run_nodes`; empty: one node).
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -211,7 +221,7 @@ def run_stage(
     t0 = time.perf_counter()
     mode = cfg.mode
     if mode == "bench":
-        return run_bench(cfg, name, model_path, hub, monitor)
+        return run_bench(cfg, name, model_path, hub, monitor, nodes or [])
     explores = mode in ("both", "explore")
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
@@ -264,13 +274,17 @@ def run_stage(
         )
         # a process of a split run: another process computes beside it on the same cluster
         split = mode == "explore" or reads_queue
-        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split)
+        nodes = nodes or []
+        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split, nodes)
         monitor.console.print(plan.describe(), soft_wrap=True)
+        if nodes:
+            engines = cfg.explorer.rollout_model.engine_num if explores or evaluates else 0
+            monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
         explorer = None
         if explores or evaluates:
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
-                offset, plan.engine,
+                offset, plan.engine, nodes,
             )  # fmt: skip
         trainer = None
         if trains:
@@ -279,6 +293,7 @@ def run_stage(
                 TrainerRunner, "trainer", cfg, model_path, str(stage_dir), buffer, sync, hub,
                 offset, plan.trainer.threads,
                 num_cpus=plan.trainer.num_cpus, num_gpus=plan.trainer.num_gpus,
+                **on_node(nodes, 0),
             )  # fmt: skip
         # 2.
         prep = []
@@ -355,7 +370,9 @@ def run_stage(
                 ray.kill(a)
 
 
-def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) -> StageResult:
+def run_bench(
+    cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor, nodes: list[str]
+) -> StageResult:
     """Mode bench (`trinity.launcher.bench`): one evaluation per checkpoint, then a table."""
     t0 = time.perf_counter()
     if not cfg.buffer.explorer_input.eval_tasksets:  # pre-flight refuses this config
@@ -363,12 +380,12 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
     run_dir = Path(resolve(cfg).run_dir)
     points, what = bench_points(cfg, run_dir, model_path)
     monitor.console.print(what, soft_wrap=True)
-    plan = _resource_plan(cfg, trains=False, has_engines=True, lockstep=True)
+    plan = _resource_plan(cfg, trains=False, has_engines=True, lockstep=True, nodes=nodes)
     monitor.console.print(plan.describe(), soft_wrap=True)
     explorer = (
         ray.remote(Explorer)
         .options(num_cpus=0, max_concurrency=64, name=f"{name}/explorer/{cfg.explorer.name}")
-        .remote(cfg, model_path, None, None, hub, 0, plan.engine)
+        .remote(cfg, model_path, None, None, hub, 0, plan.engine, nodes)
     )
     try:
         ray.get(explorer.prepare.remote(with_train_tasks=False))
@@ -398,21 +415,31 @@ def run_bench(cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor) 
 
 
 def _resource_plan(
-    cfg: Any, trains: bool, has_engines: bool, lockstep: bool, split: bool = False
+    cfg: Any,
+    trains: bool,
+    has_engines: bool,
+    lockstep: bool,
+    split: bool = False,
+    nodes: list[str] | None = None,
 ) -> ResourcePlan:
     """Shares of what Ray has free now, or of half the cluster for a process of a split run
-    (`trinity.common.resources`)."""
+    (`trinity.common.resources`). Over several `nodes`, shares of one node: the smallest, holding
+    the trainer and the engines placed beside it (engine i goes to node i mod N)."""
     have = _settled_resources(split)
+    rm = cfg.explorer.rollout_model
+    engines = rm.engine_num if has_engines else 0
+    if nodes:
+        have = node_resources(nodes)
+        engines = len(range(0, engines, len(nodes)))  # those on the first node
     part = 0.5 if split else 1.0
     gpus = have.get("GPU", 0.0)
     if cfg.cluster.gpu_per_node is not None:
         gpus = min(gpus, cfg.cluster.gpu_per_node)
-    rm = cfg.explorer.rollout_model
     return plan_resources(
         part * have.get("CPU", 0.0),
         part * gpus,
         trainer=trains,
-        engines=rm.engine_num if has_engines else 0,
+        engines=engines,
         lockstep=lockstep,
         trainer_threads=cfg.trainer.num_threads,
         engine_threads=rm.num_threads,
