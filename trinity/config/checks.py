@@ -119,6 +119,17 @@ def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("cluster.ray_address", "cluster.node_num")
+def _local_instance_is_one_node(cfg: TrinityConfig) -> Iterator[Problem]:
+    # with `auto` or an address, the node count is the cluster's: `trinity run` checks it there
+    if cfg.cluster.ray_address == "local" and (cfg.cluster.node_num or 1) > 1:
+        yield Problem(
+            "cluster.node_num",
+            f"{cfg.cluster.node_num} nodes, but ray_address 'local' starts a local Ray instance, "
+            "which is one node; join a cluster (ray_address: auto, or its address)",
+        )
+
+
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     inp = cfg.buffer.explorer_input
