@@ -4,9 +4,8 @@
 
 With `node_num` N > 1 the run waits until the cluster it joined has N alive nodes with CPUs,
 then uses N of them: the node of this process (the driver) first when it has CPUs, then the
-others by node id. The trainer
-runs on the first; rollout engine i runs on node i mod N, pinned there (Ray's node affinity), so
-engines spread over every node. A local instance is always one node: `node_num` > 1 there is an
+others by node id. The trainer runs on the first; rollout engine i runs on node i mod N, pinned
+there (Ray's node affinity), so engines spread over every node. A local instance is always one node: `node_num` > 1 there is an
 error at once, naming how to start a cluster. Weights reach engines on other nodes through the
 Ray object store (`memory`), files on a shared file system (`checkpoint`), or a collective
 group over the network (`nccl`).
@@ -53,8 +52,8 @@ def run_nodes(node_num: int | None, joined_cluster: bool, wait_s: float = 60.0) 
             )
         time.sleep(1.0)
     here = ray.get_runtime_context().get_node_id()
-    others = sorted(n for n in alive if n != here)
-    return ([here] if here in alive else []) + others[: node_num - (here in alive)]
+    ordered = ([here] if here in alive else []) + sorted(n for n in alive if n != here)
+    return ordered[:node_num]
 
 
 def node_resources(nodes: list[str]) -> dict[str, float]:

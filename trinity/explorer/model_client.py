@@ -19,12 +19,20 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.rollout import Peers, Sample, SamplingParams
 from trinity.explorer.sampling import stable_key
+
+
+class _Request(NamedTuple):
+    """One `generate` call waiting for its batch."""
+
+    prompt: list[int]
+    key: int | None
+    answer: asyncio.Future
 
 
 class EngineLost(RuntimeError):
@@ -37,7 +45,7 @@ class BatchingClient:
         if not engines:
             raise ValueError("no rollout engines")
         self.engines = engines  # Ray actor handles of HFRolloutEngine
-        self._pending: list[tuple[list[int], SamplingParams, int | None, asyncio.Future]] = []
+        self._pending: list[tuple[SamplingParams, _Request]] = []
         self._flush_task: asyncio.Task | None = None  # gathering the next batch, if any
         self._batches: set[asyncio.Task] = set()  # batches in flight (the loop keeps weak refs)
         self.model_version = 0
@@ -119,7 +127,7 @@ class BatchingClient:
         """`params.n` samples of `prompt_ids`, batched with the requests made in the same turn
         of the event loop; `key` (`RolloutEngine.generate`) makes them independent of that batch."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, params, key, fut))
+        self._pending.append((params, _Request(prompt_ids, key, fut)))
         if self._flush_task is None:
             self._flush_task = asyncio.create_task(self._flush())
             self._batches.add(self._flush_task)
@@ -136,25 +144,16 @@ class BatchingClient:
         # a request made from now on (a workflow's next turn, answered while other shards of
         # this batch are still running) gathers the next batch
         self._flush_task = None
-        groups: dict[SamplingParams, list[tuple[list[int], int | None, asyncio.Future]]] = {}
-        for prompt, params, key, fut in pending:
-            groups.setdefault(params, []).append((prompt, key, fut))
+        groups: dict[SamplingParams, list[_Request]] = {}
+        for params, request in pending:
+            groups.setdefault(params, []).append(request)
         await asyncio.gather(*(self._run_group(p, g) for p, g in groups.items()))
 
-    async def _run_group(
-        self, params: SamplingParams, group: list[tuple[list[int], int | None, asyncio.Future]]
-    ) -> None:
+    async def _run_group(self, params: SamplingParams, group: list[_Request]) -> None:
         k = len(self.engines)
         shards = [group[i::k] for i in range(k)]
         calls = [
-            (
-                shard,
-                asyncio.ensure_future(
-                    self._generate(
-                        i, [p for p, _, _ in shard], params, [key for _, key, _ in shard]
-                    )
-                ),
-            )
+            (shard, asyncio.ensure_future(self._generate(i, shard, params)))
             for i, shard in enumerate(shards)
             if shard
         ]
@@ -162,17 +161,19 @@ class BatchingClient:
             try:
                 results = await pending
             except BaseException as e:  # hand the failure to every waiting workflow
-                for _, _, fut in shard:
-                    if not fut.done():
-                        fut.set_exception(e)
+                for r in shard:
+                    if not r.answer.done():
+                        r.answer.set_exception(e)
                 continue
-            for (_, _, fut), samples in zip(shard, results, strict=True):
-                if not fut.done():
-                    fut.set_result(samples)
+            for r, samples in zip(shard, results, strict=True):
+                if not r.answer.done():
+                    r.answer.set_result(samples)
 
     async def _generate(
-        self, i: int, prompts: list[list[int]], params: SamplingParams, keys: list[int | None]
+        self, i: int, shard: list[_Request], params: SamplingParams
     ) -> list[list[Sample]]:
+        prompts, keys = [r.prompt for r in shard], [r.key for r in shard]
+
         async def served_with(engine: Any, result: list[list[Sample]]) -> int:
             return min(s.model_version for samples in result for s in samples)
 
