@@ -441,15 +441,28 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
                 assert time.time() < deadline, "ray start --head did not come up"
                 time.sleep(0.5)
         cfg = grpo_config(tmp_path, tiny_model_dir)
+        # The trainer starts once both explorers have written their first step, so both are
+        # registered writers by then: the buffer ends only when both have released it. (An
+        # explorer that registers after every other one has released finds the buffer already
+        # ended for the trainer: see the README.) The explorers may still be running.
         common = [f"cluster.ray_address=127.0.0.1:{port}", "buffer.explorer_input.eval_tasksets=[]"]
         cache = tmp_path / "cache"
+        run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
         procs = {}
         roles = {
-            "train": ["mode=train", "buffer.total_steps=8"],  # what both explorers write
             "alpha": ["mode=explore", "explorer.name=alpha", "buffer.total_steps=4"],
             "beta": ["mode=explore", "explorer.name=beta", "buffer.total_steps=4"],
+            "train": ["mode=train", "buffer.total_steps=8"],  # what both explorers write
         }
         for mode, own in roles.items():
+            if mode == "train":
+                deadline = time.time() + 300
+                for name in ("alpha", "beta"):
+                    log = run_dir / f"metrics.explorer-{name}.jsonl"
+                    while not (log.is_file() and log.read_text().strip()):
+                        assert time.time() < deadline, f"{name} wrote no step in 300 s"
+                        assert procs[name].poll() in (None, 0), procs[name].communicate()
+                        time.sleep(0.5)
             sets = [a for o in [*common, *own] for a in ("--set", o)]
             procs[mode] = subprocess.Popen(
                 [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *sets],
@@ -459,10 +472,15 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-        outs = {mode: p.communicate(timeout=420) for mode, p in procs.items()}
+        try:
+            outs = {mode: p.communicate(timeout=420) for mode, p in procs.items()}
+        except subprocess.TimeoutExpired as e:
+            for p in procs.values():
+                p.kill()
+            outs = {mode: p.communicate() for mode, p in procs.items()}
+            raise AssertionError({m: (o[-3000:], r[-3000:]) for m, (o, r) in outs.items()}) from e
         for mode, p in procs.items():
             assert p.returncode == 0, (mode, outs[mode][0][-2000:], outs[mode][1][-3000:])
-        run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
 
         def read(name: str) -> list[dict]:
             return [json.loads(x) for x in (run_dir / name).read_text().splitlines()]

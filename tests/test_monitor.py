@@ -103,3 +103,25 @@ def test_reports_a_killed_driver_never_merged_are_merged_by_the_next_run(tmp_pat
     for r in records:
         assert r["rollout/reward_mean"] == r["step"] / 10 and r["train/loss"] == 1.0 / r["step"]
     assert not second.journal_path.exists()  # a run that closes normally drops the journal
+
+
+def test_a_report_missing_from_a_partly_written_record_is_merged_too(tmp_path):
+    # a failing run's close wrote step 3 with the explorer's report only; the trainer's report
+    # of step 3 reached the journal alone (the hub was already drained)
+    from trinity.monitor.hub import MetricsHub
+
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 3, "stage": "grpo", "rollout/reward_mean": 0.3}) + "\n"
+    )
+    hub = MetricsHub(str(tmp_path / "metrics.journal.jsonl"))
+    hub.begin_stage("grpo")
+    hub.put("explorer", 3, {"rollout/reward_mean": 0.3})
+    hub.put("trainer", 3, {"train/loss": 0.5})
+    monitor = Monitor(tmp_path, ["jsonl"], Console(file=io.StringIO()))
+    monitor.begin_stage("grpo", {"explorer", "trainer"}, last_step=5)
+    monitor.close()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [
+        {"step": 3, "stage": "grpo", "rollout/reward_mean": 0.3},
+        {"step": 3, "stage": "grpo", "train/loss": 0.5},  # the explorer's report is not repeated
+    ]

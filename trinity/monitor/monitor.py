@@ -220,19 +220,24 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unmerged_reports(journal: Path, records: Path) -> dict[str, list[tuple[str, int, dict]]]:
-    """Per stage, the journal's reports of steps `records` has no record of (in report order)."""
+    """Per stage, the journal's reports that no record of their step holds (in report order).
+
+    A report is in the records when a record of its stage and step has every one of its keys: a
+    failing run's close can write a step's record with one source's report while the other's
+    reached only the journal.
+    """
     if not journal.is_file():
         return {}
     _drop_torn_line(journal)
-    written = set()
+    written: dict[tuple[str, int], set[str]] = {}
     if records.is_file():
         for line in records.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            written.add((r.get("stage", ""), r["step"]))
+            written.setdefault((r.get("stage", ""), r["step"]), set()).update(r)
     out: dict[str, list[tuple[str, int, dict]]] = {}
     for line in journal.read_text(encoding="utf-8").splitlines():
         e = json.loads(line)
-        if (e["stage"], e["step"]) not in written:
+        if not set(e["metrics"]) <= written.get((e["stage"], e["step"]), set()):
             out.setdefault(e["stage"], []).append((e["source"], e["step"], e["metrics"]))
     return out
 
