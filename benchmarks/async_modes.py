@@ -278,7 +278,7 @@ def main() -> None:
     ap.add_argument("--preset", default="10m", help="model of the mode runs")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--sync-presets", nargs="+", default=["10m", "50m"])
-    ap.add_argument("--modes", nargs="+", default=[*MODES, "async"])
+    ap.add_argument("--modes", nargs="*", default=[*MODES, "async"], help="none: sync table only")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "async_modes.json"))
     args = ap.parse_args()

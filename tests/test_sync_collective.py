@@ -101,6 +101,27 @@ def test_two_engines_get_every_version_bit_exactly_and_an_error_for_a_discarded_
         assert_bit_exact(again[rank][0], snapshot_of_v3)
 
 
+def test_the_next_snapshot_is_packed_into_a_discarded_one_and_still_arrives_exactly(tmp_path):
+    from trinity.sync import collective
+
+    m = sync_method("nccl")
+    p1 = m.send(_state(101), 101, tmp_path)  # versions of its own: the broadcaster is shared
+    assert collective._BROADCASTER is not None
+    held = list(collective._BROADCASTER.snapshots[101])  # alive: its memory is not reallocated
+    first = [b.data_ptr() for b in held]
+    m.discard(p1)
+    p2 = m.send(_state(102), 102, tmp_path)
+    assert 101 not in collective._BROADCASTER.snapshots
+    assert [b.data_ptr() for b in collective._BROADCASTER.snapshots[102]] == first
+    p3 = m.send(_state(103), 103, tmp_path)  # nothing discarded: fresh buffers
+    assert [b.data_ptr() for b in collective._BROADCASTER.snapshots[103]] != first
+    # one engine receives v102 then v103 into the same buckets: each arrives whole
+    got = _run_engines([p1, p2, p3], world=1)[0]
+    assert isinstance(got[0], str) and "no longer holds v101" in got[0]
+    assert_bit_exact(got[1], _state(102))
+    assert_bit_exact(got[2], _state(103))
+
+
 def test_payload_is_small_and_names_the_store(tmp_path):
     payload = sync_method("nccl").send(_state(7), 7, tmp_path)
     assert len(payload) == 1 and payload[0]["version"] == 7 and payload[0]["port"] > 0

@@ -4,14 +4,18 @@ numpy, not torch: a numpy array moves between processes ~10x cheaper (zero-copy 
 memory) than a pickled torch tensor. bfloat16 has no numpy dtype, so such tensors travel as
 float32 and are cast back by `load_state_dict`. The object is freed when the synchronizer drops
 the last reference (`discard`) and no engine still holds it.
+
+`receive` hands out read-only views of the object-store arrays, not copies: the engine copies them
+into its own parameters anyway (`load_state_dict`), so a copy here would move every byte twice
+(it made a sync 3.2-3.8x a plain memory copy instead of ~2x, see docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 
@@ -31,8 +35,9 @@ class MemorySync:
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
         arrays = ray.get(payload[0])
-        # object-store arrays are read-only views: copy into tensors the model can own
-        return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in arrays.items()}
+        with warnings.catch_warnings():  # torch warns that object-store arrays are read-only:
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return {k: torch.from_numpy(v) for k, v in arrays.items()}  # they are only read
 
     def discard(self, payload: list[Any]) -> None:
         """Nothing to do: dropping the reference lets Ray free the object."""
