@@ -46,6 +46,8 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        if name not in self._items and name in self._modules:  # only the module it names
+            importlib.import_module(self._modules[name])
         if name not in self._items:  # import them all, so a miss lists every valid name
             for module in self._modules.values():
                 importlib.import_module(module)

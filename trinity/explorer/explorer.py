@@ -72,12 +72,13 @@ class Explorer:
         self.cfg = config
         self.engine_share = engine_share
         self.engine_nodes = list(engine_nodes or [])
+        # started first, not in `prepare`: they load while this process sets itself up
+        self.engines: list[Any] = self._start_engines(model_path)
         self.model_path = resolve_model_path(model_path)
         self.buffer = buffer
         self.synchronizer = synchronizer
         self.hub = hub
         self.step_offset = step_offset
-        self.engines: list[Any] = []
         self.client: BatchingClient | None = None
         self.tokenizer = None
         self.train_tasks: list[Task] = []
@@ -87,19 +88,20 @@ class Explorer:
 
     # -- set-up --------------------------------------------------------------------------------
 
-    async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
-        """Start the engines, load tasksets. Returns task counts (for step planning)."""
+    def _start_engines(self, model_path: str) -> list[Any]:
+        """Start the engine actors (each resolves and loads `model_path` in its own process);
+        not awaited."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
         engine_cls = ray.remote(engine_class(resolve(cfg).engine_type))  # unset: best available
         share = self.engine_share or Share(0, 0, rm.num_threads or os.cpu_count() or 1)
-        self.engines = [
+        return [
             engine_cls.options(
                 num_cpus=share.num_cpus,
                 num_gpus=share.num_gpus,
                 max_restarts=rm.max_restarts,
                 **on_node(self.engine_nodes, i),
             ).remote(
-                self.model_path,
+                model_path,
                 dtype=rm.dtype,
                 seed=seeds.engine_seed(cfg, i),
                 max_batch_size=rm.max_batch_size,
@@ -109,8 +111,11 @@ class Explorer:
             )
             for i in range(rm.engine_num)
         ]
-        await asyncio.gather(*(e.get_stats.remote() for e in self.engines))  # wait until loaded
-        self.client = BatchingClient(self.engines)
+
+    async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
+        """Load the tokenizer and the tasksets, then wait for the engines (started by
+        `__init__`, they load meanwhile). Returns task counts (for step planning)."""
+        cfg = self.cfg
         self.tokenizer = load_tokenizer(
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
         )
@@ -134,6 +139,8 @@ class Explorer:
                 default_reward_fn_type=inp.default_reward_fn_type,
                 default_seed=cfg.seed,
             )
+        await asyncio.gather(*(e.get_stats.remote() for e in self.engines))  # wait until loaded
+        self.client = BatchingClient(self.engines)
         return {"train_tasks": len(self.train_tasks)}
 
     def _task_stream(self) -> Iterator[Task]:

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
 from trinity.sync.method import SYNC_METHOD, Peers
+
+if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only discards
+    import torch
 
 
 @SYNC_METHOD.register("memory")
 class MemorySync:
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
+        import torch
+
         arrays = {}
         for k, v in state.items():
             t = v.detach().cpu()
@@ -34,6 +38,8 @@ class MemorySync:
         return [ray.put(arrays)]  # in a list: Ray passes a nested reference on unresolved
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
+        import torch
+
         arrays = ray.get(payload[0])
         with warnings.catch_warnings():  # torch warns that object-store arrays are read-only:
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")

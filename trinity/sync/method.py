@@ -17,12 +17,13 @@ A new transport is one new module in `sync/` and a line in `SYNC_METHOD`'s `modu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trinity.common.registry import Registry
 from trinity.common.rollout import Peers
+
+if TYPE_CHECKING:  # the synchronizer's process passes payloads and never needs torch
+    import torch
 
 
 @runtime_checkable

@@ -43,17 +43,17 @@ class TrainerRunner:
         self._read_metrics: dict[str, float] = {}  # a publish while waiting for data
 
     def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
-        """Load the model (and the SFT dataset in train mode). Returns the dataset size."""
-        from trinity.models import load_tokenizer, resolve_model_path
+        """Load the model (and the SFT dataset in train mode). Returns the dataset size.
 
+        The model loads here, while the explorer starts its engines, not when the first step
+        is due (on 2 cores this took a second core's idle time off the path to the first step);
+        the optimizer waits for `total_steps`, which `run` gets once the run has planned them.
+        """
+        self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
         size = 0
         if use_dataset:
-            tok = load_tokenizer(
-                resolve_model_path(self.model_path), self.cfg.model.custom_chat_template
-            )
-            self.dataset = DatasetSource(self.cfg, tok)
+            self.dataset = DatasetSource(self.cfg, self.trainer.tokenizer)
             size = len(self.dataset)
-        self._pending_total = total_steps
         return {"dataset_size": size}
 
     def run(
@@ -82,7 +82,9 @@ class TrainerRunner:
         # explorer_driven: publish when an explorer asks (polled after each step, and every
         # second while waiting for data), not on the schedule
         self._on_request = publish_steps and style == "explorer_driven"
-        self.trainer = Trainer(cfg, self.model_path, total_steps, self.num_threads)
+        if self.trainer is None:
+            raise RuntimeError("TrainerRunner.prepare() must come before run()")
+        self.trainer.plan(total_steps)
         n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
         step, last_saved = 0, None
         if resume_from is not None:

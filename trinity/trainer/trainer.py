@@ -37,10 +37,16 @@ ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy
 
 class Trainer:
     def __init__(
-        self, config: Any, model_path: str, total_steps: int, num_threads: int | None = None
+        self,
+        config: Any,
+        model_path: str,
+        total_steps: int | None,
+        num_threads: int | None = None,
     ) -> None:
         """`num_threads`: torch threads (the launcher's resource plan); None =
-        `trainer.num_threads`, else every core."""
+        `trainer.num_threads`, else every core. `total_steps`: the lr schedule's horizon; None:
+        not known yet, `plan` it before the first step (the runner loads the model while the
+        run is still planning its steps)."""
         config = effective_config(config)  # trainer.trainer_config (verl) values in unset keys
         tcfg = config.trainer
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
@@ -67,7 +73,10 @@ class Trainer:
         )
         opt = config.algorithm.optimizer
         self.clip_grad = tcfg.grad_clip if tcfg.grad_clip is not None else opt.clip_grad
-        self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if total_steps is not None:
+            self.plan(total_steps)
         self.step = 0
         self.ppo_epochs = tcfg.ppo_epochs
         self.mini_batch_size = tcfg.ppo_mini_batch_size
@@ -79,6 +88,16 @@ class Trainer:
                 "(its fixed horizon L, in tokens)"
             )
         self.norm_length = float(horizon) if horizon is not None else None
+
+    def plan(self, total_steps: int) -> None:
+        """Build the optimizer and its lr schedule over `total_steps` train steps."""
+        opt = self.config.algorithm.optimizer
+        self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+
+    def _planned(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        if self.optimizer is None or self.scheduler is None:
+            raise RuntimeError("Trainer.plan(total_steps) must come before training or resuming")
+        return self.optimizer, self.scheduler
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -133,10 +152,11 @@ class Trainer:
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
         # 4. updates
-        lr = self.scheduler.get_last_lr()[0]  # the lr of every update of this step
+        _, scheduler = self._planned()
+        lr = scheduler.get_last_lr()[0]  # the lr of every update of this step
         with timers("update"):
             update_metrics = self._update(batch, mbs, recompute_old)
-            self.scheduler.step()
+            scheduler.step()
         metrics.update(update_metrics)
         self.step += 1
         elapsed = time.perf_counter() - t_start
@@ -159,6 +179,7 @@ class Trainer:
         self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool
     ) -> dict[str, float]:
         a = self.algo
+        optimizer, _ = self._planned()
         b = len(batch)
         mini = self.mini_batch_size or b
         sums: dict[str, float] = {}
@@ -176,7 +197,7 @@ class Trainer:
                 parts = micro_batches(
                     mini_batch, self.config.trainer.micro_batch_size_per_gpu, self._token_budget()
                 )
-                self.optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 n_tok = max(float(mini_batch.response_mask.sum()), 1.0)
                 for idx in parts:
                     mb = mini_batch.select(idx)
@@ -190,7 +211,7 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.clip_grad or float("inf")
                 )
-                self.optimizer.step()
+                optimizer.step()
                 sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(grad_norm)
                 n_updates += 1
         return {k: v / n_updates for k, v in sums.items()}
@@ -252,10 +273,11 @@ class Trainer:
         """Weights plus the trainer state that resuming needs (`extra`: the caller's own;
         `leases`: the buffer leases trained since the last checkpoint)."""
         keep = self.config.trainer.max_checkpoints_to_keep
+        optimizer, scheduler = self._planned()
         state = {
             "step": step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
@@ -273,8 +295,9 @@ class Trainer:
         tensors = sync_method("checkpoint").receive([str(checkpoint)])
         load_weights(self.model, tensors, str(checkpoint))
         state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        optimizer, scheduler = self._planned()
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
