@@ -46,6 +46,10 @@ def test_ppo_by_hand() -> None:
     close(m["pg_clipfrac"], 2 / 3)
     close(m["ppo_kl"], -math.log(0.75) / 3)
     close(m["ratio_mean"], 1.0)
+    # the dual clip is on by default (c = 3): -A·c = 3 > 0.8 at (1,0), so it changes nothing here
+    close(m["pg_clipfrac_lower"], 0.0)
+    assert set(m) == {"pg_loss", "pg_clipfrac", "ppo_kl", "ratio_mean", "pg_clipfrac_lower"}
+    _, m = POLICY_LOSS_FN.get("ppo")(logprob, old, ADV, MASK, agg=TOKEN_MEAN, clip_ratio_c=None)
     assert set(m) == {"pg_loss", "pg_clipfrac", "ppo_kl", "ratio_mean"}
     assert all(isinstance(v, float) for v in m.values())
 
@@ -80,7 +84,7 @@ def test_ppo_dual_clip() -> None:
     logprob, old = make([[5.0, 5.0], [2.0, 1.0]])
     adv = torch.tensor([[-1.0, 1.0], [-1.0, -2.0]], dtype=torch.float64)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    loss, m = POLICY_LOSS_FN.get("ppo")(logprob, old, adv, mask, agg=TOKEN_MEAN, clip_ratio_c=3.0)
+    loss, m = POLICY_LOSS_FN.get("ppo")(logprob, old, adv, mask, agg=TOKEN_MEAN)  # c = 3 default
     close(loss, 1.45)
     close(m["pg_clipfrac_lower"], 0.25)
     close(m["pg_clipfrac"], 0.25)
@@ -122,7 +126,10 @@ def ppo_oracle(logprob, old, adv, mask, eps_low, eps_high) -> float:  # token-me
                 continue
             r = math.exp(logprob[i][t] - old[i][t])
             clipped = min(max(r, 1 - eps_low), 1 + eps_high)
-            total += max(-adv[i][t] * r, -adv[i][t] * clipped)
+            loss = max(-adv[i][t] * r, -adv[i][t] * clipped)
+            if adv[i][t] < 0:  # the dual clip, c = 3 (the default)
+                loss = min(loss, -adv[i][t] * 3.0)
+            total += loss
             n += 1
     return total / n
 

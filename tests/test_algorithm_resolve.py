@@ -103,12 +103,12 @@ def test_algorithms_registered() -> None:
     ("registry", "valid"),
     [
         (ADVANTAGE_FN, "grpo, reinforce, rloo"),
-        (POLICY_LOSS_FN, "ppo, sft"),
+        (POLICY_LOSS_FN, "cispo, gspo, importance_sampling, ppo, reinforce, sapo, sft"),
         (KL_LOSS_FN, "abs, k1, k2, k3, low_var_kl, none"),
         (KL_PENALTY_FN, "abs, k1, k2, k3, low_var_kl, none"),
         (ENTROPY_LOSS_FN, "default, none"),
         (SAMPLE_STRATEGY, "default"),
-        (ALGORITHM, "grpo, reinforce, rloo, sft"),
+        (ALGORITHM, "cispo, grpo, gspo, reinforce, rloo, sapo, sft"),
     ],
 )
 def test_registry_miss_lists_valid_names(registry: Any, valid: str) -> None:
@@ -117,7 +117,9 @@ def test_registry_miss_lists_valid_names(registry: Any, valid: str) -> None:
 
 
 def test_resolve_errors() -> None:
-    with pytest.raises(RegistryError, match="Valid names: grpo, reinforce, rloo, sft"):
+    with pytest.raises(
+        RegistryError, match="Valid names: cispo, grpo, gspo, reinforce, rloo, sapo, sft"
+    ):
         resolve_algorithm(cfg(algorithm_type="gpro"))
     with pytest.raises(RegistryError, match="Valid names: abs, k1"):
         resolve_algorithm(cfg(algorithm_type="grpo", kl_loss_fn="k9"))

@@ -1,6 +1,7 @@
 """End to end on CPU: `trinity run` as a subprocess on a tiny model, reading what it wrote."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -129,6 +130,32 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     # on-policy across the crash: the restarted engine did not fall back to the start weights
     assert [by_step[s]["rollout/model_version"] for s in range(1, 11)] == list(range(10))
     assert by_step[10]["rollout/engine_restarts"] == 1
+
+
+def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, tiny_model_dir):
+    """One stage per registered algorithm that learns from rollouts, two steps each, in one run:
+    each selects its pieces by `algorithm_type` alone and trains (finite loss, weights move on)."""
+    from trinity.algorithm import ALGORITHM
+
+    names = [n for n in ALGORITHM.names() if ALGORITHM.get(n).use_rollout]
+    assert {"grpo", "gspo", "cispo", "sapo"} <= set(names)
+    stages = "".join(
+        f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}}}}}\n" for n in names
+    )
+    cfg = grpo_config(tmp_path, tiny_model_dir, "stages:\n" + stages)
+    r = run_trinity(
+        cfg, timeout=600,
+        overrides=["buffer.total_steps=2", "explorer.eval_interval=0",
+                   "buffer.explorer_input.eval_tasksets=[]"],
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for n in names:
+        trained = [rec for rec in records if rec.get("stage") == n and "train/loss" in rec]
+        assert len(trained) == 2, (n, trained)
+        assert all(math.isfinite(rec["train/loss"]) for rec in trained), n
+        assert (run_dir / n / "global_step_2" / "model.safetensors").exists(), n
 
 
 def test_grpo_end_to_end(tmp_path, tiny_model_dir):

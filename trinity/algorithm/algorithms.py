@@ -146,6 +146,33 @@ RLOO = register_algorithm(
 )
 
 
+# GSPO, CISPO and SAPO: GRPO's group advantage with another policy loss. As in Trinity-RFT's
+# records, the reference model regularises through a k2 KL loss (β = 0.001).
+def _grpo_with(name: str, policy_loss_fn: str, loss_agg_mode: str) -> AlgorithmSpec:
+    return register_algorithm(
+        AlgorithmSpec(
+            name=name,
+            advantage_fn="grpo",
+            policy_loss_fn=policy_loss_fn,
+            kl_loss_fn="k2",
+            entropy_loss_fn="default",
+            use_reference=True,
+            default_args={
+                "advantage_fn_args": {"epsilon": 1e-6, "std_normalize": True},
+                "kl_loss_fn_args": {"kl_coef": 0.001},
+                "entropy_loss_fn_args": {"entropy_coef": 0.0},
+            },
+            loss_agg_mode=loss_agg_mode,
+        )
+    )
+
+
+# the GSPO and SAPO objectives average per sequence; CISPO's per token (MiniMax-M1, eq. 4)
+GSPO = _grpo_with("gspo", "gspo", "seq-mean-token-mean")
+CISPO = _grpo_with("cispo", "cispo", "token-mean")
+SAPO = _grpo_with("sapo", "sapo", "seq-mean-token-mean")
+
+
 @dataclass(frozen=True)
 class ResolvedAlgorithm:
     """What the trainer uses: the effective spec, the callables and their merged arguments.

@@ -83,4 +83,40 @@ PAPERS: dict[str, Paper] = {
         {"algorithm_type": "reinforce", "advantage_fn_args": {"baseline": "none"}},
         "baseline: batch_mean is the simplest variance-reducing baseline the paper allows.",
     ),
+    "gspo": Paper(
+        "Group Sequence Policy Optimization",
+        "2507.18071",
+        {
+            "algorithm_type": "gspo",
+            "policy_loss_fn": "gspo",
+            "policy_loss_fn_args": {"clip_range_low": 3e-4, "clip_range_high": 4e-4},
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
+        "Clip ranges from the paper's experiments, which split each batch into 4 mini-batches "
+        "(trainer.ppo_mini_batch_size): only then does the ratio leave 1. The KL term is the "
+        "gspo record's (Trinity-RFT's k2 at kl_coef 0.001).",
+    ),
+    "cispo": Paper(
+        "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
+        "2506.13585",
+        {
+            "algorithm_type": "cispo",
+            "policy_loss_fn": "cispo",
+            "policy_loss_fn_args": {"clip_range_low": 1.0, "clip_range_high": 0.28},
+            "loss_agg_mode": "token-mean",
+        },
+        "The paper states no numeric eps_high; 0.28 is Trinity-RFT's default (DAPO's clip-higher "
+        "value). eps_low 1.0 is the paper's 'no lower bound'.",
+    ),
+    "sapo": Paper(
+        "Soft Adaptive Policy Optimization",
+        "2511.20347",
+        {
+            "algorithm_type": "sapo",
+            "policy_loss_fn": "sapo",
+            "policy_loss_fn_args": {"tau_pos": 1.0, "tau_neg": 1.05},
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
+        "Temperatures are Trinity-RFT's defaults (tau_neg > tau_pos, as the paper prescribes).",
+    ),
 }

@@ -20,7 +20,17 @@ from torch import Tensor
 from trinity.algorithm.aggregation import Aggregator, masked_mean
 from trinity.common.registry import Registry
 
-POLICY_LOSS_FN: Registry = Registry("policy_loss_fn")
+# losses in modules of their own (`trinity/algorithm/losses/`), imported on first use
+POLICY_LOSS_FN: Registry = Registry(
+    "policy_loss_fn",
+    modules={
+        "gspo": "trinity.algorithm.losses.gspo",
+        "cispo": "trinity.algorithm.losses.cispo",
+        "sapo": "trinity.algorithm.losses.sapo",
+        "importance_sampling": "trinity.algorithm.losses.importance",
+        "reinforce": "trinity.algorithm.losses.importance",
+    },
+)
 
 
 @POLICY_LOSS_FN.register("ppo")
@@ -34,7 +44,7 @@ def ppo_policy_loss(
     clip_range: float = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: float | None = 3.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate, with DAPO's decoupled clip and optional dual clip.
 
@@ -57,9 +67,10 @@ def ppo_policy_loss(
         clip_range: ε, used for whichever of ε_low / ε_high is None.
         clip_range_low: ε_low (DAPO); None = clip_range.
         clip_range_high: ε_high (DAPO, e.g. 0.28); None = clip_range.
-        clip_ratio_c: dual-clip constant c > 1 (e.g. 3.0); None = off.
+        clip_ratio_c: dual-clip constant c > 1; 3.0 by default, as in verl and Trinity-RFT
+            (it bounds the loss of a negative-advantage token whose ratio exploded); None = off.
     Returns:
-        (loss, {pg_loss, pg_clipfrac, ppo_kl, ratio_mean[, pg_clipfrac_lower]}).
+        (loss, {pg_loss, pg_clipfrac, ppo_kl, ratio_mean[, pg_clipfrac_lower with the dual clip]}).
         pg_clipfrac: fraction of masked tokens where the clipped branch is the active (larger) one;
         pg_clipfrac_lower: fraction where the dual clip is active.
     """

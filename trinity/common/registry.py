@@ -55,7 +55,7 @@ class Registry(Generic[T]):
             return self._items[name]
         if "." in name:
             return _load_dotted(name, self.kind)
-        hint = difflib.get_close_matches(name, self._items, n=1)
+        hint = difflib.get_close_matches(name, self.names(), n=1)
         did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
         raise RegistryError(
             f"unknown {self.kind} {name!r}.{did_you_mean} Valid names: {', '.join(self.names())}"
@@ -63,10 +63,11 @@ class Registry(Generic[T]):
         )
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        """Every valid name: registered ones and those of `modules` not imported yet."""
+        return sorted(set(self._items) | set(self._modules))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._modules
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
