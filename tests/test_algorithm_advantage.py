@@ -189,3 +189,70 @@ def test_integer_rewards_are_promoted() -> None:
         torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool)
     )
     assert adv.is_floating_point()
+
+
+# REINFORCE++ (verl's conventions). Rows: mask [1,1,0] / [1,1,1] / [1,0,0], rewards 1, 0, 2.
+# γ = 1: every masked token of a row carries its reward: 1,1 | 0,0,0 | 2 → n = 6, μ = 4/6 = 2/3,
+#   Σ(x-μ)² = 2·(1/3)² + 3·(2/3)² + (4/3)² = 2/9 + 12/9 + 16/9 = 30/9, σ² = (30/9)/5 = 2/3
+#   A = (x - μ)/√(2/3): row 0 (1/3)/0.8164965809 = 0.4082482905, row 1 -0.8164965809,
+#   row 2 (4/3)/0.8164965809 = 1.6329931619
+# γ = 0.5: row 0's first token gets 0.5·1: values 0.5,1 | 0,0,0 | 2 → μ = 3.5/6 = 0.5833333333,
+#   σ² = 3.2083333333/5 = 0.6416666667, σ = 0.8010409894:
+#   row 0 → -0.1040312973, 0.5201564866; row 1 → -0.7282190813; row 2 → 1.7685320545
+RPP_MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+RPP_REWARDS = torch.tensor([1.0, 0.0, 2.0])
+
+
+def test_reinforce_plus_plus_by_hand() -> None:
+    fn = ADVANTAGE_FN.get("reinforceplusplus")
+    adv, ret = fn(RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK)
+    a, b, c = 0.4082482905, -0.8164965809, 1.6329931619
+    close(adv, [[a, a, 0.0], [b, b, b], [c, 0.0, 0.0]])
+    close(ret, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
+    adv, ret = fn(RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK, gamma=0.5)
+    d = -0.7282190813
+    close(adv, [[-0.1040312973, 0.5201564866, 0.0], [d, d, d], [1.7685320545, 0.0, 0.0]])
+    close(ret, [[0.5, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
+
+
+def test_reinforce_plus_plus_restarts_the_return_behind_a_masked_token() -> None:
+    # one row [1, 0, 1], reward 3, γ = 0.5: the reward sits on t = 2; t = 1 is masked, so the
+    # running return is cut there (verl's reset) and t = 0 gets 0, not 0.25·3
+    _, ret = ADVANTAGE_FN.get("reinforceplusplus")(
+        torch.tensor([3.0]), torch.tensor([0]), torch.tensor([[True, False, True]]), gamma=0.5
+    )
+    close(ret, [[0.0, 0.0, 3.0]])
+
+
+def test_reinforce_plus_plus_matches_a_loop_oracle() -> None:
+    g = torch.Generator().manual_seed(5)
+    n, t, gamma = 6, 5, 0.9
+    rewards = torch.randn(n, generator=g, dtype=torch.float64)
+    mask = torch.rand(n, t, generator=g) > 0.25
+    adv, _ = ADVANTAGE_FN.get("reinforceplusplus")(rewards, torch.arange(n), mask, gamma=gamma)
+    returns = [[0.0] * t for _ in range(n)]
+    for i in range(n):
+        last = max((k for k in range(t) if mask[i, k]), default=None)
+        running = 0.0
+        for k in reversed(range(t)):
+            running = (float(rewards[i]) if k == last else 0.0) + gamma * running
+            returns[i][k] = running
+            running = running if mask[i, k] else 0.0
+    vals = [returns[i][k] for i in range(n) for k in range(t) if mask[i, k]]
+    mu = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1) + 1e-8)
+    want = [[(returns[i][k] - mu) / sd if mask[i, k] else 0.0 for k in range(t)] for i in range(n)]
+    close(adv, want, atol=1e-12)
+
+
+# With a group baseline: groups {0, 1} and {2}; s = 1 - 0.5, 0 - 0.5, 2 - 0 (a group of one keeps
+# its reward) → tiled 0.5,0.5 | -0.5,-0.5,-0.5 | 2: μ = 1.5/6 = 0.25,
+#   Σ(x-μ)² = 2·0.0625 + 3·0.5625 + 3.0625 = 4.875, σ² = 0.975, σ = 0.9874208829
+#   A: row 0 0.25/σ = 0.2531848418, row 1 -0.75/σ = -0.7595545253, row 2 1.75/σ = 1.7722938924
+def test_reinforce_plus_plus_baseline_by_hand() -> None:
+    adv, ret = ADVANTAGE_FN.get("reinforceplusplus_baseline")(
+        RPP_REWARDS, torch.tensor([7, 7, 3]), RPP_MASK
+    )
+    a, b, c = 0.2531848418, -0.7595545253, 1.7722938924
+    close(adv, [[a, a, 0.0], [b, b, b], [c, 0.0, 0.0]])
+    close(ret, adv.tolist())

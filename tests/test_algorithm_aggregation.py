@@ -22,6 +22,7 @@ MASK = torch.tensor([[True, True, False], [True, False, False]])
 def test_modes_by_hand() -> None:
     # masked entries: row 0 → 1, 2 (sum 3, 2 tokens); row 1 → 4 (sum 4, 1 token); 3 tokens, 2 seqs, T = 3
     close(Aggregator("token-mean")(LOSS, MASK), 7 / 3)  # (1 + 2 + 4)/3
+    close(Aggregator("token-sum")(LOSS, MASK), 7.0)  # 1 + 2 + 4
     close(Aggregator("seq-mean-token-sum")(LOSS, MASK), 3.5)  # (3 + 4)/2
     close(Aggregator("seq-mean-token-mean")(LOSS, MASK), 2.75)  # (3/2 + 4/1)/2 = (1.5 + 4)/2
     close(Aggregator("seq-mean-token-sum-norm")(LOSS, MASK), 7 / 6)  # (3 + 4)/(2·3)
@@ -51,7 +52,7 @@ def test_masked_nan_does_not_leak() -> None:
 
 
 def test_unknown_mode_lists_valid_modes() -> None:
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean"):
+    with pytest.raises(ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"):
         Aggregator("mean")
 
 
@@ -64,6 +65,8 @@ def agg_oracle(mode: str, loss: list[list[float]], mask: list[list[bool]]) -> fl
     n_seqs, horizon = len(loss), len(loss[0])
     if mode == "token-mean":
         return sum(seq_sums) / n_tokens
+    if mode == "token-sum":
+        return sum(seq_sums)
     if mode == "seq-mean-token-sum":
         return sum(seq_sums) / n_seqs
     if mode == "seq-mean-token-mean":

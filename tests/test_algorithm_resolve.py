@@ -102,7 +102,7 @@ def test_algorithms_registered() -> None:
 @pytest.mark.parametrize(
     ("registry", "valid"),
     [
-        (ADVANTAGE_FN, "grpo, reinforce, rloo"),
+        (ADVANTAGE_FN, "grpo, reinforce, reinforceplusplus, reinforceplusplus_baseline, rloo"),
         (POLICY_LOSS_FN, "cispo, gspo, importance_sampling, ppo, reinforce, sapo, sft"),
         (KL_LOSS_FN, "abs, k1, k2, k3, low_var_kl, none"),
         (KL_PENALTY_FN, "abs, k1, k2, k3, low_var_kl, none"),

@@ -60,7 +60,14 @@ def params_after_step(cfg, model_dir, exps):
 
 
 @pytest.mark.parametrize(
-    "agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    "agg",
+    [
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ],
 )
 def test_micro_batches_equal_one_batch(tmp_path, tiny_model_dir, agg):
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size

@@ -180,3 +180,103 @@ def reinforce_advantage(
     else:
         raise ValueError(f"unknown reinforce baseline {baseline!r}. Valid: none, batch_mean")
     return _broadcast(scores.to(dtype), response_mask), _broadcast(r.to(dtype), response_mask)
+
+
+def _masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(values - μ) / sqrt(σ² + eps) over the masked entries, σ² unbiased (verl's
+    `masked_whiten`); float64 in and out. Fewer than two masked entries: σ² = 0."""
+    m = mask.to(values.dtype)
+    n = m.sum()
+    mean = (values * m).sum() / n.clamp(min=1)
+    var = (((values - mean) * m) ** 2).sum() / (n - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps)
+
+
+def _last_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """[N] outcome rewards placed on each row's last masked token, as a token-reward matrix [N, T]."""
+    m = response_mask.bool()
+    t = m.shape[-1]
+    positions = torch.arange(t, device=m.device).expand_as(m)
+    last = torch.where(m, positions, torch.full_like(positions, -1)).amax(dim=-1)  # [N]
+    out = torch.zeros(m.shape, dtype=rewards.dtype, device=rewards.device)
+    rows = last >= 0
+    out[rows.nonzero().flatten(), last[rows]] = rewards[rows]
+    return out
+
+
+@ADVANTAGE_FN.register("reinforceplusplus")
+def reinforce_plus_plus_advantage(
+    rewards: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted returns of the outcome reward, whitened over every token of the batch.
+
+        G_it = r_i · γ^(k_it)      k_it: positions from t to the row's last masked token, the
+                                   running return restarting at 0 behind a masked position (verl)
+        A_it = (G_it - μ) / sqrt(σ² + 1e-8)     μ, σ² (unbiased): over all masked tokens of the batch
+
+    The outcome reward sits on the row's last masked token. With γ = 1 every token of a row gets
+    r_i, so a longer response weighs more in μ and σ (token-level whitening, as verl). No group
+    baseline: `reinforceplusplus_baseline` subtracts the group mean first. Returns = G.
+
+    Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
+    (arXiv:2501.03262). The paper also puts a per-token KL penalty in the reward; here a KL term
+    comes from `kl_loss_fn` or a sequence-level `kl_penalty_fn` (token rewards are not part of the
+    advantage signature yet).
+
+    Args:
+        rewards: [N] float outcome rewards.
+        group_ids: [N] long (unused; part of the shared signature).
+        response_mask: [N, T] bool.
+        gamma: discount per token position.
+    Returns:
+        (advantages [N, T], returns [N, T]), 0 on unmasked tokens.
+    """
+    del group_ids
+    dtype = _out_dtype(rewards)
+    m = response_mask.bool()
+    token_rewards = _last_token_rewards(rewards.to(torch.float64), m)  # [N, T]
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(m.shape[0], dtype=torch.float64, device=m.device)
+    for t in reversed(range(m.shape[-1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * m[:, t]
+    adv = _masked_whiten(returns, m) * m
+    return adv.to(dtype), (returns * m).to(dtype)
+
+
+@ADVANTAGE_FN.register("reinforceplusplus_baseline")
+def reinforce_plus_plus_baseline_advantage(
+    rewards: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch.
+
+        s_i  = r_i - mean_g              (a group of one: mean 0, as verl)
+        A_it = (s_i - μ) / sqrt(σ² + 1e-8)    μ, σ² (unbiased): of s over all masked tokens
+
+    verl's `reinforce_plus_plus_baseline`. Returns = advantages.
+
+    Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
+    (arXiv:2501.03262), the variant with a group baseline for several samples per prompt.
+
+    Args:
+        rewards: [N] float outcome rewards.
+        group_ids: [N] long group keys.
+        response_mask: [N, T] bool.
+    Returns:
+        (advantages [N, T], returns [N, T]), 0 on unmasked tokens.
+    """
+    dtype = _out_dtype(rewards)
+    r = rewards.to(torch.float64)
+    count, total, _, _ = group_stats(r, group_ids)
+    scores = r - torch.where(count == 1, torch.zeros_like(total), total / count)
+    m = response_mask.bool()
+    tiled = scores.unsqueeze(-1) * m
+    adv = _masked_whiten(tiled, m) * m
+    return adv.to(dtype), adv.to(dtype)

@@ -3,6 +3,8 @@
 `algorithm.loss_agg_mode` picks the reduction (verl's `agg_loss` modes):
 
 - ``token-mean``:              Σ_{i,t} ℓ·m / N_tokens
+- ``token-sum``:               Σ_{i,t} ℓ·m                       (no normalisation: the loss scale
+  grows with the batch's token count)
 - ``seq-mean-token-sum``:      Σ_i (Σ_t ℓ·m) / N_seqs
 - ``seq-mean-token-mean``:     Σ_i (Σ_t ℓ·m / Σ_t m) / N_seqs   (a sequence with no masked token adds 0)
 - ``seq-mean-token-sum-norm``: Σ_i (Σ_t ℓ·m) / (N_seqs · L)      (Dr. GRPO, "Understanding R1-Zero-Like
@@ -25,6 +27,7 @@ from torch import Tensor
 
 LOSS_AGG_MODES = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -77,6 +80,8 @@ class Aggregator:
         if self.mode == "token-mean":
             n = float(m.sum()) if self.num_tokens is None else self.num_tokens
             return masked.sum() / _safe(n)
+        if self.mode == "token-sum":
+            return masked.sum()
         if self.mode == "seq-mean-token-sum":
             return masked.sum() / _safe(num_seqs)
         if self.mode == "seq-mean-token-mean":
