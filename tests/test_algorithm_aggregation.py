@@ -52,7 +52,9 @@ def test_masked_nan_does_not_leak() -> None:
 
 
 def test_unknown_mode_lists_valid_modes() -> None:
-    with pytest.raises(ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"):
+    with pytest.raises(
+        ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"
+    ):
         Aggregator("mean")
 
 
