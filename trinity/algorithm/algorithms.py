@@ -92,24 +92,41 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
     return ALGORITHM.register(spec.name)(spec)
 
 
+def _group_relative(
+    name: str,
+    policy_loss_fn: str,
+    kl_loss_fn: str,
+    loss_agg_mode: str = "token-mean",
+    policy_loss_fn_args: dict | None = None,
+) -> AlgorithmSpec:
+    """A record on GRPO's group advantage with a reference model's KL loss at β = 0.001."""
+    return register_algorithm(
+        AlgorithmSpec(
+            name=name,
+            advantage_fn="grpo",
+            policy_loss_fn=policy_loss_fn,
+            kl_loss_fn=kl_loss_fn,
+            entropy_loss_fn="default",
+            use_reference=True,
+            default_args={
+                "advantage_fn_args": {"epsilon": 1e-6, "std_normalize": True},
+                **({"policy_loss_fn_args": policy_loss_fn_args} if policy_loss_fn_args else {}),
+                "kl_loss_fn_args": {"kl_coef": 0.001},
+                "entropy_loss_fn_args": {"entropy_coef": 0.0},
+            },
+            loss_agg_mode=loss_agg_mode,
+        )
+    )
+
+
 # GRPO (arXiv:2402.03300) regularises with the k3 estimator as a loss term, not a reward penalty.
 # β defaults to 0.001 (verl's and Trinity-RFT's default); the paper's 0.04 is in PAPERS["grpo"].
-GRPO = register_algorithm(
-    AlgorithmSpec(
-        name="grpo",
-        advantage_fn="grpo",
-        policy_loss_fn="ppo",
-        kl_loss_fn="k3",
-        entropy_loss_fn="default",
-        use_reference=True,
-        default_args={
-            "advantage_fn_args": {"epsilon": 1e-6, "std_normalize": True},
-            "policy_loss_fn_args": {"clip_range": 0.2},
-            "kl_loss_fn_args": {"kl_coef": 0.001},
-            "entropy_loss_fn_args": {"entropy_coef": 0.0},
-        },
-    )
-)
+GRPO = _group_relative("grpo", "ppo", "k3", policy_loss_fn_args={"clip_range": 0.2})
+# GSPO, CISPO and SAPO: GRPO's advantage with another policy loss and, as Trinity-RFT's records,
+# a k2 KL loss. The GSPO and SAPO objectives average per sequence, CISPO's per token.
+GSPO = _group_relative("gspo", "gspo", "k2", "seq-mean-token-mean")
+CISPO = _group_relative("cispo", "cispo", "k2", "token-mean")
+SAPO = _group_relative("sapo", "sapo", "k2", "seq-mean-token-mean")
 SFT = register_algorithm(
     AlgorithmSpec(
         name="sft",
@@ -144,33 +161,6 @@ RLOO = register_algorithm(
         },
     )
 )
-
-
-# GSPO, CISPO and SAPO: GRPO's group advantage with another policy loss. As in Trinity-RFT's
-# records, the reference model regularises through a k2 KL loss (β = 0.001).
-def _grpo_with(name: str, policy_loss_fn: str, loss_agg_mode: str) -> AlgorithmSpec:
-    return register_algorithm(
-        AlgorithmSpec(
-            name=name,
-            advantage_fn="grpo",
-            policy_loss_fn=policy_loss_fn,
-            kl_loss_fn="k2",
-            entropy_loss_fn="default",
-            use_reference=True,
-            default_args={
-                "advantage_fn_args": {"epsilon": 1e-6, "std_normalize": True},
-                "kl_loss_fn_args": {"kl_coef": 0.001},
-                "entropy_loss_fn_args": {"entropy_coef": 0.0},
-            },
-            loss_agg_mode=loss_agg_mode,
-        )
-    )
-
-
-# the GSPO and SAPO objectives average per sequence; CISPO's per token (MiniMax-M1, eq. 4)
-GSPO = _grpo_with("gspo", "gspo", "seq-mean-token-mean")
-CISPO = _grpo_with("cispo", "cispo", "token-mean")
-SAPO = _grpo_with("sapo", "sapo", "seq-mean-token-mean")
 
 
 @dataclass(frozen=True)
