@@ -66,7 +66,37 @@ def test_kl_loss_by_hand_and_gradient() -> None:
     close(logprob.grad, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]])
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3", "low_var_kl", "abs"])
+def test_straight_through_variants_keep_the_value_and_take_k2_s_gradient() -> None:
+    # d = logprob - ref = 0.5 and -1 (both masked), token-mean, kl_coef 1:
+    #   k3 values: exp(-0.5) + 0.5 - 1 = 0.1065306597, exp(1) - 1 - 1 = 0.7182818285
+    #   → loss = (0.1065306597 + 0.7182818285)/2 = 0.4124062441
+    #   k2's gradient ∂(½d²)/∂logprob = d → grads d/2 = 0.25, -0.5 (k3's own would be
+    #   (1 - exp(-d))/2 = 0.1967346701, -0.8591409142)
+    #   mse = ½d² = 0.125, 0.5 → 0.3125 with the same gradient; k1+ = d → (0.5 - 1)/2 = -0.25
+    ref = torch.tensor([[-1.5, -0.5]], dtype=torch.float64)
+    mask = torch.tensor([[True, True]])
+    want = {"k3+": 0.4124062441, "low_var_kl+": 0.4124062441, "mse": 0.3125, "k1+": -0.25}
+    for name, value in want.items():
+        logprob = torch.tensor([[-1.0, -1.5]], dtype=torch.float64, requires_grad=True)
+        loss, m = KL_LOSS_FN.get(name)(logprob, ref, mask, agg=TOKEN_MEAN, kl_coef=1.0)
+        close(loss, value)
+        close(m["kl_loss"], value)
+        loss.backward()
+        close(logprob.grad, [[0.25, -0.5]])
+    # abs+: |0.5| and |-1| → 0.75, k2's gradient again
+    logprob = torch.tensor([[-1.0, -1.5]], dtype=torch.float64, requires_grad=True)
+    loss, _ = KL_LOSS_FN.get("abs+")(logprob, ref, mask, agg=TOKEN_MEAN, kl_coef=1.0)
+    close(loss, 0.75)
+    loss.backward()
+    close(logprob.grad, [[0.25, -0.5]])
+    # as a reward penalty (no gradient) a + variant is its estimator
+    rewards = torch.zeros(1, 2, dtype=torch.float64)
+    lp = torch.tensor([[-1.0, -1.5]], dtype=torch.float64)
+    shaped, _ = KL_PENALTY_FN.get("k3+")(rewards, lp, ref, mask, kl_coef=1.0)
+    close(shaped, (-kl_estimate(lp, ref, "k3")).tolist())
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "low_var_kl", "abs", "mse", "k3+", "abs+"])
 def test_kl_loss_matches_estimator(name: str) -> None:
     gen = torch.Generator().manual_seed(1)
     lp, ref = -torch.rand(3, 5, generator=gen), -torch.rand(3, 5, generator=gen)

@@ -104,8 +104,11 @@ def test_algorithms_registered() -> None:
     [
         (ADVANTAGE_FN, "grpo, reinforce, reinforceplusplus, reinforceplusplus_baseline, rloo"),
         (POLICY_LOSS_FN, "cispo, gspo, importance_sampling, ppo, reinforce, sapo, sft"),
-        (KL_LOSS_FN, "abs, k1, k2, k3, low_var_kl, none"),
-        (KL_PENALTY_FN, "abs, k1, k2, k3, low_var_kl, none"),
+        (KL_LOSS_FN, "abs, abs\\+, k1, k1\\+, k2, k3, k3\\+, low_var_kl, low_var_kl\\+, mse, none"),
+        (
+            KL_PENALTY_FN,
+            "abs, abs\\+, k1, k1\\+, k2, k3, k3\\+, low_var_kl, low_var_kl\\+, mse, none",
+        ),
         (ENTROPY_LOSS_FN, "default, none"),
         (SAMPLE_STRATEGY, "default"),
         (ALGORITHM, "cispo, grpo, gspo, reinforce, rloo, sapo, sft"),
@@ -121,7 +124,7 @@ def test_resolve_errors() -> None:
         RegistryError, match="Valid names: cispo, grpo, gspo, reinforce, rloo, sapo, sft"
     ):
         resolve_algorithm(cfg(algorithm_type="gpro"))
-    with pytest.raises(RegistryError, match="Valid names: abs, k1"):
+    with pytest.raises(RegistryError, match=r"Valid names: abs, abs\+, k1"):
         resolve_algorithm(cfg(algorithm_type="grpo", kl_loss_fn="k9"))
     with pytest.raises(TypeError, match="clip_rnage"):
         resolve_algorithm(cfg(algorithm_type="grpo", policy_loss_fn_args={"clip_rnage": 0.3}))

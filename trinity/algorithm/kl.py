@@ -8,6 +8,12 @@ Estimators of KL(π_θ ‖ π_ref) from samples of π_θ, per token, with d = lo
 - ``k2``:                ½·d²
 - ``k3`` / ``low_var_kl``: exp(-d) + d - 1   (unbiased, ≥ 0, low variance; GRPO's estimator)
 - ``abs``:               |d|
+- ``mse``:               ½·d², verl's other name for ``k2``
+- ``k1+``, ``k3+``, ``low_var_kl+``, ``abs+``: straight-through (verl's ``+`` variants): the
+  estimator's value with k2's gradient, ½d² - sg[½d²] + sg[value]. As a loss, k1 and k3 have the
+  right expected value but not the right expected gradient of KL(π_θ ‖ π_ref); k2's gradient
+  d·∇log π is the one that is (Schulman's post; verl's `kl_penalty`). As a reward penalty (no
+  gradient) a ``+`` variant equals its estimator.
 
 As in verl, `k3` clamps -d to [-20, 20] before `exp` and the result to [-10, 10].
 
@@ -28,7 +34,7 @@ from torch import Tensor
 from trinity.algorithm.aggregation import Aggregator, masked_mean
 from trinity.common.registry import Registry
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+", "low_var_kl+", "abs+")
 
 KL_LOSS_FN: Registry = Registry("kl_loss_fn")
 KL_PENALTY_FN: Registry = Registry("kl_penalty_fn")
@@ -44,10 +50,14 @@ def kl_estimate(logprob: Tensor, ref_logprob: Tensor, kl_type: str) -> Tensor:
     Returns:
         [B, T] estimate (not masked).
     """
+    if kl_type in KL_TYPES and kl_type.endswith("+"):  # straight-through: k2's gradient
+        value = kl_estimate(logprob, ref_logprob, kl_type[:-1])
+        k2 = kl_estimate(logprob, ref_logprob, "k2")
+        return k2 - k2.detach() + value.detach()
     d = logprob - ref_logprob
     if kl_type == "k1":
         return d
-    if kl_type == "k2":
+    if kl_type in ("k2", "mse"):
         return 0.5 * d.square()
     if kl_type in ("k3", "low_var_kl"):
         neg = (-d).clamp(-20.0, 20.0)  # ref - logprob
@@ -68,8 +78,7 @@ def kl_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """KL loss added to the policy loss: loss = kl_coef · agg(kl_estimate(logprob, ref), mask).
 
-    Registered once per estimator name ("k1", "k2", "k3", "low_var_kl", "abs"), which fixes
-    `kl_type`.
+    Registered once per estimator name (`KL_TYPES`), which fixes `kl_type`.
 
     Args:
         logprob: [B, T] log π_θ (with grad).
@@ -142,7 +151,7 @@ def kl_penalty(
 
         r'_t = r_t - β · kl_t · m_t       (unmasked tokens keep their reward)
 
-    Registered once per estimator name ("k1", ..., "abs"), which fixes `kl_type`.
+    Registered once per estimator name (`KL_TYPES`), which fixes `kl_type`.
 
     Args:
         token_rewards: [B, T] per-token rewards (an outcome reward usually sits on the last token).
