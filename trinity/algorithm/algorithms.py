@@ -271,3 +271,39 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
     )
     spec = dataclasses.replace(base, **names, use_reference=use_reference, loss_agg_mode=mode)
     return ResolvedAlgorithm(spec=spec, use_reference=use_reference, loss_agg_mode=mode, **fns)
+
+
+def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
+    """(piece, message) for every piece that refuses its arguments' values (`sapo` with
+    tau_neg <= 0, `ppo` with clip_ratio_c <= 1, an unknown `reinforce` baseline, ...).
+
+    Each piece is called once on a two-token batch with its merged arguments, so a value check
+    a piece makes at its first train step is made before anything starts instead. The sample
+    strategy takes experiences, not tensors, and is not called.
+    """
+    import torch
+
+    from trinity.algorithm.aggregation import Aggregator
+
+    lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    mask, agg = torch.ones(1, 2, dtype=torch.bool), Aggregator(r.loss_agg_mode, norm_length=2.0)
+    calls: list[tuple[str, Callable[[], Any]]] = [
+        ("policy_loss_fn", lambda: r.policy_loss_fn(
+            lp, ref, torch.ones(1, 2), mask, agg=agg, **r.policy_loss_fn_args)),
+        ("kl_loss_fn", lambda: r.kl_loss_fn(lp, ref, mask, agg=agg, **r.kl_loss_fn_args)),
+        ("kl_penalty_fn", lambda: r.kl_penalty_fn(
+            torch.zeros(1, 2), lp, ref, mask, **r.kl_penalty_fn_args)),
+        ("entropy_loss_fn", lambda: r.entropy_loss_fn(
+            torch.ones(1, 2), mask, agg=agg, **r.entropy_loss_fn_args)),
+    ]  # fmt: skip
+    if r.advantage_fn is not None:
+        advantage_fn = r.advantage_fn
+        calls.append(("advantage_fn", lambda: advantage_fn(
+            torch.tensor([1.0]), torch.tensor([0]), mask, **r.advantage_fn_args)))  # fmt: skip
+    problems = []
+    for piece, call in calls:
+        try:
+            call()
+        except (TypeError, ValueError) as e:  # reported as the config's problem, not swallowed
+            problems.append((piece, str(e)))
+    return problems

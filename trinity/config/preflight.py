@@ -211,6 +211,7 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
         AlgorithmSpec,
         accepted_args,
         resolve_algorithm,
+        value_problems,
     )
 
     spec, problem = _lookup(ALGORITHM, algo.algorithm_type, "algorithm.algorithm_type")
@@ -251,9 +252,14 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
         )
     if not problems:  # anything else resolve_algorithm would refuse (e.g. its own rules)
         try:
-            resolve_algorithm(algo)
+            resolved = resolve_algorithm(algo)
         except (LookupError, TypeError, ValueError) as e:
             problems.append(Problem("algorithm", str(e)))
+        else:  # argument values a piece refuses when first called
+            problems += [
+                Problem(f"algorithm.{piece}_args", f"{getattr(resolved.spec, piece)!r}: {msg}")
+                for piece, msg in value_problems(resolved)
+            ]
     return problems
 
 
