@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from trinity.algorithm import ADVANTAGE_FN
+from trinity.algorithm.inputs import AdvantageInput
 
 EPS = 1e-6
+
+
+def advantage(name: str, rewards, groups, mask, **args):
+    """Calls the advantage fn `name` on outcome rewards only."""
+    return ADVANTAGE_FN.get(name)(AdvantageInput.from_outcomes(rewards, groups, mask), **args)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor | list, atol: float = 1e-6) -> None:
@@ -37,7 +43,7 @@ def test_grpo_two_groups_by_hand() -> None:
     # group 3: mean = 3; var = (1 + 1)/(2-1) = 2; std = √2 → A = ∓1/(√2+ε) ≈ ∓0.707106
     s7, s3 = 1 / math.sqrt(3) + EPS, math.sqrt(2) + EPS
     per_seq = [(1 / 3) / s7, -1 / s3, (-2 / 3) / s7, (1 / 3) / s7, 1 / s3]
-    adv, ret = ADVANTAGE_FN.get("grpo")(REWARDS, GROUPS, MASK)
+    adv, ret = advantage("grpo", REWARDS, GROUPS, MASK)
     expected = torch.tensor(per_seq).unsqueeze(-1) * MASK.float()
     close(adv, expected)
     close(ret, expected)
@@ -47,7 +53,7 @@ def test_grpo_two_groups_by_hand() -> None:
 
 def test_grpo_mean_only_dr_grpo() -> None:
     # std_normalize=False: group 7 → 1-2/3 = 1/3, 0-2/3 = -2/3; group 3 → 2-3 = -1, 4-3 = 1
-    adv, _ = ADVANTAGE_FN.get("grpo")(REWARDS, GROUPS, MASK, std_normalize=False)
+    adv, _ = advantage("grpo", REWARDS, GROUPS, MASK, std_normalize=False)
     close(adv[:, 0], [1 / 3, -1.0, -2 / 3, 0.0, 1.0])  # row 3's token 0 is masked
     close(adv[3, 1], 1 / 3)
 
@@ -55,9 +61,7 @@ def test_grpo_mean_only_dr_grpo() -> None:
 def test_grpo_group_of_one_and_constant_group() -> None:
     # size-1 group: mean 0, std 1 (verl) → A = 5/(1+ε); constant group [2, 2]: std 0 → A = 0/(0+ε) = 0
     rewards = torch.tensor([5.0, 2.0, 2.0])
-    adv, _ = ADVANTAGE_FN.get("grpo")(
-        rewards, torch.tensor([0, 1, 1]), torch.ones(3, 2, dtype=torch.bool)
-    )
+    adv, _ = advantage("grpo", rewards, torch.tensor([0, 1, 1]), torch.ones(3, 2, dtype=torch.bool))
     close(adv[:, 0], [5.0 / (1 + EPS), 0.0, 0.0])
 
 
@@ -69,7 +73,7 @@ def test_flat_group_gives_exactly_zero(fn: str, value: float, n: int) -> None:
     # std ~1e-8 < ε, so the unfixed GRPO gave (-1.5e-9)/(1e-8+1e-6) ≈ 0.0074; 64 x 2.2f gave ~0.59.
     rewards = torch.full((n,), value, dtype=torch.float32)
     groups = torch.zeros(n, dtype=torch.long)
-    adv, ret = ADVANTAGE_FN.get(fn)(rewards, groups, torch.ones(n, 3, dtype=torch.bool))
+    adv, ret = advantage(fn, rewards, groups, torch.ones(n, 3, dtype=torch.bool))
     assert adv.dtype == torch.float32
     assert (adv == 0).all(), adv[:, 0].abs().max()
     assert (ret == 0).all()
@@ -79,7 +83,7 @@ def test_flat_group_next_to_a_varied_one() -> None:
     # group 0: eight 0.1f (flat → exactly 0); group 1: [0, 1] → mean 0.5, std √0.5 → ∓0.5/(√0.5+ε)
     rewards = torch.tensor([0.1] * 8 + [0.0, 1.0])
     groups = torch.tensor([0] * 8 + [1, 1])
-    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, groups, torch.ones(10, 1, dtype=torch.bool))
+    adv, _ = advantage("grpo", rewards, groups, torch.ones(10, 1, dtype=torch.bool))
     assert (adv[:8] == 0).all()
     a = 0.5 / (math.sqrt(0.5) + EPS)
     close(adv[8:, 0], [-a, a])
@@ -88,7 +92,7 @@ def test_flat_group_next_to_a_varied_one() -> None:
 def test_reinforce_batch_mean_of_equal_rewards_is_exactly_zero() -> None:
     # batch_mean baseline: eight 0.1f → r - mean = 0 by definition (float32 mean is 1 ulp off)
     rewards = torch.full((8,), 0.1)
-    adv, ret = ADVANTAGE_FN.get("reinforce")(
+    adv, ret = advantage("reinforce",
         rewards, torch.zeros(8, dtype=torch.long), torch.ones(8, 2, dtype=torch.bool),
         baseline="batch_mean",
     )  # fmt: skip
@@ -103,7 +107,7 @@ def test_rloo_by_hand() -> None:
     groups = torch.cat([GROUPS, torch.tensor([9])])
     mask = torch.ones(6, 2, dtype=torch.bool)
     mask[2, 1] = False
-    adv, ret = ADVANTAGE_FN.get("rloo")(rewards, groups, mask)
+    adv, ret = advantage("rloo", rewards, groups, mask)
     close(adv[:, 0], [0.5, -2.0, -1.0, 0.5, 2.0, 0.0])
     assert adv[2, 1] == 0
     close(ret, adv)
@@ -116,14 +120,14 @@ def test_reinforce_baselines() -> None:
         torch.tensor([0, 0]),
         torch.tensor([[True, False], [True, True]]),
     )
-    adv, ret = ADVANTAGE_FN.get("reinforce")(rewards, groups, mask)
+    adv, ret = advantage("reinforce", rewards, groups, mask)
     close(adv, [[1.0, 0.0], [3.0, 3.0]])
     close(ret, [[1.0, 0.0], [3.0, 3.0]])
-    adv, ret = ADVANTAGE_FN.get("reinforce")(rewards, groups, mask, baseline="batch_mean")
+    adv, ret = advantage("reinforce", rewards, groups, mask, baseline="batch_mean")
     close(adv, [[-1.0, 0.0], [1.0, 1.0]])
     close(ret, [[1.0, 0.0], [3.0, 3.0]])
     with pytest.raises(ValueError, match="batch_mean"):
-        ADVANTAGE_FN.get("reinforce")(rewards, groups, mask, baseline="ema")
+        advantage("reinforce", rewards, groups, mask, baseline="ema")
 
 
 # -- loop oracles -----------------------------------------------------------------------------
@@ -171,7 +175,7 @@ def random_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("std_normalize", [True, False])
 def test_grpo_matches_loop_oracle(seed: int, std_normalize: bool) -> None:
     rewards, groups, mask = random_batch(seed)
-    adv, _ = ADVANTAGE_FN.get("grpo")(rewards, groups, mask, std_normalize=std_normalize)
+    adv, _ = advantage("grpo", rewards, groups, mask, std_normalize=std_normalize)
     expected = grpo_oracle(rewards.tolist(), groups.tolist(), std_normalize)
     close(adv, torch.tensor(expected, dtype=torch.float64).unsqueeze(-1) * mask, atol=1e-9)
 
@@ -179,14 +183,14 @@ def test_grpo_matches_loop_oracle(seed: int, std_normalize: bool) -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_rloo_matches_loop_oracle(seed: int) -> None:
     rewards, groups, mask = random_batch(seed)
-    adv, _ = ADVANTAGE_FN.get("rloo")(rewards, groups, mask)
+    adv, _ = advantage("rloo", rewards, groups, mask)
     expected = rloo_oracle(rewards.tolist(), groups.tolist())
     close(adv, torch.tensor(expected, dtype=torch.float64).unsqueeze(-1) * mask, atol=1e-9)
 
 
 def test_integer_rewards_are_promoted() -> None:
-    adv, _ = ADVANTAGE_FN.get("grpo")(
-        torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool)
+    adv, _ = advantage(
+        "grpo", torch.tensor([1, 0]), torch.tensor([0, 0]), torch.ones(2, 1, dtype=torch.bool)
     )
     assert adv.is_floating_point()
 
@@ -204,12 +208,13 @@ RPP_REWARDS = torch.tensor([1.0, 0.0, 2.0])
 
 
 def test_reinforce_plus_plus_by_hand() -> None:
-    fn = ADVANTAGE_FN.get("reinforceplusplus")
-    adv, ret = fn(RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK)
+    adv, ret = advantage("reinforceplusplus", RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK)
     a, b, c = 0.4082482905, -0.8164965809, 1.6329931619
     close(adv, [[a, a, 0.0], [b, b, b], [c, 0.0, 0.0]])
     close(ret, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
-    adv, ret = fn(RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK, gamma=0.5)
+    adv, ret = advantage(
+        "reinforceplusplus", RPP_REWARDS, torch.tensor([0, 0, 1]), RPP_MASK, gamma=0.5
+    )
     d = -0.7282190813
     close(adv, [[-0.1040312973, 0.5201564866, 0.0], [d, d, d], [1.7685320545, 0.0, 0.0]])
     close(ret, [[0.5, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
@@ -218,8 +223,12 @@ def test_reinforce_plus_plus_by_hand() -> None:
 def test_reinforce_plus_plus_restarts_the_return_behind_a_masked_token() -> None:
     # one row [1, 0, 1], reward 3, γ = 0.5: the reward sits on t = 2; t = 1 is masked, so the
     # running return is cut there (verl's reset) and t = 0 gets 0, not 0.25·3
-    _, ret = ADVANTAGE_FN.get("reinforceplusplus")(
-        torch.tensor([3.0]), torch.tensor([0]), torch.tensor([[True, False, True]]), gamma=0.5
+    _, ret = advantage(
+        "reinforceplusplus",
+        torch.tensor([3.0]),
+        torch.tensor([0]),
+        torch.tensor([[True, False, True]]),
+        gamma=0.5,
     )
     close(ret, [[0.0, 0.0, 3.0]])
 
@@ -229,7 +238,7 @@ def test_reinforce_plus_plus_matches_a_loop_oracle() -> None:
     n, t, gamma = 6, 5, 0.9
     rewards = torch.randn(n, generator=g, dtype=torch.float64)
     mask = torch.rand(n, t, generator=g) > 0.25
-    adv, _ = ADVANTAGE_FN.get("reinforceplusplus")(rewards, torch.arange(n), mask, gamma=gamma)
+    adv, _ = advantage("reinforceplusplus", rewards, torch.arange(n), mask, gamma=gamma)
     returns = [[0.0] * t for _ in range(n)]
     for i in range(n):
         last = max((k for k in range(t) if mask[i, k]), default=None)
@@ -250,8 +259,8 @@ def test_reinforce_plus_plus_matches_a_loop_oracle() -> None:
 #   Σ(x-μ)² = 2·0.0625 + 3·0.5625 + 3.0625 = 4.875, σ² = 0.975, σ = 0.9874208829
 #   A: row 0 0.25/σ = 0.2531848418, row 1 -0.75/σ = -0.7595545253, row 2 1.75/σ = 1.7722938924
 def test_reinforce_plus_plus_baseline_by_hand() -> None:
-    adv, ret = ADVANTAGE_FN.get("reinforceplusplus_baseline")(
-        RPP_REWARDS, torch.tensor([7, 7, 3]), RPP_MASK
+    adv, ret = advantage(
+        "reinforceplusplus_baseline", RPP_REWARDS, torch.tensor([7, 7, 3]), RPP_MASK
     )
     a, b, c = 0.2531848418, -0.7595545253, 1.7722938924
     close(adv, [[a, a, 0.0], [b, b, b], [c, 0.0, 0.0]])

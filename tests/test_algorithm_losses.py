@@ -11,8 +11,16 @@ import torch
 from trinity.algorithm import POLICY_LOSS_FN, Aggregator
 from trinity.algorithm.aggregation import LOSS_AGG_MODES
 from trinity.algorithm.algorithms import resolve_algorithm
+from trinity.algorithm.inputs import PolicyLossInput
 
 TOKEN_MEAN = Aggregator("token-mean")
+
+
+def policy_loss(name: str, logprob, old, adv, mask, **args):
+    """Calls the policy loss `name` on the four tensors every loss reads."""
+    return POLICY_LOSS_FN.get(name)(PolicyLossInput(logprob, old, adv, mask), **args)
+
+
 SEQ_MEAN = Aggregator("seq-mean-token-mean")
 
 
@@ -58,9 +66,8 @@ def gspo_case() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_gspo_by_hand_clipped() -> None:
-    gspo = POLICY_LOSS_FN.get("gspo")
     logprob, old = gspo_case()
-    loss, m = gspo(logprob, old, GSPO_ADV, MASK, agg=SEQ_MEAN, clip_range=0.05)
+    loss, m = policy_loss("gspo", logprob, old, GSPO_ADV, MASK, agg=SEQ_MEAN, clip_range=0.05)
     close(loss, 0.425)
     close(m["pg_clipfrac"], 1.0)
     close(m["ppo_kl"], 0.1 / 3)
@@ -68,7 +75,7 @@ def test_gspo_by_hand_clipped() -> None:
     close(m["seq_ratio_mean"], (math.exp(0.1) + math.exp(-0.3)) / 2)
     loss.backward()
     close(logprob.grad, [[0.0, 0.0], [0.0, 0.0]])  # every token on its clipped branch
-    loss_tm, _ = gspo(*gspo_case(), GSPO_ADV, MASK, agg=TOKEN_MEAN, clip_range=0.05)
+    loss_tm, _ = policy_loss("gspo", *gspo_case(), GSPO_ADV, MASK, agg=TOKEN_MEAN, clip_range=0.05)
     close(loss_tm, -0.2 / 3)
 
 
@@ -77,9 +84,7 @@ def test_gspo_gradient_is_the_sequence_ratio_times_each_token_s_score() -> None:
     #   row 0: -1·1.1051709181/3 = -0.3683903060 (both tokens); row 1: 2·0.7408182207/3 = 0.4938788138
     # a token's gradient does not depend on the other tokens' ratios beyond s_i (GSPO-token)
     logprob, old = gspo_case()
-    loss, m = POLICY_LOSS_FN.get("gspo")(
-        logprob, old, GSPO_ADV, MASK, agg=TOKEN_MEAN, clip_range=10
-    )
+    loss, m = policy_loss("gspo", logprob, old, GSPO_ADV, MASK, agg=TOKEN_MEAN, clip_range=10)
     loss.backward()
     s0, s1 = math.exp(0.1), math.exp(-0.3)
     close(logprob.grad, [[-s0 / 3, -s0 / 3], [2 * s1 / 3, 0.0]])
@@ -95,8 +100,8 @@ def test_gspo_matches_a_per_sequence_loop() -> None:
     adv = torch.randn(b, 1, generator=g, dtype=torch.float64).expand(b, t)
     mask = torch.rand(b, t, generator=g) > 0.3
     mask[0] = False  # a row with no trained token
-    loss, _ = POLICY_LOSS_FN.get("gspo")(
-        logprob, old, adv, mask, agg=SEQ_MEAN, clip_range_low=0.05, clip_range_high=0.08
+    loss, _ = policy_loss(
+        "gspo", logprob, old, adv, mask, agg=SEQ_MEAN, clip_range_low=0.05, clip_range_high=0.08
     )
     total = torch.zeros((), dtype=torch.float64)
     for i in range(b):  # the paper's sequence-level objective, one sequence at a time
@@ -121,7 +126,7 @@ def test_gspo_matches_a_per_sequence_loop() -> None:
 # ∂/∂logprob = -w·A/3: -1.28/3, -2/3, +0.5/3 (the clipped token keeps its gradient, unlike PPO)
 def test_cispo_by_hand() -> None:
     logprob = shared_case()
-    loss, m = POLICY_LOSS_FN.get("cispo")(logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
+    loss, m = policy_loss("cispo", logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
     close(loss, 0.6381436904)
     close(m["is_weight_mean"], (1.28 + 1.0 + 0.5) / 3)
     close(m["unmasked_frac"], 1.0)
@@ -134,8 +139,15 @@ def test_cispo_mask_drops_tokens_past_the_trust_region() -> None:
     # δ_high 0.28, δ_low 0.2: (0,0) A > 0 and ρ 1.5 > 1.28 → dropped; (1,0) A < 0 and
     # ρ 0.5 < 0.8 → dropped; only (0,1) stays: loss = 2.0/3, unmasked 1/3
     logprob = shared_case()
-    loss, m = POLICY_LOSS_FN.get("cispo")(
-        logprob, OLD, ADV, MASK, agg=TOKEN_MEAN, enable_mask_clip=True, mask_clip_range_low=0.2
+    loss, m = policy_loss(
+        "cispo",
+        logprob,
+        OLD,
+        ADV,
+        MASK,
+        agg=TOKEN_MEAN,
+        enable_mask_clip=True,
+        mask_clip_range_low=0.2,
     )
     close(loss, 2.0 / 3)
     close(m["unmasked_frac"], 1 / 3)
@@ -155,9 +167,7 @@ def test_cispo_mask_drops_tokens_past_the_trust_region() -> None:
 #   (1,0) +4·0.2689414214·0.7310585786·0.5 = 0.3932238664
 def test_sapo_by_hand() -> None:
     logprob = shared_case()
-    loss, m = POLICY_LOSS_FN.get("sapo")(
-        logprob, OLD, ADV, MASK, agg=TOKEN_MEAN, tau_pos=1.0, tau_neg=2.0
-    )
+    loss, m = policy_loss("sapo", logprob, OLD, ADV, MASK, agg=TOKEN_MEAN, tau_pos=1.0, tau_neg=2.0)
     close(loss, -1.9839848274)
     close(m["gate_mean"], 1.6759067226)
     close(m["ratio_mean"], 1.0)
@@ -167,7 +177,7 @@ def test_sapo_by_hand() -> None:
 
 def test_sapo_refuses_a_non_positive_temperature() -> None:
     with pytest.raises(ValueError, match="tau_neg=0"):
-        POLICY_LOSS_FN.get("sapo")(shared_case(), OLD, ADV, MASK, agg=TOKEN_MEAN, tau_neg=0)
+        policy_loss("sapo", shared_case(), OLD, ADV, MASK, agg=TOKEN_MEAN, tau_neg=0)
 
 
 # -- importance sampling and REINFORCE ----------------------------------------------------------
@@ -176,13 +186,13 @@ def test_sapo_refuses_a_non_positive_temperature() -> None:
 #            ∂ = -A/3: -1/3, -2/3, 1/3
 def test_importance_sampling_and_reinforce_by_hand() -> None:
     logprob = shared_case()
-    loss, m = POLICY_LOSS_FN.get("importance_sampling")(logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
+    loss, m = policy_loss("importance_sampling", logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
     close(loss, -1.0)
     close(m["ratio_mean"], 1.0)
     loss.backward()
     close(logprob.grad, [[-0.5, -2 / 3], [0.5 / 3, 0.0]])
     logprob = shared_case()
-    loss, m = POLICY_LOSS_FN.get("reinforce")(logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
+    loss, m = policy_loss("reinforce", logprob, OLD, ADV, MASK, agg=TOKEN_MEAN)
     close(loss, 0.3004625704)
     close(m["ppo_kl"], -math.log(0.75) / 3)
     loss.backward()
@@ -202,10 +212,12 @@ def test_micro_batches_with_global_counts_sum_to_the_whole_batch(name: str, mode
     logprob = (old + 0.3 * torch.randn(b, t, generator=g, dtype=torch.float64)).requires_grad_()
     adv = torch.randn(b, t, generator=g, dtype=torch.float64)
     mask = torch.rand(b, t, generator=g) > 0.3
-    fn = POLICY_LOSS_FN.get(name)
-    whole, _ = fn(logprob, old, adv, mask, agg=Aggregator(mode, norm_length=8.0))
+    whole, _ = policy_loss(name, logprob, old, adv, mask, agg=Aggregator(mode, norm_length=8.0))
     agg = Aggregator(mode, float(mask.sum()), float(b), norm_length=8.0)
-    parts = [fn(logprob[i], old[i], adv[i], mask[i], agg=agg)[0] for i in ([0, 3, 4], [1, 2, 5])]
+    parts = [
+        policy_loss(name, logprob[i], old[i], adv[i], mask[i], agg=agg)[0]
+        for i in ([0, 3, 4], [1, 2, 5])
+    ]
     close(sum(parts).detach(), float(whole.detach()), atol=1e-12)
     (g_whole,) = torch.autograd.grad(whole, logprob)
     (g_parts,) = torch.autograd.grad(sum(parts), logprob)

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from trinity.algorithm import POLICY_LOSS_FN, Aggregator
+from trinity.algorithm.inputs import PolicyLossInput
 
 TOKEN_MEAN = Aggregator("token-mean")
+
+
+def policy_loss(name: str, logprob, old, adv, mask, **args):
+    """Calls the policy loss `name` on the four tensors every loss reads."""
+    return POLICY_LOSS_FN.get(name)(PolicyLossInput(logprob, old, adv, mask), **args)
 
 
 def close(actual: torch.Tensor | float, expected: float | list, atol: float = 1e-6) -> None:
@@ -40,7 +46,7 @@ MASK = torch.tensor([[True, True], [True, False]])
 
 def test_ppo_by_hand() -> None:
     logprob, old = make(RATIOS)
-    loss, m = POLICY_LOSS_FN.get("ppo")(logprob, old, ADV, MASK, agg=TOKEN_MEAN)
+    loss, m = policy_loss("ppo", logprob, old, ADV, MASK, agg=TOKEN_MEAN)
     close(loss, -0.8)
     close(m["pg_loss"], -0.8)
     close(m["pg_clipfrac"], 2 / 3)
@@ -49,7 +55,7 @@ def test_ppo_by_hand() -> None:
     # the dual clip is on by default (c = 3): -A·c = 3 > 0.8 at (1,0), so it changes nothing here
     close(m["pg_clipfrac_lower"], 0.0)
     assert set(m) == {"pg_loss", "pg_clipfrac", "ppo_kl", "ratio_mean", "pg_clipfrac_lower"}
-    _, m = POLICY_LOSS_FN.get("ppo")(logprob, old, ADV, MASK, agg=TOKEN_MEAN, clip_ratio_c=None)
+    _, m = policy_loss("ppo", logprob, old, ADV, MASK, agg=TOKEN_MEAN, clip_ratio_c=None)
     assert set(m) == {"pg_loss", "pg_clipfrac", "ppo_kl", "ratio_mean"}
     assert all(isinstance(v, float) for v in m.values())
 
@@ -64,7 +70,10 @@ def test_ppo_decoupled_clip() -> None:
     logprob, old = make([[1.25, 1.5], [0.85, 0.95]])
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    fn = POLICY_LOSS_FN.get("ppo")
+
+    def fn(*tensors, **args):
+        return policy_loss("ppo", *tensors, **args)
+
     loss, m = fn(logprob, old, adv, mask, agg=TOKEN_MEAN, clip_range_low=0.1, clip_range_high=0.3)
     close(loss, -0.175)
     close(m["pg_clipfrac"], 0.5)
@@ -84,12 +93,12 @@ def test_ppo_dual_clip() -> None:
     logprob, old = make([[5.0, 5.0], [2.0, 1.0]])
     adv = torch.tensor([[-1.0, 1.0], [-1.0, -2.0]], dtype=torch.float64)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    loss, m = POLICY_LOSS_FN.get("ppo")(logprob, old, adv, mask, agg=TOKEN_MEAN)  # c = 3 default
+    loss, m = policy_loss("ppo", logprob, old, adv, mask, agg=TOKEN_MEAN)  # c = 3 default
     close(loss, 1.45)
     close(m["pg_clipfrac_lower"], 0.25)
     close(m["pg_clipfrac"], 0.25)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        POLICY_LOSS_FN.get("ppo")(logprob, old, adv, mask, agg=TOKEN_MEAN, clip_ratio_c=0.5)
+        policy_loss("ppo", logprob, old, adv, mask, agg=TOKEN_MEAN, clip_ratio_c=0.5)
 
 
 def test_ppo_gradient_analytic() -> None:
@@ -97,7 +106,7 @@ def test_ppo_gradient_analytic() -> None:
     # token-mean over 3 tokens: (0,0) clipped → 0; (0,1) ρ=1, A=2 → -2/3; (1,0) clipped → 0; (1,1) masked → 0
     logprob, old = make(RATIOS)
     logprob.requires_grad_(True)
-    loss, _ = POLICY_LOSS_FN.get("ppo")(logprob, old, ADV, MASK, agg=TOKEN_MEAN)
+    loss, _ = policy_loss("ppo", logprob, old, ADV, MASK, agg=TOKEN_MEAN)
     loss.backward()
     close(logprob.grad, [[0.0, -2 / 3], [0.0, 0.0]])
 
@@ -113,7 +122,7 @@ def test_ppo_gradient_finite_difference() -> None:
     agg = Aggregator("seq-mean-token-mean")
 
     def f(lp: torch.Tensor) -> torch.Tensor:
-        return POLICY_LOSS_FN.get("ppo")(lp, old, adv, mask, agg=agg)[0]
+        return policy_loss("ppo", lp, old, adv, mask, agg=agg)[0]
 
     assert torch.autograd.gradcheck(f, (logprob,))
 
@@ -141,8 +150,8 @@ def test_ppo_matches_loop_oracle(seed: int) -> None:
     logprob = old + 0.4 * torch.randn(4, 6, generator=gen, dtype=torch.float64)
     adv = torch.randn(4, 6, generator=gen, dtype=torch.float64)
     mask = torch.rand(4, 6, generator=gen) > 0.3
-    loss, _ = POLICY_LOSS_FN.get("ppo")(
-        logprob, old, adv, mask, agg=TOKEN_MEAN, clip_range_low=0.15, clip_range_high=0.28
+    loss, _ = policy_loss(
+        "ppo", logprob, old, adv, mask, agg=TOKEN_MEAN, clip_range_low=0.15, clip_range_high=0.28
     )
     expected = ppo_oracle(logprob.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.15, 0.28)
     close(loss, expected, atol=1e-12)
@@ -152,7 +161,10 @@ def test_sft_loss_by_hand() -> None:
     # token-mean of -logprob over masked tokens: (1 + 2 + 3)/3 = 2
     # seq-mean-token-mean: ((1+2)/2 + 3/1)/2 = (1.5 + 3)/2 = 2.25
     logprob = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], requires_grad=True)
-    fn = POLICY_LOSS_FN.get("sft")
+
+    def fn(*tensors, **args):
+        return policy_loss("sft", *tensors, **args)
+
     junk = torch.full((2, 2), float("nan"))  # old logprobs and advantages are ignored
     loss, m = fn(logprob, junk, junk, MASK, agg=TOKEN_MEAN)
     close(loss, 2.0)

@@ -21,6 +21,7 @@ from trinity.algorithm import (
     AlgorithmSpec,
     resolve_algorithm,
 )
+from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput
 from trinity.common.registry import RegistryError
 
 FIELDS = [
@@ -148,10 +149,15 @@ def test_every_piece_follows_its_kinds_signature() -> None:
     lp = -torch.rand(b, t, requires_grad=True)
     ref, mask, agg = -torch.rand(b, t), torch.rand(b, t) > 0.3, Aggregator("token-mean")
     for name in ADVANTAGE_FN:
-        adv, ret = ADVANTAGE_FN.get(name)(torch.rand(b), torch.tensor([0, 0, 1]), mask)
+        inp = AdvantageInput.from_outcomes(
+            torch.rand(b), torch.tensor([0, 0, 1]), mask,
+            values=torch.rand(b, t), logprob=lp.detach(), ref_logprob=ref,
+        )  # fmt: skip
+        adv, ret = ADVANTAGE_FN.get(name)(inp)
         assert adv.shape == ret.shape == (b, t)
     for name in POLICY_LOSS_FN:
-        loss, m = POLICY_LOSS_FN.get(name)(lp, lp.detach(), torch.randn(b, t), mask, agg=agg)
+        inp = PolicyLossInput(lp, lp.detach(), torch.randn(b, t), mask, -torch.rand(b, t), ref)
+        loss, m = POLICY_LOSS_FN.get(name)(inp, agg=agg)
         assert loss.shape == () and all(isinstance(v, float) for v in m.values())
     for name in KL_LOSS_FN:
         loss, m = KL_LOSS_FN.get(name)(lp, ref, mask, agg=agg)

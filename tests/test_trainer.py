@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from trinity.algorithm.inputs import last_token_rewards
 from trinity.common.experience import EID, Experience
 from trinity.config import ConfigError, load_config
 from trinity.trainer import trainer as trainer_module
@@ -169,9 +170,9 @@ def test_kl_reward_penalty_keeps_the_outcome_reward(tmp_path, tiny_model_dir):
     seen = {}
     advantage_fn = trainer.algo.advantage_fn
 
-    def capture(rewards, group_ids, response_mask, **kw):
-        seen["rewards"] = rewards.clone()
-        return advantage_fn(rewards, group_ids, response_mask, **kw)
+    def capture(inp, **kw):
+        seen["rewards"] = inp.rewards.clone()
+        return advantage_fn(inp, **kw)
 
     trainer.algo = dataclasses.replace(trainer.algo, advantage_fn=capture)
 
@@ -195,7 +196,7 @@ def test_outcome_token_rewards_by_hand():
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 0, 1]], dtype=torch.bool)
     rewards = torch.tensor([1.0, 0.5, 2.0, 3.0])
-    tok, trained = trainer_module.outcome_token_rewards(rewards, mask)
+    tok, trained = last_token_rewards(rewards, mask)
     # the reward sits on the last True of each mask row: t = 1, 3, none, 3
     assert tok.tolist() == [[0, 1.0, 0, 0], [0, 0, 0, 0.5], [0, 0, 0, 0], [0, 0, 0, 3.0]]
     assert trained.tolist() == [True, True, False, True]

@@ -1,14 +1,13 @@
 """Outcome-level advantage functions (`algorithm.advantage_fn`, args in `advantage_fn_args`).
 
-One signature for every advantage fn:
+One signature for every advantage fn (`trinity.algorithm.inputs`):
 
-    fn(rewards [N] float, group_ids [N] long, response_mask [N, T] bool, **args)
-        -> (advantages [N, T], returns [N, T])
+    fn(inp: AdvantageInput, **args) -> (advantages [N, T], returns [N, T])
 
-`group_ids` marks responses to the same prompt (any integers, not necessarily contiguous). The
-per-sequence scalar is broadcast over the masked response tokens and is 0 on unmasked ones. All
-functions are vectorised over groups (`torch.unique` + `index_add_`); the tests compare them with
-plain loop oracles.
+`inp.group_ids` marks responses to the same prompt (any integers, not necessarily contiguous).
+An outcome advantage's per-sequence scalar is broadcast over the masked response tokens and is 0
+on unmasked ones. All functions are vectorised over groups (`torch.unique` + `index_add_`); the
+tests compare them with plain loop oracles.
 
 Group statistics are computed in float64 and a group whose rewards are all equal (max == min) is
 zero-centred with zero spread exactly, so a flat group gives advantage 0 whatever rounding its mean
@@ -17,6 +16,8 @@ epsilon GRPO turned that ulp into an advantage of ~0.007). Advantages come back 
 floating dtype (float32 for integer rewards).
 
 Config: ``advantage_fn: grpo`` with ``advantage_fn_args: {epsilon: 1.0e-6, std_normalize: true}``.
+Further advantages live in modules of their own (`trinity/algorithm/advantages/`), imported on
+first use through the registry's `modules` map.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from trinity.algorithm.inputs import AdvantageInput
 from trinity.common.registry import Registry
 
-ADVANTAGE_FN: Registry = Registry("advantage_fn")
+ADVANTAGE_FN: Registry = Registry("advantage_fn", modules={})
 
 
 def _broadcast(scores: Tensor, response_mask: Tensor) -> Tensor:
@@ -67,9 +69,7 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
 
 @ADVANTAGE_FN.register("grpo")
 def grpo_advantage(
-    rewards: Tensor,
-    group_ids: Tensor,
-    response_mask: Tensor,
+    inp: AdvantageInput,
     *,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
@@ -89,17 +89,15 @@ def grpo_advantage(
     (arXiv:2503.20783).
 
     Args:
-        rewards: [N] float outcome rewards.
-        group_ids: [N] long, equal for responses to the same prompt.
-        response_mask: [N, T] bool, True on trained response tokens.
+        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
         epsilon: added to std_g.
         std_normalize: divide by std_g (False = mean-only, Dr. GRPO).
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    dtype = _out_dtype(rewards)
-    r = rewards.to(torch.float64)
-    count, total, sq_dev, flat = group_stats(r, group_ids)  # [N] each, float64
+    dtype = _out_dtype(inp.rewards)
+    r = inp.rewards.to(torch.float64)
+    count, total, sq_dev, flat = group_stats(r, inp.group_ids)  # [N] each, float64
     single = count == 1
     mean = torch.where(single, torch.zeros_like(total), total / count)
     std = torch.where(single, torch.ones_like(total), (sq_dev / (count - 1).clamp(min=1)).sqrt())
@@ -107,14 +105,12 @@ def grpo_advantage(
     if std_normalize:
         scores = scores / (std + epsilon)
     scores = torch.where(flat & ~single, torch.zeros_like(scores), scores)
-    adv = _broadcast(scores.to(dtype), response_mask)
+    adv = _broadcast(scores.to(dtype), inp.response_mask)
     return adv, adv.clone()
 
 
 @ADVANTAGE_FN.register("rloo")
-def rloo_advantage(
-    rewards: Tensor, group_ids: Tensor, response_mask: Tensor
-) -> tuple[Tensor, Tensor]:
+def rloo_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
     """RLOO leave-one-out advantage.
 
         A_i = r_i - (1 / (n - 1)) · Σ_{j≠i in group} r_j = n/(n-1) · (r_i - mean_g)
@@ -127,27 +123,23 @@ def rloo_advantage(
     Feedback in LLMs" (arXiv:2402.14740).
 
     Args:
-        rewards: [N] float outcome rewards.
-        group_ids: [N] long group keys.
-        response_mask: [N, T] bool.
+        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    dtype = _out_dtype(rewards)
-    r = rewards.to(torch.float64)
-    count, total, _, flat = group_stats(r, group_ids)  # [N], float64
+    dtype = _out_dtype(inp.rewards)
+    r = inp.rewards.to(torch.float64)
+    count, total, _, flat = group_stats(r, inp.group_ids)  # [N], float64
     others = (count - 1).clamp(min=1)
     baseline = (total - r) / others
     scores = torch.where((count > 1) & ~flat, r - baseline, torch.zeros_like(r))
-    adv = _broadcast(scores.to(dtype), response_mask)
+    adv = _broadcast(scores.to(dtype), inp.response_mask)
     return adv, adv.clone()
 
 
 @ADVANTAGE_FN.register("reinforce")
 def reinforce_advantage(
-    rewards: Tensor,
-    group_ids: Tensor,
-    response_mask: Tensor,
+    inp: AdvantageInput,
     *,
     baseline: str = "none",
 ) -> tuple[Tensor, Tensor]:
@@ -162,16 +154,13 @@ def reinforce_advantage(
     Reinforcement Learning" (Machine Learning 8, 1992; no arXiv id).
 
     Args:
-        rewards: [N] float outcome rewards.
-        group_ids: [N] long (unused; part of the shared signature).
-        response_mask: [N, T] bool.
+        inp: rewards [N] and response_mask [N, T] are read (groups are ignored).
         baseline: "none" | "batch_mean".
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    del group_ids
-    dtype = _out_dtype(rewards)
-    r = rewards.to(torch.float64)
+    dtype = _out_dtype(inp.rewards)
+    r = inp.rewards.to(torch.float64)
     if baseline == "none":
         scores = r
     elif baseline == "batch_mean":
@@ -179,7 +168,8 @@ def reinforce_advantage(
         scores = torch.zeros_like(r) if flat else r - r.mean()
     else:
         raise ValueError(f"unknown reinforce baseline {baseline!r}. Valid: none, batch_mean")
-    return _broadcast(scores.to(dtype), response_mask), _broadcast(r.to(dtype), response_mask)
+    m = inp.response_mask
+    return _broadcast(scores.to(dtype), m), _broadcast(r.to(dtype), m)
 
 
 def _masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
@@ -192,53 +182,37 @@ def _masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (values - mean) * torch.rsqrt(var + eps)
 
 
-def _last_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """[N] outcome rewards placed on each row's last masked token, as a token-reward matrix [N, T]."""
-    m = response_mask.bool()
-    t = m.shape[-1]
-    positions = torch.arange(t, device=m.device).expand_as(m)
-    last = torch.where(m, positions, torch.full_like(positions, -1)).amax(dim=-1)  # [N]
-    out = torch.zeros(m.shape, dtype=rewards.dtype, device=rewards.device)
-    rows = last >= 0
-    out[rows.nonzero().flatten(), last[rows]] = rewards[rows]
-    return out
-
-
 @ADVANTAGE_FN.register("reinforceplusplus")
 def reinforce_plus_plus_advantage(
-    rewards: Tensor,
-    group_ids: Tensor,
-    response_mask: Tensor,
+    inp: AdvantageInput,
     *,
     gamma: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted returns of the outcome reward, whitened over every token of the batch.
 
-        G_it = r_i · γ^(k_it)      k_it: positions from t to the row's last masked token, the
-                                   running return restarting at 0 behind a masked position (verl)
+        G_it = Σ_{t' ≥ t} γ^(t'-t) r_it'   the running return restarting at 0 behind a masked
+                                          position (verl); with an outcome reward only,
+                                          G_it = r_i · γ^(positions to the last trained token)
         A_it = (G_it - μ) / sqrt(σ² + 1e-8)     μ, σ² (unbiased): over all masked tokens of the batch
 
-    The outcome reward sits on the row's last masked token. With γ = 1 every token of a row gets
-    r_i, so a longer response weighs more in μ and σ (token-level whitening, as verl). No group
-    baseline: `reinforceplusplus_baseline` subtracts the group mean first. Returns = G.
+    r_it are the token rewards (`inp.token_rewards`): the outcome reward on the row's last trained
+    token, minus the per-token KL penalty when `kl_penalty_fn` is set (the paper's reward, and the
+    `reinforceplusplus` record's). With γ = 1 and no penalty every token of a row gets r_i, so a
+    longer response weighs more in μ and σ (token-level whitening, as verl). No group baseline:
+    `reinforceplusplus_baseline` subtracts the group mean first. Returns = G.
 
     Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
-    (arXiv:2501.03262). The paper also puts a per-token KL penalty in the reward; here a KL term
-    comes from `kl_loss_fn` or a sequence-level `kl_penalty_fn` (token rewards are not part of the
-    advantage signature yet).
+    (arXiv:2501.03262).
 
     Args:
-        rewards: [N] float outcome rewards.
-        group_ids: [N] long (unused; part of the shared signature).
-        response_mask: [N, T] bool.
+        inp: token_rewards [N, T] and response_mask [N, T] are read.
         gamma: discount per token position.
     Returns:
         (advantages [N, T], returns [N, T]), 0 on unmasked tokens.
     """
-    del group_ids
-    dtype = _out_dtype(rewards)
-    m = response_mask.bool()
-    token_rewards = _last_token_rewards(rewards.to(torch.float64), m)  # [N, T]
+    dtype = _out_dtype(inp.rewards)
+    m = inp.response_mask.bool()
+    token_rewards = inp.token_rewards.to(torch.float64) * m  # [N, T]
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros(m.shape[0], dtype=torch.float64, device=m.device)
     for t in reversed(range(m.shape[-1])):
@@ -250,11 +224,7 @@ def reinforce_plus_plus_advantage(
 
 
 @ADVANTAGE_FN.register("reinforceplusplus_baseline")
-def reinforce_plus_plus_baseline_advantage(
-    rewards: Tensor,
-    group_ids: Tensor,
-    response_mask: Tensor,
-) -> tuple[Tensor, Tensor]:
+def reinforce_plus_plus_baseline_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch.
 
         s_i  = r_i - mean_g              (a group of one: mean 0, as verl)
@@ -266,17 +236,15 @@ def reinforce_plus_plus_baseline_advantage(
     (arXiv:2501.03262), the variant with a group baseline for several samples per prompt.
 
     Args:
-        rewards: [N] float outcome rewards.
-        group_ids: [N] long group keys.
-        response_mask: [N, T] bool.
+        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
     Returns:
         (advantages [N, T], returns [N, T]), 0 on unmasked tokens.
     """
-    dtype = _out_dtype(rewards)
-    r = rewards.to(torch.float64)
-    count, total, _, _ = group_stats(r, group_ids)
+    dtype = _out_dtype(inp.rewards)
+    r = inp.rewards.to(torch.float64)
+    count, total, _, _ = group_stats(r, inp.group_ids)
     scores = r - torch.where(count == 1, torch.zeros_like(total), total / count)
-    m = response_mask.bool()
+    m = inp.response_mask.bool()
     tiled = scores.unsqueeze(-1) * m
     adv = _masked_whiten(tiled, m) * m
     return adv.to(dtype), adv.to(dtype)

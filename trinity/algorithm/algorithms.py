@@ -41,8 +41,8 @@ __all__ = [
 
 # piece name → (registry, number of leading positional arguments fixed by the kind's signature)
 PIECES: dict[str, tuple[Registry, int]] = {
-    "advantage_fn": (ADVANTAGE_FN, 3),
-    "policy_loss_fn": (POLICY_LOSS_FN, 4),
+    "advantage_fn": (ADVANTAGE_FN, 1),
+    "policy_loss_fn": (POLICY_LOSS_FN, 1),
     "kl_loss_fn": (KL_LOSS_FN, 3),
     "kl_penalty_fn": (KL_PENALTY_FN, 4),
     "entropy_loss_fn": (ENTROPY_LOSS_FN, 2),
@@ -284,12 +284,15 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
     import torch
 
     from trinity.algorithm.aggregation import Aggregator
+    from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput
 
     lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
     mask, agg = torch.ones(1, 2, dtype=torch.bool), Aggregator(r.loss_agg_mode, norm_length=2.0)
+    loss_inp = PolicyLossInput(
+        lp, ref, torch.ones(1, 2), mask, rollout_logprob=ref, ref_logprob=ref
+    )
     calls: list[tuple[str, Callable[[], Any]]] = [
-        ("policy_loss_fn", lambda: r.policy_loss_fn(
-            lp, ref, torch.ones(1, 2), mask, agg=agg, **r.policy_loss_fn_args)),
+        ("policy_loss_fn", lambda: r.policy_loss_fn(loss_inp, agg=agg, **r.policy_loss_fn_args)),
         ("kl_loss_fn", lambda: r.kl_loss_fn(lp, ref, mask, agg=agg, **r.kl_loss_fn_args)),
         ("kl_penalty_fn", lambda: r.kl_penalty_fn(
             torch.zeros(1, 2), lp, ref, mask, **r.kl_penalty_fn_args)),
@@ -298,8 +301,10 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
     ]  # fmt: skip
     if r.advantage_fn is not None:
         advantage_fn = r.advantage_fn
-        calls.append(("advantage_fn", lambda: advantage_fn(
-            torch.tensor([1.0]), torch.tensor([0]), mask, **r.advantage_fn_args)))  # fmt: skip
+        adv_inp = AdvantageInput.from_outcomes(
+            torch.tensor([1.0]), torch.tensor([0]), mask, values=ref, logprob=lp, ref_logprob=ref
+        )
+        calls.append(("advantage_fn", lambda: advantage_fn(adv_inp, **r.advantage_fn_args)))
     problems = []
     for piece, call in calls:
         try:

@@ -1,9 +1,11 @@
 """Policy losses (`algorithm.policy_loss_fn`, args in `policy_loss_fn_args`).
 
-One signature for every policy loss:
+One signature for every policy loss (`trinity.algorithm.inputs`):
 
-    fn(logprob [B, T], old_logprob [B, T], advantages [B, T], action_mask [B, T] bool,
-       *, agg: Aggregator, **args) -> (loss 0-dim tensor, metrics dict[str, float])
+    fn(inp: PolicyLossInput, *, agg: Aggregator, **args) -> (loss 0-dim tensor, metrics dict[str, float])
+
+`inp` holds logprob (with grad), old_logprob, advantages and action_mask [B, T], plus the
+engine's rollout logprobs and the reference logprobs where the batch has them.
 
 The loss is reduced with `agg` (see `aggregation.py`); metrics are plain masked means of detached
 tensors, as python floats.
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.algorithm.inputs import PolicyLossInput
 from trinity.common.registry import Registry
 
 # losses in modules of their own (`trinity/algorithm/losses/`), imported on first use
@@ -35,10 +38,7 @@ POLICY_LOSS_FN: Registry = Registry(
 
 @POLICY_LOSS_FN.register("ppo")
 def ppo_policy_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
     clip_range: float = 0.2,
@@ -59,10 +59,10 @@ def ppo_policy_loss(
     (arXiv:1912.09729).
 
     Args:
-        logprob: [B, T] log π_θ of the taken tokens (with grad).
-        old_logprob: [B, T] log π_old of the same tokens (no grad).
-        advantages: [B, T].
-        action_mask: [B, T] bool, True on trained tokens.
+        inp.logprob: [B, T] log π_θ of the taken tokens (with grad).
+        inp.old_logprob: [B, T] log π_old of the same tokens (no grad).
+        inp.advantages: [B, T].
+        inp.action_mask: [B, T] bool, True on trained tokens.
         agg: the loss aggregator.
         clip_range: ε, used for whichever of ε_low / ε_high is None.
         clip_range_low: ε_low (DAPO); None = clip_range.
@@ -74,6 +74,7 @@ def ppo_policy_loss(
         pg_clipfrac: fraction of masked tokens where the clipped branch is the active (larger) one;
         pg_clipfrac_lower: fraction where the dual clip is active.
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     eps_low = clip_range if clip_range_low is None else clip_range_low
     eps_high = clip_range if clip_range_high is None else clip_range_high
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
@@ -103,10 +104,7 @@ def ppo_policy_loss(
 
 @POLICY_LOSS_FN.register("sft")
 def sft_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -115,14 +113,11 @@ def sft_loss(
         loss = agg(-logprob, action_mask)
 
     Args:
-        logprob: [B, T] log π_θ of the target tokens (with grad).
-        old_logprob: [B, T] ignored (shared signature).
-        advantages: [B, T] ignored (shared signature).
-        action_mask: [B, T] bool, True on target tokens.
+        inp.logprob: [B, T] log π_θ of the target tokens (with grad).
+        inp.action_mask: [B, T] bool, True on target tokens.
         agg: the loss aggregator.
     Returns:
         (loss, {sft_loss}).
     """
-    del old_logprob, advantages
-    loss = agg(-logprob, action_mask)
+    loss = agg(-inp.logprob, inp.action_mask)
     return loss, {"sft_loss": float(loss.detach())}

@@ -31,10 +31,19 @@ class Batch:
     rollout_logprobs: torch.Tensor  # [B, R], 0 where unknown
     rewards: torch.Tensor  # [B]
     group_ids: torch.Tensor  # [B] long
+    run_ids: torch.Tensor  # [B] long: the episode within its group (EID.run)
+    step_ids: torch.Tensor  # [B] long: the turn within its episode (EID.step)
+    rollout_known: torch.Tensor  # [B] bool: the row came with engine logprobs
+    token_rewards: torch.Tensor | None = None  # [B, R], a workflow's token-level rewards
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     old_logprobs: torch.Tensor | None = None  # [B, R]
     ref_logprobs: torch.Tensor | None = None  # [B, R]
+
+    @property
+    def has_rollout_logprobs(self) -> bool:
+        """Every row came with the engine's logprobs (offline data has none)."""
+        return bool(self.rollout_known.all())
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -72,6 +81,11 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
     rewards = torch.zeros(b, dtype=torch.float32)
     group_index: dict[tuple, int] = {}
     group_ids = torch.zeros(b, dtype=torch.long)
+    run_ids = torch.tensor([e.eid.run for e in experiences], dtype=torch.long)
+    step_ids = torch.tensor([e.eid.step for e in experiences], dtype=torch.long)
+    rollout_known = torch.tensor([e.logprobs is not None for e in experiences], dtype=torch.bool)
+    has_token_rewards = any(e.token_level_reward is not None for e in experiences)
+    token_rewards = torch.zeros((b, r), dtype=torch.float32) if has_token_rewards else None
     has_adv = all(e.advantages is not None for e in experiences)
     advantages = torch.zeros((b, r), dtype=torch.float32) if has_adv else None
     for i, e in enumerate(experiences):
@@ -92,6 +106,12 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         group_ids[i] = group_index.setdefault(e.eid.group, len(group_index))
         if advantages is not None:
             advantages[i, :m] = e.advantages
+        if token_rewards is not None:
+            if e.token_level_reward is None:  # an outcome-only row among token-reward rows
+                raise ValueError(
+                    "a train batch mixes experiences with and without token_level_reward"
+                )
+            token_rewards[i, :m] = e.token_level_reward
     return Batch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -102,6 +122,10 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         rollout_logprobs=rollout_lp,
         rewards=rewards,
         group_ids=group_ids,
+        run_ids=run_ids,
+        step_ids=step_ids,
+        rollout_known=rollout_known,
+        token_rewards=token_rewards,
         advantages=advantages,
     )
 

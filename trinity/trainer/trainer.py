@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trinity.algorithm import Aggregator, resolve_algorithm
+from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
 from trinity.config.resolved import effective_config
@@ -132,23 +133,9 @@ class Trainer:
         # 3. advantages
         with timers("advantage"):
             if batch.advantages is None and a.advantage_fn is not None:
-                rewards = batch.rewards
-                if batch.ref_logprobs is not None and a.spec.kl_penalty_fn != "none":
-                    mask = batch.response_mask  # [B, R]
-                    token_rewards, trained = outcome_token_rewards(rewards, mask)  # [B, R], [B]
-                    shaped, kl_m = a.kl_penalty_fn(
-                        token_rewards,
-                        batch.rollout_logprobs,
-                        batch.ref_logprobs,
-                        mask,
-                        **a.kl_penalty_fn_args,
-                    )
-                    # a row with no trained token has no KL to pay: it keeps its outcome reward
-                    rewards = torch.where(trained, (shaped * mask).sum(dim=1), rewards)  # [B]
-                    metrics.update({f"train/{k}": v for k, v in kl_m.items()})
-                batch.advantages, batch.returns = a.advantage_fn(
-                    rewards, batch.group_ids, batch.response_mask, **a.advantage_fn_args
-                )
+                inp, kl_m = self._advantage_input(batch)
+                metrics.update({f"train/{k}": v for k, v in kl_m.items()})
+                batch.advantages, batch.returns = a.advantage_fn(inp, **a.advantage_fn_args)
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
         # 4. updates
@@ -174,6 +161,40 @@ class Trainer:
             }
         )
         return metrics
+
+    def _advantage_input(self, batch: Batch) -> tuple[AdvantageInput, dict[str, float]]:
+        """The advantage fn's record: token rewards (a workflow's own, else each outcome reward
+        on its row's last trained token) shaped by the KL penalty piece (`none`: unchanged),
+        and each row's scalar reward = the sum of its shaped token rewards."""
+        a = self.algo
+        mask = batch.response_mask  # [B, R]
+        outcome_tokens, trained = last_token_rewards(batch.rewards, mask)  # [B, R], [B]
+        own = batch.token_rewards
+        token_rewards = outcome_tokens if own is None else own * mask
+        kl_m: dict[str, float] = {}
+        if batch.ref_logprobs is not None:
+            token_rewards, kl_m = a.kl_penalty_fn(
+                token_rewards,
+                batch.rollout_logprobs,
+                batch.ref_logprobs,
+                mask,
+                **a.kl_penalty_fn_args,
+            )
+        # a row with no trained token has no token reward to sum: it keeps its outcome reward
+        rewards = torch.where(trained, (token_rewards * mask).sum(dim=1), batch.rewards)  # [B]
+        inp = AdvantageInput(
+            rewards=rewards,
+            group_ids=batch.group_ids,
+            response_mask=mask,
+            token_rewards=token_rewards,
+            run_ids=batch.run_ids,
+            step_ids=batch.step_ids,
+            logprob=batch.old_logprobs
+            if batch.old_logprobs is not None
+            else batch.rollout_logprobs,
+            ref_logprob=batch.ref_logprobs,
+        )
+        return inp, kl_m
 
     def _update(
         self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool
@@ -222,9 +243,15 @@ class Trainer:
         logprob, entropy = response_logprobs(self.model, mb, self.config.trainer.logprob_chunk_size)
         mask = mb.response_mask
         old = mb.old_logprobs if recompute_old else logprob.detach()
-        pg_loss, pg_m = a.policy_loss_fn(
-            logprob, old, mb.advantages, mask, agg=agg, **a.policy_loss_fn_args
+        inp = PolicyLossInput(
+            logprob=logprob,
+            old_logprob=old,
+            advantages=mb.advantages,
+            action_mask=mask,
+            rollout_logprob=mb.rollout_logprobs if mb.has_rollout_logprobs else None,
+            ref_logprob=mb.ref_logprobs,
         )
+        pg_loss, pg_m = a.policy_loss_fn(inp, agg=agg, **a.policy_loss_fn_args)
         loss = pg_loss
         metrics = {f"train/{k}": v for k, v in pg_m.items()}
         if entropy is not None:
@@ -303,34 +330,6 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = int(state["step"])
         return state
-
-
-def outcome_token_rewards(
-    rewards: torch.Tensor, response_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards for KL reward shaping: each outcome reward on its row's last TRAINED token.
-
-        token_rewards[i, t] = rewards[i] if t = max{t' : response_mask[i, t']} else 0
-
-    The shaped per-token rewards are summed back through `response_mask`, so the outcome reward
-    must sit on a trained token: the last valid token may be masked out of training (a trailing
-    token with action_mask 0) and a reward placed there would be lost.
-
-    Args:
-        rewards: [B] float outcome rewards.
-        response_mask: [B, R] bool, True on trained response tokens.
-    Returns:
-        (token_rewards [B, R] in the rewards' dtype, trained [B] bool: the row has a trained
-        token). A row without one gets an all-zero row; the caller decides what it is worth.
-    """
-    b, r = response_mask.shape
-    pos = torch.arange(r, device=response_mask.device).expand(b, r)  # [B, R]
-    last = torch.where(response_mask.bool(), pos, -1).amax(dim=1)  # [B], -1: none trained
-    trained = last >= 0  # [B]
-    out = torch.zeros((b, r), dtype=rewards.dtype, device=rewards.device)
-    rows = torch.arange(b, device=rewards.device)[trained]
-    out[rows, last[trained]] = rewards[trained]
-    return out, trained
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

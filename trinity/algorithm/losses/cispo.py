@@ -9,15 +9,13 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.algorithm.inputs import PolicyLossInput
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 
 
 @POLICY_LOSS_FN.register("cispo")
 def cispo_policy_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
     clip_range_low: float = 1.0,
@@ -44,10 +42,10 @@ def cispo_policy_loss(
     (arXiv:2506.13585), section 3.1.
 
     Args:
-        logprob: [B, T] log π_θ of the taken tokens (with grad).
-        old_logprob: [B, T] log π_old (no grad).
-        advantages: [B, T].
-        action_mask: [B, T] bool, True on trained tokens.
+        inp.logprob: [B, T] log π_θ of the taken tokens (with grad).
+        inp.old_logprob: [B, T] log π_old (no grad).
+        inp.advantages: [B, T].
+        inp.action_mask: [B, T] bool, True on trained tokens.
         agg: the loss aggregator.
         clip_range_low, clip_range_high: ε_low, ε_high of the weight's clip.
         enable_mask_clip: apply the token mask M.
@@ -55,6 +53,7 @@ def cispo_policy_loss(
     Returns:
         (loss, {pg_loss, ppo_kl, is_weight_mean, unmasked_frac}).
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     log_ratio = (logprob - old_logprob).detach().clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)  # [B, T], no grad
     weight = ratio.clamp(1.0 - clip_range_low, 1.0 + clip_range_high)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.algorithm.inputs import PolicyLossInput
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 
 MAX_LOG_RATIO = 10.0  # verl clamps the sequence log-ratio from above at 10 (e^10 ≈ 2.2e4)
@@ -16,10 +17,7 @@ MAX_LOG_RATIO = 10.0  # verl clamps the sequence log-ratio from above at 10 (e^1
 
 @POLICY_LOSS_FN.register("gspo")
 def gspo_policy_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
     clip_range: float | None = None,
@@ -41,10 +39,10 @@ def gspo_policy_loss(
     Paper: "Group Sequence Policy Optimization" (arXiv:2507.18071).
 
     Args:
-        logprob: [B, T] log π_θ of the taken tokens (with grad).
-        old_logprob: [B, T] log π_old of the same tokens (no grad).
-        advantages: [B, T].
-        action_mask: [B, T] bool, True on trained tokens; a row without one has s_i = 1.
+        inp.logprob: [B, T] log π_θ of the taken tokens (with grad).
+        inp.old_logprob: [B, T] log π_old of the same tokens (no grad).
+        inp.advantages: [B, T].
+        inp.action_mask: [B, T] bool, True on trained tokens; a row without one has s_i = 1.
         agg: the loss aggregator.
         clip_range: ε for both sides when given (overrides clip_range_low / clip_range_high).
         clip_range_low: ε_low.
@@ -54,6 +52,7 @@ def gspo_policy_loss(
         of masked tokens where the clipped branch is active; ppo_kl_seq: mean over sequences
         with a trained token of -(1/|y_i|) Σ_t log-ratio; seq_ratio_mean: mean s_i over them.
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     if clip_range is not None:
         clip_range_low = clip_range_high = clip_range
     m = action_mask.bool()

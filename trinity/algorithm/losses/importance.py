@@ -10,15 +10,13 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.algorithm.inputs import PolicyLossInput
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 
 
 @POLICY_LOSS_FN.register("importance_sampling")
 def importance_sampling_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -32,11 +30,12 @@ def importance_sampling_loss(
     arXiv:1205.4839); unbounded ρ makes it high-variance far from π_old.
 
     Args:
-        logprob: [B, T] (with grad). old_logprob: [B, T]. advantages: [B, T].
-        action_mask: [B, T] bool. agg: the loss aggregator.
+        inp.logprob: [B, T] (with grad). inp.old_logprob: [B, T]. advantages: [B, T].
+        inp.action_mask: [B, T] bool. agg: the loss aggregator.
     Returns:
         (loss, {pg_loss, ppo_kl, ratio_mean}).
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     loss = agg(-advantages * ratio, action_mask)
@@ -49,10 +48,7 @@ def importance_sampling_loss(
 
 @POLICY_LOSS_FN.register("reinforce")
 def reinforce_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -66,11 +62,12 @@ def reinforce_loss(
     Connectionist Reinforcement Learning" (Machine Learning 8, 1992).
 
     Args:
-        logprob: [B, T] (with grad). old_logprob: [B, T], only for the ppo_kl metric.
-        advantages: [B, T]. action_mask: [B, T] bool. agg: the loss aggregator.
+        inp.logprob: [B, T] (with grad). inp.old_logprob: [B, T], only for the ppo_kl metric.
+        inp.advantages: [B, T]. inp.action_mask: [B, T] bool. agg: the loss aggregator.
     Returns:
         (loss, {pg_loss, ppo_kl}).
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     loss = agg(-advantages * logprob, action_mask)
     return loss, {
         "pg_loss": float(loss.detach()),

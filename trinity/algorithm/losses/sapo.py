@@ -9,15 +9,13 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.algorithm.inputs import PolicyLossInput
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 
 
 @POLICY_LOSS_FN.register("sapo")
 def sapo_policy_loss(
-    logprob: Tensor,
-    old_logprob: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor,
+    inp: PolicyLossInput,
     *,
     agg: Aggregator,
     tau_pos: float = 1.0,
@@ -42,15 +40,16 @@ def sapo_policy_loss(
     Paper: "Soft Adaptive Policy Optimization" (arXiv:2511.20347).
 
     Args:
-        logprob: [B, T] log π_θ of the taken tokens (with grad).
-        old_logprob: [B, T] log π_old (no grad).
-        advantages: [B, T].
-        action_mask: [B, T] bool, True on trained tokens.
+        inp.logprob: [B, T] log π_θ of the taken tokens (with grad).
+        inp.old_logprob: [B, T] log π_old (no grad).
+        inp.advantages: [B, T].
+        inp.action_mask: [B, T] bool, True on trained tokens.
         agg: the loss aggregator.
         tau_pos, tau_neg: the gate's temperatures for positive and other advantages (> 0).
     Returns:
         (loss, {pg_loss, ppo_kl, gate_mean, ratio_mean}). gate_mean: mean f(r_t).
     """
+    logprob, old_logprob, advantages, action_mask = inp.core()
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"sapo temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
     log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)

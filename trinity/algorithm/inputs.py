@@ -1,0 +1,152 @@
+"""What the trainer hands an advantage fn and a policy loss: one record per kind.
+
+Every piece of a kind is called the same way, so a piece that needs more than its neighbours (GAE
+needs values, step-wise GRPO needs run ids, truncated importance sampling needs the engine's
+logprobs) reads a field of the record instead of changing the call:
+
+    advantage_fn(inp: AdvantageInput, **advantage_fn_args) -> (advantages [N, T], returns [N, T])
+    policy_loss_fn(inp: PolicyLossInput, *, agg: Aggregator, **policy_loss_fn_args)
+        -> (loss 0-dim tensor, metrics dict[str, float])
+
+N rows (experiences) of T response positions; masks are bool, True on trained tokens. A field a
+batch cannot provide is None (no critic: `values`; no engine logprobs: `rollout_logprob`); a piece
+that needs it raises a ValueError naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def last_token_rewards(rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Each outcome reward on its row's last TRAINED token, 0 elsewhere.
+
+        token_rewards[i, t] = rewards[i] if t = max{t' : response_mask[i, t']} else 0
+
+    A reward must sit on a trained token: the last valid token may be masked out of training (a
+    trailing token with action_mask 0) and a reward placed there would be lost when token rewards
+    are summed back through the mask.
+
+    Args:
+        rewards: [N] outcome rewards.
+        response_mask: [N, T] bool.
+    Returns:
+        (token_rewards [N, T] in the rewards' dtype, trained [N] bool: the row has a trained
+        token; a row without one gets an all-zero row).
+    """
+    m = response_mask.bool()
+    n, t = m.shape
+    pos = torch.arange(t, device=m.device).expand(n, t)
+    last = torch.where(m, pos, -1).amax(dim=1) if t else torch.full((n,), -1)  # [N]
+    trained = last >= 0
+    out = torch.zeros((n, t), dtype=rewards.dtype, device=rewards.device)
+    rows = torch.arange(n, device=rewards.device)[trained]
+    out[rows, last[trained]] = rewards[trained]
+    return out, trained
+
+
+@dataclass(frozen=True)
+class AdvantageInput:
+    """One train batch as an advantage fn sees it.
+
+    Fields:
+        rewards: [N] float, each row's scalar reward: its outcome reward, or, when token rewards
+            were shaped (a KL reward penalty, a workflow's token-level rewards), their sum over
+            the row's trained tokens.
+        group_ids: [N] long, equal for responses to the same task (GRPO's group).
+        response_mask: [N, T] bool, True on trained response tokens.
+        token_rewards: [N, T] float, per-token rewards (the outcome reward on the last trained
+            token, minus any KL penalty); what token-level returns (GAE, REINFORCE++) discount.
+        run_ids: [N] long, the episode of a row within its group: the rows of one multi-step
+            episode (one row per turn) share (group, run).
+        step_ids: [N] long, the turn of a row within its episode (0 for single-turn rows).
+        values: [N, T] float critic values V(s_t), or None without a critic.
+        logprob: [N, T] float log π_old of the response tokens (the policy being trained, before
+            this step's update), or None where unknown.
+        ref_logprob: [N, T] float log π_ref (reference or teacher model), or None without one.
+    """
+
+    rewards: Tensor
+    group_ids: Tensor
+    response_mask: Tensor
+    token_rewards: Tensor
+    run_ids: Tensor
+    step_ids: Tensor
+    values: Tensor | None = None
+    logprob: Tensor | None = None
+    ref_logprob: Tensor | None = None
+
+    @classmethod
+    def from_outcomes(
+        cls,
+        rewards: Tensor,
+        group_ids: Tensor,
+        response_mask: Tensor,
+        *,
+        run_ids: Tensor | None = None,
+        step_ids: Tensor | None = None,
+        values: Tensor | None = None,
+        logprob: Tensor | None = None,
+        ref_logprob: Tensor | None = None,
+    ) -> AdvantageInput:
+        """Outcome rewards only: token rewards put each on its row's last trained token; every
+        row its own run (`run_ids` = row index) at step 0 unless given."""
+        n = rewards.shape[0]
+        token_rewards, _ = last_token_rewards(rewards, response_mask)
+        arange = torch.arange(n, device=rewards.device)
+        return cls(
+            rewards=rewards,
+            group_ids=group_ids,
+            response_mask=response_mask.bool(),
+            token_rewards=token_rewards,
+            run_ids=arange if run_ids is None else run_ids,
+            step_ids=torch.zeros_like(arange) if step_ids is None else step_ids,
+            values=values,
+            logprob=logprob,
+            ref_logprob=ref_logprob,
+        )
+
+    def require(self, name: str, piece: str) -> Tensor:
+        """The field `name`, or a ValueError saying `piece` needs it."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{piece} needs {name}, which this batch does not have")
+        return value
+
+
+@dataclass(frozen=True)
+class PolicyLossInput:
+    """One micro-batch as a policy loss sees it.
+
+    Fields:
+        logprob: [B, T] log π_θ of the taken tokens, with grad.
+        old_logprob: [B, T] log π_old (the proximal policy of PPO's ratio), no grad.
+        advantages: [B, T]. With an off-policy correction (`algorithm.rollout_correction`) they
+            already carry its importance weight: A_t · w_t, w_t ≥ 0 detached, so every loss
+            that is positively homogeneous in A (all built-in ones) is corrected unchanged.
+        action_mask: [B, T] bool, True on trained tokens.
+        rollout_logprob: [B, T] the engine's logprobs of the sampled tokens (the behaviour
+            policy), or None where the batch has none (offline data).
+        ref_logprob: [B, T] log π_ref, or None without a reference model.
+    """
+
+    logprob: Tensor
+    old_logprob: Tensor
+    advantages: Tensor
+    action_mask: Tensor
+    rollout_logprob: Tensor | None = None
+    ref_logprob: Tensor | None = None
+
+    def core(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(logprob, old_logprob, advantages, action_mask): what every loss reads."""
+        return self.logprob, self.old_logprob, self.advantages, self.action_mask
+
+    def require(self, name: str, piece: str) -> Tensor:
+        """The field `name`, or a ValueError saying `piece` needs it."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{piece} needs {name}, which this batch does not have")
+        return value
