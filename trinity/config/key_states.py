@@ -237,6 +237,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     # algorithm
     acted("algorithm", "resolve_algorithm() and the train step"),
     acted("algorithm.optimizer", "build_optimizer()"),
+    acted("algorithm.rollout_correction", "the train step: rollout_correction() weights and mask"),
     not_applicable(
         "algorithm.optimizer.optimizer_type", "always AdamW here ('adam' and 'adamw' both name it)"
     ),

@@ -82,6 +82,36 @@ LossAggMode = Literal[
 ]
 
 
+class RolloutCorrectionConfig(ConfigSection):
+    """Off-policy correction against the engine's logprobs (verl's `algorithm.rollout_correction`
+    names): truncated importance weights and/or a rejection mask (`trinity/algorithm/correction.py`).
+    Either one makes the trainer recompute π_old before the update (decoupled PPO)."""
+
+    rollout_is: Literal["token", "sequence"] | None = Field(
+        None,
+        description="Truncated importance weight π_old/μ per token or per sequence (the product "
+        "of its tokens' ratios), multiplied into the advantages; None = off.",
+    )
+    rollout_is_threshold: float = Field(
+        2.0, gt=0, description="Upper truncation C of the importance weight."
+    )
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = Field(
+        None,
+        description="Reject (drop from training) tokens, or whole sequences by their product or "
+        "geometric-mean ratio, whose weight lies outside the thresholds; None = off.",
+    )
+    rollout_rs_threshold: float = Field(
+        2.0, ge=1, description="Upper bound of the kept importance weights."
+    )
+    rollout_rs_threshold_lower: float | None = Field(
+        None, ge=0, le=1, description="Lower bound; None = 1 / rollout_rs_threshold."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+
 class AlgorithmConfig(ConfigSection):
     """Which RL algorithm runs, and the pieces (advantage, losses, sampling) it is made of."""
 
@@ -137,6 +167,11 @@ class AlgorithmConfig(ConfigSection):
         "token-mean",
         description="How per-token losses become one number: mean over all tokens, or per "
         "sequence (sum or mean over tokens) then mean over sequences.",
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Off-policy correction against the engine's logprobs (truncated or masked "
+        "importance sampling); off by default.",
     )
 
 

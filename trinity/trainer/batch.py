@@ -39,6 +39,7 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, R]
     old_logprobs: torch.Tensor | None = None  # [B, R]
     ref_logprobs: torch.Tensor | None = None  # [B, R]
+    is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
 
     @property
     def has_rollout_logprobs(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trinity.algorithm import Aggregator, resolve_algorithm
+from trinity.algorithm.correction import mismatch_metrics, rollout_correction
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
@@ -119,8 +120,12 @@ class Trainer:
         experiences = a.sample_strategy(experiences, **a.sample_strategy_args)
         batch = collate(experiences, self.pad_id)
         mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget())
-        recompute_old = self.ppo_epochs > 1 or (
-            self.mini_batch_size is not None and self.mini_batch_size < len(batch)
+        correction = self.config.algorithm.rollout_correction
+        # decoupled PPO: a correction weighs by π_old/μ, so π_old is known before the update
+        recompute_old = (
+            self.ppo_epochs > 1
+            or (self.mini_batch_size is not None and self.mini_batch_size < len(batch))
+            or correction.enabled
         )
         # 2. reference and old logprobs, no grad
         with torch.no_grad():
@@ -138,6 +143,9 @@ class Trainer:
                 batch.advantages, batch.returns = a.advantage_fn(inp, **a.advantage_fn_args)
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
+        trained = batch.response_mask  # before a rejection mask drops tokens
+        if correction.enabled:
+            metrics.update(self._correct(batch))
         # 4. updates
         _, scheduler = self._planned()
         lr = scheduler.get_last_lr()[0]  # the lr of every update of this step
@@ -145,6 +153,10 @@ class Trainer:
             update_metrics = self._update(batch, mbs, recompute_old)
             scheduler.step()
         metrics.update(update_metrics)
+        if batch.has_rollout_logprobs and batch.old_logprobs is not None:
+            seq = correction.rollout_is == "sequence"
+            mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
+            metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
@@ -196,6 +208,29 @@ class Trainer:
         )
         return inp, kl_m
 
+    def _correct(self, batch: Batch) -> dict[str, float]:
+        """Apply `algorithm.rollout_correction`: importance weights into `batch.is_weights`,
+        rejected tokens out of `batch.response_mask` (after the advantages, which stay)."""
+        if not batch.has_rollout_logprobs:
+            raise ValueError(
+                "algorithm.rollout_correction needs the engine's logprobs, and this train batch "
+                "has experiences without them (offline data); turn the correction off"
+            )
+        assert batch.old_logprobs is not None  # recomputed whenever a correction is on
+        corr = self.config.algorithm.rollout_correction
+        weights, keep, m = rollout_correction(
+            batch.old_logprobs,
+            batch.rollout_logprobs,
+            batch.response_mask,
+            rollout_is=corr.rollout_is,
+            rollout_is_threshold=corr.rollout_is_threshold,
+            rollout_rs=corr.rollout_rs,
+            rollout_rs_threshold=corr.rollout_rs_threshold,
+            rollout_rs_threshold_lower=corr.rollout_rs_threshold_lower,
+        )
+        batch.is_weights, batch.response_mask = weights, keep
+        return {f"off_policy/{k}": v for k, v in m.items()}
+
     def _update(
         self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool
     ) -> dict[str, float]:
@@ -205,6 +240,8 @@ class Trainer:
         mini = self.mini_batch_size or b
         sums: dict[str, float] = {}
         n_updates = 0
+        if not recompute_old:  # one update on the whole batch: its detached logprobs are π_old
+            batch.old_logprobs = torch.zeros_like(batch.rollout_logprobs)
         for _ in range(self.ppo_epochs):
             for m0 in range(0, b, mini):
                 rows = torch.arange(m0, min(m0 + mini, b))
@@ -223,6 +260,9 @@ class Trainer:
                 for idx in parts:
                     mb = mini_batch.select(idx)
                     m = self._micro_step(mb, agg, recompute_old)
+                    if not recompute_old:
+                        assert mb.old_logprobs is not None
+                        batch.old_logprobs[idx, : mb.old_logprobs.shape[1]] = mb.old_logprobs
                     # losses are already scaled by the whole mini-batch's counts: they add up;
                     # per-token means (clip fraction, ratio, ...) are weighted by token share
                     share = float(mb.response_mask.sum()) / n_tok
@@ -242,11 +282,14 @@ class Trainer:
         a = self.algo
         logprob, entropy = response_logprobs(self.model, mb, self.config.trainer.logprob_chunk_size)
         mask = mb.response_mask
-        old = mb.old_logprobs if recompute_old else logprob.detach()
+        if not recompute_old:  # recorded for the off-policy metrics
+            mb.old_logprobs = logprob.detach()
+        assert mb.old_logprobs is not None and mb.advantages is not None
+        advantages = mb.advantages if mb.is_weights is None else mb.advantages * mb.is_weights
         inp = PolicyLossInput(
             logprob=logprob,
-            old_logprob=old,
-            advantages=mb.advantages,
+            old_logprob=mb.old_logprobs,
+            advantages=advantages,
             action_mask=mask,
             rollout_logprob=mb.rollout_logprobs if mb.has_rollout_logprobs else None,
             ref_logprob=mb.ref_logprobs,
@@ -266,10 +309,6 @@ class Trainer:
             metrics.update({f"train/{k}": v for k, v in kl_m.items()})
         loss.backward()
         metrics["train/loss"] = float(loss.detach())
-        lp_known = mask & (mb.rollout_logprobs != 0)
-        if lp_known.any():
-            diff = (logprob.detach() - mb.rollout_logprobs).abs()
-            metrics["train/rollout_logprob_diff"] = _masked_mean(diff, lp_known)
         return metrics
 
     def _logprobs_no_grad(

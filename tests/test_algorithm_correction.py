@@ -1,0 +1,213 @@
+"""Off-policy correction: importance weights, rejection masks and mismatch metrics by hand; every
+policy loss is positively homogeneous in the advantage; the trainer applies both in one step."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trinity.algorithm import POLICY_LOSS_FN, Aggregator
+from trinity.algorithm.correction import log_weights, mismatch_metrics, rollout_correction
+from trinity.algorithm.inputs import PolicyLossInput
+from trinity.trainer.batch import collate, micro_batches
+from trinity.trainer.trainer import Trainer
+
+# two rows, three positions; row 1's last position is padding
+OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -9.0]], dtype=torch.float64)
+ROLL = torch.tensor([[-1.5, -1.0, -0.5], [-0.2, -1.1, 0.0]], dtype=torch.float64)
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+# δ = old - roll = [[0.5, -1.0, 0.0], [-0.8, 0.1, (pad)]]
+
+
+def close(actual, expected, atol: float = 1e-12) -> None:
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=atol,
+        rtol=0,
+    )
+
+
+def test_log_weights_at_each_level_by_hand() -> None:
+    close(log_weights(OLD, ROLL, MASK, "token"), [[0.5, -1.0, 0.0], [-0.8, 0.1, 0.0]])
+    # sequence: Σ δ = -0.5 and -0.7 on every trained token
+    close(log_weights(OLD, ROLL, MASK, "sequence"), [[-0.5, -0.5, -0.5], [-0.7, -0.7, 0.0]])
+    # geometric: the mean, -0.5/3 and -0.7/2
+    g0, g1 = -0.5 / 3, -0.35
+    close(log_weights(OLD, ROLL, MASK, "geometric"), [[g0, g0, g0], [g1, g1, 0.0]])
+    with pytest.raises(ValueError, match="token, sequence, geometric"):
+        log_weights(OLD, ROLL, MASK, "row")  # type: ignore[arg-type]
+
+
+def test_log_weights_are_clamped_before_exp() -> None:
+    old, roll = torch.tensor([[0.0, 0.0]]), torch.tensor([[-30.0, -30.0]])
+    lw = log_weights(old, roll, torch.ones(1, 2, dtype=torch.bool), "sequence")
+    close(lw, [[20.0, 20.0]])  # Σ δ = 60, clamped to 20
+
+
+def test_truncated_token_weights_by_hand() -> None:
+    w, keep, m = rollout_correction(OLD, ROLL, MASK, rollout_is="token", rollout_is_threshold=1.5)
+    # e^0.5 = 1.6487 > 1.5 → 1.5; e^-1, e^0 = 1, e^-0.8, e^0.1 below C
+    close(w, [[1.5, math.exp(-1.0), 1.0], [math.exp(-0.8), math.exp(0.1), 0.0]])
+    assert torch.equal(keep, MASK)
+    assert m["is_truncated_frac"] == pytest.approx(1 / 5)
+    total = 1.5 + math.exp(-1.0) + 1.0 + math.exp(-0.8) + math.exp(0.1)
+    assert m["is_weight_mean"] == pytest.approx(total / 5)
+
+
+def test_truncated_sequence_weights_by_hand() -> None:
+    w, _, m = rollout_correction(OLD, ROLL, MASK, rollout_is="sequence", rollout_is_threshold=0.55)
+    # row 0: e^-0.5 = 0.6065 > 0.55 → 0.55; row 1: e^-0.7 = 0.4966 kept
+    a, b = 0.55, math.exp(-0.7)
+    close(w, [[a, a, a], [b, b, 0.0]])
+    assert m["is_truncated_frac"] == pytest.approx(3 / 5)
+
+
+def test_rejection_masks_by_hand() -> None:
+    # token, bounds [1/1.5, 1.5] = [0.667, 1.5]: e^0.5 = 1.65 out, e^-1 = 0.37 out, e^-0.8 = 0.45 out
+    _, keep, m = rollout_correction(OLD, ROLL, MASK, rollout_rs="token", rollout_rs_threshold=1.5)
+    assert keep.tolist() == [[False, False, True], [False, True, False]]
+    assert m["rs_masked_frac"] == pytest.approx(3 / 5)
+    # geometric, bounds [0.7, 1.2]: row 0 e^(-1/6) = 0.846 kept, row 1 e^-0.35 = 0.705 kept
+    _, keep, _ = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="geometric", rollout_rs_threshold=1.2,
+        rollout_rs_threshold_lower=0.7,
+    )  # fmt: skip
+    assert torch.equal(keep, MASK)
+    # sequence, bounds [0.55, 2]: row 0 e^-0.5 = 0.607 kept, row 1 e^-0.7 = 0.497 dropped whole
+    _, keep, _ = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="sequence", rollout_rs_threshold=2.0,
+        rollout_rs_threshold_lower=0.55,
+    )  # fmt: skip
+    assert keep.tolist() == [[True, True, True], [False, False, False]]
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"rollout_is": "token", "rollout_is_threshold": 0.0}, "rollout_is_threshold"),
+        ({"rollout_is": "geometric"}, "token or sequence"),
+        ({"rollout_rs": "token", "rollout_rs_threshold": 0.9}, "lower <= 1 <= upper"),
+        ({"rollout_rs": "token", "rollout_rs_threshold_lower": 1.5}, "lower <= 1 <= upper"),
+    ],
+)
+def test_bad_correction_arguments_are_refused(kw, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        rollout_correction(OLD, ROLL, MASK, **kw)
+
+
+def test_mismatch_metrics_by_hand() -> None:
+    m = mismatch_metrics(OLD, ROLL, MASK)
+    deltas = [0.5, -1.0, 0.0, -0.8, 0.1]
+    assert m["mismatch_kl"] == pytest.approx(sum(math.exp(d) - 1 - d for d in deltas) / 5)
+    assert m["mismatch_kl_k1"] == pytest.approx(-sum(deltas) / 5)
+    assert m["abs_logprob_diff"] == pytest.approx(sum(abs(d) for d in deltas) / 5)
+    w = sorted(math.exp(d) for d in deltas)  # e^-1, e^-0.8, e^0, e^0.1, e^0.5
+    assert m["is_weight_min"] == pytest.approx(w[0])
+    assert m["is_weight_max"] == pytest.approx(w[-1])
+    assert m["is_weight_p50"] == pytest.approx(w[2])  # the middle of five
+    # linear interpolation at 0.9·(5-1) = 3.6 between w[3] and w[4]
+    assert m["is_weight_p90"] == pytest.approx(w[3] + 0.6 * (w[4] - w[3]))
+    assert m["is_ess"] == pytest.approx(sum(w) ** 2 / (5 * sum(x * x for x in w)))
+    seq = mismatch_metrics(OLD, ROLL, MASK, sequence_level=True)
+    rows = [math.exp(-0.5), math.exp(-0.7)]  # one weight per row
+    assert seq["is_weight_min"] == pytest.approx(rows[1])
+    assert seq["is_weight_max"] == pytest.approx(rows[0])
+    assert mismatch_metrics(OLD, ROLL, torch.zeros_like(MASK)) == {}
+
+
+def test_on_policy_batch_has_no_mismatch() -> None:
+    m = mismatch_metrics(OLD, OLD, MASK)
+    assert m["mismatch_kl"] == 0.0 and m["abs_logprob_diff"] == 0.0 and m["is_ess"] == 1.0
+
+
+@pytest.mark.parametrize("name", [n for n in POLICY_LOSS_FN if n != "sft"])
+def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> None:
+    """A weight w ≥ 0 on the advantage scales each token's loss by w: ℓ(w·A) = w·ℓ(A), so the
+    trainer's correction (advantages × weights) weighs every loss per token."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        old = -torch.rand(1, 1, generator=g, dtype=torch.float64) * 2
+        lp = old + (torch.rand(1, 1, generator=g, dtype=torch.float64) - 0.5)  # ratio 0.6..1.6
+        adv = torch.randn(1, 1, generator=g, dtype=torch.float64)
+        w = float(torch.rand(1, generator=g)) * 3
+        mask = torch.ones(1, 1, dtype=torch.bool)
+        agg = Aggregator("token-mean")
+        fn = POLICY_LOSS_FN.get(name)
+        plain, _ = fn(PolicyLossInput(lp, old, adv, mask), agg=agg)
+        weighted, _ = fn(PolicyLossInput(lp, old, adv * w, mask), agg=agg)
+        close(weighted, w * plain)
+
+
+def _trainer_and_batch(tmp_path, tiny_model_dir, correction: str):
+    from tests.test_trainer import experiences, make_config
+
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2,
+        algo=f"kl_loss_fn: none, rollout_correction: {{{correction}}}",
+    )  # fmt: skip
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=2)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    exps = experiences(vocab)
+    # the engine's logprobs: the model's own, each moved by up to ±0.8 (a stale, noisy engine)
+    batch = collate(exps, trainer.pad_id)
+    with torch.no_grad():
+        lp = trainer._logprobs_no_grad(trainer.model, batch, micro_batches(batch, len(exps)))
+    g = torch.Generator().manual_seed(1)
+    for i, e in enumerate(exps):
+        n = e.response_length
+        e.logprobs = lp[i, :n] + (torch.rand(n, generator=g) - 0.5) * 1.6
+    return trainer, exps
+
+
+def _capture(trainer) -> list[PolicyLossInput]:
+    seen: list[PolicyLossInput] = []
+    loss_fn = trainer.algo.policy_loss_fn
+
+    def capture(inp, **kw):
+        seen.append(inp)
+        return loss_fn(inp, **kw)
+
+    trainer.algo = dataclasses.replace(trainer.algo, policy_loss_fn=capture)
+    return seen
+
+
+def test_trainer_weighs_advantages_and_drops_rejected_tokens(tmp_path, tiny_model_dir) -> None:
+    trainer, exps = _trainer_and_batch(
+        tmp_path, tiny_model_dir,
+        "rollout_is: token, rollout_is_threshold: 1.2, rollout_rs: token, rollout_rs_threshold: 1.8",
+    )  # fmt: skip
+    seen = _capture(trainer)
+    metrics = trainer.train_step(exps)
+    for inp in seen:
+        # the reference: weights and mask recomputed from the loss's own π_old and μ
+        assert inp.rollout_logprob is not None
+        delta = (inp.old_logprob - inp.rollout_logprob).clamp(-20, 20)
+        w = torch.exp(delta)
+        keep = (w >= 1 / 1.8) & (w <= 1.8)
+        assert not (inp.action_mask & ~keep).any()  # no rejected token is trained
+        assert (inp.logprob.detach() == inp.old_logprob).all()  # one update: π_old = π_θ
+    assert 0.0 < metrics["off_policy/rs_masked_frac"] < 1.0  # noise up to 0.8 > log 1.8
+    assert metrics["off_policy/is_truncated_frac"] > 0  # random μ: some weights exceed 1.2
+    assert metrics["off_policy/mismatch_kl"] > 0 and "off_policy/is_weight_p99" in metrics
+
+
+def test_correction_weights_enter_the_loss(tmp_path, tiny_model_dir) -> None:
+    trainer, exps = _trainer_and_batch(
+        tmp_path, tiny_model_dir, "rollout_is: sequence, rollout_is_threshold: 3.0"
+    )
+    seen = _capture(trainer)
+    plain, _ = _trainer_and_batch(tmp_path, tiny_model_dir, "")
+    plain_seen = _capture(plain)
+    trainer.train_step(exps)
+    plain.train_step(exps)
+    for inp, ref in zip(seen, plain_seen, strict=True):
+        # same model, same batch: the corrected advantages are the plain ones times min(Π ρ, C)
+        assert ref.rollout_logprob is not None
+        delta = torch.where(ref.action_mask, ref.old_logprob - ref.rollout_logprob, 0.0)
+        w = torch.exp(delta.sum(-1, keepdim=True).clamp(-20, 20)).clamp(max=3.0)
+        close(inp.advantages, torch.where(ref.action_mask, ref.advantages * w, 0.0), atol=1e-5)
