@@ -28,7 +28,18 @@ from torch import Tensor
 from trinity.algorithm.inputs import AdvantageInput
 from trinity.common.registry import Registry
 
-ADVANTAGE_FN: Registry = Registry("advantage_fn", modules={})
+ADVANTAGE_FN: Registry = Registry(
+    "advantage_fn",
+    modules={
+        "step_wise_grpo": "trinity.algorithm.advantages.step_wise",
+        "opmd": "trinity.algorithm.advantages.opmd",
+        "gpg": "trinity.algorithm.advantages.gpg",
+        "passk": "trinity.algorithm.advantages.passk",
+        "on_policy_distill": "trinity.algorithm.advantages.distill",
+        "gae": "trinity.algorithm.advantages.gae",
+        "ppo": "trinity.algorithm.advantages.gae",
+    },
+)
 
 
 def _broadcast(scores: Tensor, response_mask: Tensor) -> Tensor:
@@ -67,22 +78,59 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
     return count[inv], total[inv], sq_dev[inv], (hi == lo)[inv]
 
 
+def grpo_scores(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    epsilon: float = 1e-6,
+    std_normalize: bool = True,
+    std_threshold: float | None = None,
+    std_cal_level: str = "group",
+) -> Tensor:
+    """GRPO's per-sequence score (see `grpo_advantage`), float64 [N]."""
+    if std_cal_level not in ("group", "batch"):
+        raise ValueError(f"std_cal_level must be 'group' or 'batch', got {std_cal_level!r}")
+    r = rewards.to(torch.float64)
+    count, total, sq_dev, flat = group_stats(r, group_ids)  # [N] each, float64
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(total), total / count)
+    std = torch.where(single, torch.ones_like(total), (sq_dev / (count - 1).clamp(min=1)).sqrt())
+    scores = r - mean
+    if std_normalize:
+        if std_cal_level == "batch":
+            batch_std = r.std() if r.numel() > 1 else r.new_tensor(1.0)
+            scores = scores / (batch_std + epsilon)
+        else:
+            scores = scores / (std + epsilon)
+    zero = flat & ~single
+    if std_threshold is not None:  # skipped groups: a group of one, or too little spread
+        zero = zero | single | (std <= std_threshold)
+    return torch.where(zero, torch.zeros_like(scores), scores)
+
+
 @ADVANTAGE_FN.register("grpo")
 def grpo_advantage(
     inp: AdvantageInput,
     *,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
+    std_threshold: float | None = None,
+    std_cal_level: str = "group",
 ) -> tuple[Tensor, Tensor]:
     """GRPO group-normalised outcome advantage.
 
         A_i = (r_i - mean_g) / (std_g + epsilon)      (std_normalize=True, GRPO)
         A_i =  r_i - mean_g                           (std_normalize=False, Dr. GRPO)
+        A_i = (r_i - mean_g) / (std_B + epsilon)      (std_cal_level="batch": the std of every
+                                                       reward of the batch, arXiv:2508.08221)
 
     std_g is the unbiased (n-1) standard deviation, as `torch.std` and verl. A group of size 1 gets
     mean 0 and std 1 (verl's convention), i.e. A = r / (1 + epsilon). A larger group whose rewards
     are all equal gets exactly A = 0 (statistics in float64, flat groups detected by max == min).
-    Returns = advantages.
+    With `std_threshold`, a group whose std_g ≤ threshold, and a group of one, gets A = 0.
+    Trinity-RFT removes such groups from the batch instead; here their rows stay with no policy
+    gradient (their KL and entropy terms still count), and the aggregation counts them. Returns =
+    advantages.
 
     Papers: "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
     (arXiv:2402.03300); Dr. GRPO: "Understanding R1-Zero-Like Training: A Critical Perspective"
@@ -90,22 +138,22 @@ def grpo_advantage(
 
     Args:
         inp: rewards [N], group_ids [N], response_mask [N, T] are read.
-        epsilon: added to std_g.
-        std_normalize: divide by std_g (False = mean-only, Dr. GRPO).
+        epsilon: added to the std.
+        std_normalize: divide by the std (False = mean-only, Dr. GRPO).
+        std_threshold: groups with std_g at or below it get 0 (None = off).
+        std_cal_level: "group" (std_g) or "batch" (std of the whole batch's rewards).
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    dtype = _out_dtype(inp.rewards)
-    r = inp.rewards.to(torch.float64)
-    count, total, sq_dev, flat = group_stats(r, inp.group_ids)  # [N] each, float64
-    single = count == 1
-    mean = torch.where(single, torch.zeros_like(total), total / count)
-    std = torch.where(single, torch.ones_like(total), (sq_dev / (count - 1).clamp(min=1)).sqrt())
-    scores = r - mean
-    if std_normalize:
-        scores = scores / (std + epsilon)
-    scores = torch.where(flat & ~single, torch.zeros_like(scores), scores)
-    adv = _broadcast(scores.to(dtype), inp.response_mask)
+    scores = grpo_scores(
+        inp.rewards,
+        inp.group_ids,
+        epsilon=epsilon,
+        std_normalize=std_normalize,
+        std_threshold=std_threshold,
+        std_cal_level=std_cal_level,
+    )
+    adv = _broadcast(scores.to(_out_dtype(inp.rewards)), inp.response_mask)
     return adv, adv.clone()
 
 
