@@ -125,10 +125,11 @@ def test_on_policy_batch_has_no_mismatch() -> None:
     assert m["mismatch_kl"] == 0.0 and m["abs_logprob_diff"] == 0.0 and m["is_ess"] == 1.0
 
 
-@pytest.mark.parametrize("name", [n for n in POLICY_LOSS_FN if n != "sft"])
+@pytest.mark.parametrize("name", [n for n in POLICY_LOSS_FN if n not in ("sft", "dpo")])
 def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> None:
     """A weight w ≥ 0 on the advantage scales each token's loss by w: ℓ(w·A) = w·ℓ(A), so the
-    trainer's correction (advantages × weights) weighs every loss per token."""
+    trainer's correction (advantages × weights) weighs every loss per token (sft and dpo do
+    not read the advantage)."""
     g = torch.Generator().manual_seed(3)
     for _ in range(20):
         old = -torch.rand(1, 1, generator=g, dtype=torch.float64) * 2

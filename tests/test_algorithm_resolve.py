@@ -144,12 +144,12 @@ def test_paper_recipes_resolve(name: str) -> None:
 
 def test_every_piece_follows_its_kinds_signature() -> None:
     """The trainer calls every piece of a kind the same way; no name is special-cased."""
-    b, t = 3, 4
+    b, t = 4, 4  # an even row count: DPO reads (chosen, rejected) pairs
     lp = -torch.rand(b, t, requires_grad=True)
     ref, mask, agg = -torch.rand(b, t), torch.rand(b, t) > 0.3, Aggregator("token-mean")
     for name in ADVANTAGE_FN:
         inp = AdvantageInput.from_outcomes(
-            torch.rand(b), torch.tensor([0, 0, 1]), mask,
+            torch.rand(b), torch.tensor([0, 0, 1, 1]), mask,
             values=torch.rand(b, t), logprob=lp.detach(), ref_logprob=ref,
         )  # fmt: skip
         adv, ret = ADVANTAGE_FN.get(name)(inp)

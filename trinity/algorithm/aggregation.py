@@ -92,6 +92,17 @@ class Aggregator:
         length = float(loss_mat.shape[-1]) if self.norm_length is None else self.norm_length
         return masked.sum() / _safe(num_seqs * length)
 
+    def seq_mean(self, seq_losses: Tensor, per: int = 1) -> Tensor:
+        """Σ_i ℓ_i / (N_seqs / per): the mean of a sequence-level loss over the whole batch, for
+        losses defined per sequence (GMPO) or per `per` sequences (DPO: per pair, `per=2`),
+        whatever `mode` is. Micro-batch invariant like the modes (global N_seqs).
+
+        Args:
+            seq_losses: [B / per] one loss per sequence (or per group of `per` rows).
+        """
+        n = float(seq_losses.shape[0] * per) if self.num_seqs is None else self.num_seqs
+        return seq_losses.sum() / _safe(n / per)
+
 
 def masked_mean(x: Tensor, mask: Tensor) -> float:
     """Plain masked mean of a detached tensor as a python float (for metrics); 0.0 if empty."""

@@ -21,8 +21,9 @@ Secretly Brings You Off-Policy RL Training" (Yao et al., 2025) and the key names
 `algorithm.rollout_correction`. Log-weights are clamped to [-20, 20] before `exp`, as verl.
 
 The weight multiplies the advantage (`PolicyLossInput.advantages`), which equals weighting the
-per-token loss for every loss that is positively homogeneous in A (PPO with its dual clip, GSPO,
-CISPO, SAPO, importance sampling, REINFORCE): w ≥ 0 keeps the sign that picks their branches.
+per-token loss for every loss that is positively homogeneous in A (every built-in loss that
+reads A; tested): w ≥ 0 keeps the sign that picks their branches. `sft` and `dpo` do not read A
+and are not reweighted.
 
 The engine's logprobs are those of the raw policy (temperature 1, no top-k/top-p filter; see
 `trinity/explorer/engine.py`), the same distribution the trainer recomputes. So δ measures weight

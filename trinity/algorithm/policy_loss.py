@@ -32,6 +32,12 @@ POLICY_LOSS_FN: Registry = Registry(
         "sapo": "trinity.algorithm.losses.sapo",
         "importance_sampling": "trinity.algorithm.losses.importance",
         "reinforce": "trinity.algorithm.losses.importance",
+        "topr": "trinity.algorithm.losses.topr",
+        "opmd": "trinity.algorithm.losses.opmd",
+        "sppo": "trinity.algorithm.losses.opmd",
+        "geo_mean": "trinity.algorithm.losses.gmpo",
+        "gmpo": "trinity.algorithm.losses.gmpo",
+        "dpo": "trinity.algorithm.losses.dpo",
     },
 )
 
