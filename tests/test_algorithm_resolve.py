@@ -23,6 +23,7 @@ from trinity.algorithm import (
     resolve_algorithm,
 )
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput
+from trinity.common.experience import EID
 from trinity.common.registry import RegistryError
 
 FIELDS = [
@@ -167,7 +168,11 @@ def test_every_piece_follows_its_kinds_signature() -> None:
     for name in ENTROPY_LOSS_FN:
         loss, _ = ENTROPY_LOSS_FN.get(name)(torch.rand(b, t), mask, agg=agg)
         assert loss.shape == ()
-    items = [object(), object()]
+    # two experiences of different tasks (RAFT's best_of_group keeps each task's best)
+    items = [
+        SimpleNamespace(eid=EID(task=0), reward=1.0),
+        SimpleNamespace(eid=EID(task=1), reward=None),
+    ]
     for name in SAMPLE_STRATEGY:
         out = SAMPLE_STRATEGY.get(name)(items)
         assert out == items and out is not items

@@ -501,7 +501,7 @@ stages:
   - stage_name: sft_warmup
     algorithm: {algorithm_type: sft}
   - stage_name: rl
-    algorithm: {algorithm_type: dpo}
+    algorithm: {algorithm_type: gspo}
     trainer: {save_interval: 10}
 """
 )
@@ -511,7 +511,7 @@ def test_stage_merge(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, STAGED))
     first, second = stage_configs(cfg)
     assert (first.stage_name, second.stage_name) == ("sft_warmup", "rl")
-    assert second.algorithm.algorithm_type == "dpo"
+    assert second.algorithm.algorithm_type == "gspo"
     assert second.algorithm.repeat_times == 4  # kept from the base by the deep merge
     assert second.model.model_path == cfg.model.model_path
     assert second.trainer.save_interval == 10 and first.trainer.save_interval == 0
@@ -563,4 +563,4 @@ def test_dump_round_trips(tmp_path: Path) -> None:
     assert "micro_batch_size_per_gpu: 8" in text and "stage_name: rl" in text
     again = load_config(write(tmp_path, text, name="dumped.yaml"))
     assert again == cfg
-    assert [c.algorithm.algorithm_type for c in stage_configs(again)] == ["sft", "dpo"]
+    assert [c.algorithm.algorithm_type for c in stage_configs(again)] == ["sft", "gspo"]

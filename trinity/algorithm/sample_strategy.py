@@ -36,6 +36,26 @@ def staleness_control(experiences: list[Any], max_staleness: int | None = None) 
     return list(experiences)
 
 
+@SAMPLE_STRATEGY.register("best_of_group")
+def best_of_group(experiences: list[Any], min_reward: float | None = None) -> list[Any]:
+    """RAFT's selection: each group's (task's) highest-rewarded experience, first among ties.
+
+    `min_reward`: drop a group whose best reward is below it (None: keep every group's best),
+    so a batch of only failed attempts trains nothing rather than imitating a failure. Order:
+    the groups' first appearance.
+
+    Paper: "RAFT: Reward rAnked FineTuning for Generative Foundation Model Alignment"
+    (arXiv:2304.06767).
+    """
+    best: dict[Any, Any] = {}
+    for e in experiences:
+        key = e.eid.group
+        reward = float("-inf") if e.reward is None else e.reward
+        if key not in best or reward > (best[key].reward or float("-inf")):
+            best[key] = e
+    return [e for e in best.values() if min_reward is None or (e.reward or 0.0) >= min_reward]
+
+
 def max_staleness(sample_strategy: str | None, args: dict[str, Any]) -> int | None:
     """The admission bound a config sets (`staleness_control`'s `max_staleness`), or None."""
     if sample_strategy != "staleness_control":

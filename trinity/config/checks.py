@@ -110,6 +110,18 @@ def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("mode", "algorithm.algorithm_type")
+def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
+    from trinity.algorithm.algorithms import is_pairwise
+
+    if is_pairwise(cfg.algorithm.algorithm_type) and cfg.mode != "train":
+        yield Problem(
+            "mode",
+            f"algorithm_type {cfg.algorithm.algorithm_type!r} trains on (chosen, rejected) pairs "
+            "of an offline dataset: use mode 'train' with buffer.trainer_input.experience_buffer",
+        )
+
+
 @_check("mode", "buffer.explorer_input.eval_tasksets")
 def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
     if cfg.mode == "bench" and not cfg.stages and not cfg.buffer.explorer_input.eval_tasksets:

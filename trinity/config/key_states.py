@@ -61,6 +61,7 @@ _NO_ROLLOUT = "a rollout setting; the trainer's experience buffer is not rolled 
 _TASKSETS = ("buffer.explorer_input.taskset", "buffer.explorer_input.tasksets[*]")
 _EVAL = "buffer.explorer_input.eval_tasksets[*]"
 _EXP = "buffer.trainer_input.experience_buffer"
+_PAIR_ONLY = "DPO preference column, read from buffer.trainer_input.experience_buffer only"
 
 
 def _storage_entries() -> list[KeyState]:
@@ -89,8 +90,8 @@ def _storage_entries() -> list[KeyState]:
             not_built(f"{p}.rollout_args.logprobs", "top-k logprobs per token", inert=(None, 0)),
             not_built(f"{p}.format.image_key", "multi-modal tasks (images)"),
             not_built(f"{p}.format.video_key", "multi-modal tasks (videos)"),
-            not_applicable(f"{p}.format.chosen_key", "DPO preference column; DPO is not built"),
-            not_applicable(f"{p}.format.rejected_key", "DPO preference column; DPO is not built"),
+            not_applicable(f"{p}.format.chosen_key", _PAIR_ONLY),
+            not_applicable(f"{p}.format.rejected_key", _PAIR_ONLY),
             not_applicable(f"{p}.capacity", "queue size; a taskset is read from its source"),
             not_applicable(f"{p}.max_read_timeout", "queue read timeout; not a queue"),
             not_applicable(f"{p}.replay_buffer", "experience replay; tasks are not replayed"),
@@ -146,8 +147,8 @@ def _storage_entries() -> list[KeyState]:
         not_built(f"{e}.format.reply_prefix", "forcing the reply to start with a prefix"),
         not_built(f"{e}.format.image_key", "multi-modal data (images)"),
         not_built(f"{e}.format.video_key", "multi-modal data (videos)"),
-        not_applicable(f"{e}.format.chosen_key", "DPO preference column; DPO is not built"),
-        not_applicable(f"{e}.format.rejected_key", "DPO preference column; DPO is not built"),
+        acted(f"{e}.format.chosen_key", "DPO pairs: sft_data.DatasetSource (algorithm_type dpo)"),
+        acted(f"{e}.format.rejected_key", "DPO pairs: sft_data.DatasetSource (algorithm_type dpo)"),
         not_built(f"{e}.replay_buffer", "experience replay (priority reuse of experiences)"),
         *(
             not_applicable(f"{e}.{k}", _NO_ROLLOUT)

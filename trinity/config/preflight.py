@@ -127,7 +127,15 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         problems = _generator_problems(path, buf) if buf.storage_type == "synthetic" else []
         report.problems += problems
         if not problems:  # read by trinity.trainer.sft_data.DatasetSource
-            kwargs = {"is_eval": False, "default_seed": cfg.seed, "require_response": True}
+            from trinity.algorithm.algorithms import is_pairwise
+
+            pairwise = is_pairwise(cfg.algorithm.algorithm_type)
+            kwargs = {
+                "is_eval": False,
+                "default_seed": cfg.seed,
+                "require_response": not pairwise,
+                "require_pair": pairwise,
+            }
             _check_data(path, buf, kwargs, data_cache, report)
     return report
 
@@ -207,6 +215,8 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
     """algorithm_type, every piece name and every `<piece>_args` key (as `resolve_algorithm`)."""
     from trinity.algorithm.algorithms import (
         ALGORITHM,
+        ALIASES,
+        NOT_BUILT,
         PIECES,
         AlgorithmSpec,
         accepted_args,
@@ -214,7 +224,11 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
         value_problems,
     )
 
-    spec, problem = _lookup(ALGORITHM, algo.algorithm_type, "algorithm.algorithm_type")
+    if algo.algorithm_type in NOT_BUILT:
+        reason = NOT_BUILT[algo.algorithm_type]
+        return [Problem("algorithm.algorithm_type", f"not built yet: {reason}")]
+    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
+    spec, problem = _lookup(ALGORITHM, name, "algorithm.algorithm_type")
     if problem is not None:
         return [problem]
     if not isinstance(spec, AlgorithmSpec):

@@ -29,6 +29,7 @@ class Task:
     rollout_args: dict[str, Any] = field(default_factory=dict)  # only the entries that are set
     repeat_times: int | None = None
     reply_prefix: str | None = None  # text the assistant reply is forced to start with
+    pair: tuple[str, str] | None = None  # (chosen, rejected) replies of a preference row (DPO)
 
     def to_messages(self) -> list[dict[str, Any]]:
         """The prompt in chat form (a fresh copy: callers may append to it)."""

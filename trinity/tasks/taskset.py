@@ -37,6 +37,7 @@ def load_taskset(
     default_seed: int = 0,
     require_response: bool = False,
     bad_rows: list[str] | None = None,
+    require_pair: bool = False,
 ) -> list[Task]:
     """Read every row of `storage` and wrap it as a Task.
 
@@ -52,6 +53,9 @@ def load_taskset(
             taskset's reward fn is marked as needing the truth (`trinity.rewards.needs_truth`).
         bad_rows: a list to collect every bad row's "file:line: problem" message in, skipping
             those rows, whatever `skip_bad_rows` says (used by pre-flight to report them all).
+        require_pair: every row needs a preference pair (`format.chosen_key`,
+            `format.rejected_key`: text, or a message list ending with the assistant reply);
+            the pair lands in `Task.pair` (DPO data).
     """
     # 1.
     name = storage.name or str(storage.path)
@@ -80,6 +84,7 @@ def load_taskset(
             prompt, messages = _prompt_of(row, fmt, loc)
             if need_truth:
                 _check_response(row, fmt, messages, loc)
+            pair = _pair_of(row, fmt, loc) if require_pair else None
         except TasksetError as e:
             if collected is None:
                 raise
@@ -102,6 +107,7 @@ def load_taskset(
                 rollout_args=dict(rollout_args),
                 repeat_times=storage.repeat_times,
                 reply_prefix=getattr(fmt, "reply_prefix", None),
+                pair=pair,
             )
         )
     # 3.
@@ -195,6 +201,33 @@ def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | 
             {"role": "user", "content": prompt},
         ]
     return prompt, None
+
+
+def _pair_of(row: dict, fmt: Any, loc: str) -> tuple[str, str]:
+    """The (chosen, rejected) responses of a preference row: each column holds the reply text,
+    or a message list whose last item is the assistant reply (its earlier turns must be the
+    row's prompt and are not read)."""
+    out = []
+    for option in ("chosen_key", "rejected_key"):
+        key = getattr(fmt, option)
+        value = _require(row, key, loc, option)
+        if isinstance(value, list):
+            last = value[-1] if value else None
+            if not (isinstance(last, dict) and last.get("role") == "assistant"):
+                raise TasksetError(
+                    f"{loc}: {key!r} (format.{option}) is a message list that does not end "
+                    "with an assistant message"
+                )
+            value = last.get("content")
+        if not isinstance(value, str) or not value:
+            raise TasksetError(
+                f"{loc}: {key!r} (format.{option}) must be a non-empty reply text, "
+                f"got {type(value).__name__}"
+            )
+        out.append(value)
+    if out[0] == out[1]:
+        raise TasksetError(f"{loc}: chosen and rejected replies are identical")
+    return out[0], out[1]
 
 
 def _require(row: dict, key: str, loc: str, option: str) -> Any:

@@ -132,28 +132,33 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
 
 
 def micro_batches(
-    batch: Batch, micro_batch_size: int, max_tokens: int | None = None
+    batch: Batch, micro_batch_size: int, max_tokens: int | None = None, unit: int = 1
 ) -> list[torch.Tensor]:
-    """Row-index groups for gradient accumulation.
+    """Row-index groups for gradient accumulation, never splitting a unit of `unit` adjacent
+    rows (2: DPO's (chosen, rejected) pairs).
 
-    With `max_tokens` (dynamic batch size), rows are packed in order while
-    rows × longest-row-length stays within the budget (a row longer than the budget gets a
-    micro-batch of its own); otherwise fixed groups of `micro_batch_size` rows.
+    With `max_tokens` (dynamic batch size), units are packed in order while
+    rows × longest-row-length stays within the budget (a unit longer than the budget gets a
+    micro-batch of its own); otherwise fixed groups of `micro_batch_size` rows, rounded up to
+    whole units.
     """
     b = len(batch)
+    if b % unit:
+        raise ValueError(f"a batch of {b} rows cannot be split into units of {unit} rows")
     if max_tokens is None:
-        return [
-            torch.arange(s, min(s + micro_batch_size, b)) for s in range(0, b, micro_batch_size)
-        ]
+        size = -(-micro_batch_size // unit) * unit  # rounded up to whole units
+        return [torch.arange(s, min(s + size, b)) for s in range(0, b, size)]
     lengths = batch.attention_mask.sum(dim=1).tolist()
     groups: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for i, n in enumerate(lengths):
-        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+    for u in range(0, b, unit):
+        rows = list(range(u, u + unit))
+        n = max(lengths[i] for i in rows)
+        if current and max(longest, n) * (len(current) + unit) > max_tokens:
             groups.append(current)
             current, longest = [], 0
-        current.append(i)
+        current += rows
         longest = max(longest, n)
     if current:
         groups.append(current)

@@ -52,7 +52,8 @@ class TrainerRunner:
         self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
         size = 0
         if use_dataset:
-            self.dataset = DatasetSource(self.cfg, self.trainer.tokenizer)
+            pairwise = self.trainer.algo.spec.pairwise
+            self.dataset = DatasetSource(self.cfg, self.trainer.tokenizer, pairwise)
             size = len(self.dataset)
         return {"dataset_size": size}
 

@@ -34,7 +34,10 @@ from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
 # metrics computed through the Aggregator (global counts), so micro-batch values sum to the total
-ADDITIVE_METRICS = frozenset({"loss", "pg_loss", "sft_loss", "kl_loss", "entropy"})
+ADDITIVE_METRICS = frozenset(
+    {"loss", "pg_loss", "sft_loss", "kl_loss", "entropy", "dpo_loss"}
+    | {"chosen_reward", "rejected_reward", "reward_margin", "reward_accuracy"}  # per-pair means
+)
 
 
 class Trainer:
@@ -81,6 +84,7 @@ class Trainer:
             self.plan(total_steps)
         self.step = 0
         self.ppo_epochs = tcfg.ppo_epochs
+        self.unit = 2 if self.algo.spec.pairwise else 1  # rows that stay in one micro-batch
         self.mini_batch_size = tcfg.ppo_mini_batch_size
         # Dr. GRPO's horizon L: fixed for the whole run, never the longest response of a batch
         horizon = config.model.max_response_tokens
@@ -119,7 +123,7 @@ class Trainer:
         # 1. sample and collate
         experiences = a.sample_strategy(experiences, **a.sample_strategy_args)
         batch = collate(experiences, self.pad_id)
-        mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget())
+        mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget(), self.unit)
         correction = self.config.algorithm.rollout_correction
         # decoupled PPO: a correction weighs by π_old/μ, so π_old is known before the update
         recompute_old = (
@@ -237,7 +241,7 @@ class Trainer:
         a = self.algo
         optimizer, _ = self._planned()
         b = len(batch)
-        mini = self.mini_batch_size or b
+        mini = -(-(self.mini_batch_size or b) // self.unit) * self.unit  # whole pairs
         sums: dict[str, float] = {}
         n_updates = 0
         if not recompute_old:  # one update on the whole batch: its detached logprobs are π_old
@@ -253,7 +257,10 @@ class Trainer:
                     norm_length=self.norm_length,  # model.max_response_tokens
                 )
                 parts = micro_batches(
-                    mini_batch, self.config.trainer.micro_batch_size_per_gpu, self._token_budget()
+                    mini_batch,
+                    self.config.trainer.micro_batch_size_per_gpu,
+                    self._token_budget(),
+                    self.unit,
                 )
                 optimizer.zero_grad(set_to_none=True)
                 n_tok = max(float(mini_batch.response_mask.sum()), 1.0)

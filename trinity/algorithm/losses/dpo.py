@@ -48,8 +48,9 @@ def dpo_loss(
         loss = Σ_p ℓ_p / P   (P: pairs in the whole batch, `Aggregator.seq_mean(per=2)`)
 
     Implicit rewards β·(log π_θ - log π_ref) of the chosen and rejected responses are reported;
-    `reward_accuracy` is the fraction of pairs whose chosen reward is higher. `loss_agg_mode`
-    does not apply: the loss is a mean over pairs.
+    `reward_accuracy` is the fraction of pairs whose chosen reward is higher. Like the loss, these
+    are means over the whole batch's pairs (micro-batch values add up). `loss_agg_mode` does not
+    apply: the loss is a mean over pairs.
 
     Papers: "Direct Preference Optimization: Your Language Model is Secretly a Reward Model"
     (arXiv:2305.18290); IPO: "A General Theoretical Paradigm to Understand Learning from Human
@@ -80,10 +81,14 @@ def dpo_loss(
         losses = (h - 1.0 / (2.0 * beta)) ** 2
     loss = agg.seq_mean(losses, per=2)
     cw, cl = (beta * chosen.detach()), (beta * rejected.detach())
+
+    def pair_mean(x: Tensor) -> float:  # over the whole batch's pairs: micro-batches add up
+        return float(agg.seq_mean(x, per=2))
+
     return loss, {
         "dpo_loss": float(loss.detach()),
-        "chosen_reward": float(cw.mean()) if cw.numel() else 0.0,
-        "rejected_reward": float(cl.mean()) if cl.numel() else 0.0,
-        "reward_margin": float((cw - cl).mean()) if cw.numel() else 0.0,
-        "reward_accuracy": float((cw > cl).float().mean()) if cw.numel() else 0.0,
+        "chosen_reward": pair_mean(cw),
+        "rejected_reward": pair_mean(cl),
+        "reward_margin": pair_mean(cw - cl),
+        "reward_accuracy": pair_mean((cw > cl).to(cw.dtype)),
     }
