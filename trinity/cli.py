@@ -2,6 +2,7 @@
 
     trinity run --config examples/quickstart/quickstart.yaml
     trinity validate --config x.yaml --set algorithm.repeat_times=4
+    trinity run --config x.yaml --plugin-dir ./my_plugins   # a user's registered pieces
     trinity model create --preset 1m --seed 0 --out ./tiny-model
     trinity buffer stats --config x.yaml
 
@@ -42,6 +43,16 @@ SetOpt = Annotated[
     ),
 ]
 
+PluginDirOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--plugin-dir",
+        help="Directory of plugin files (*.py that register losses, workflows, rewards, ...), "
+        "imported here and in every actor before a name is looked up; repeatable. "
+        "TRINITY_PLUGIN_DIRS (os.pathsep-separated) adds more. See docs/tutorials/custom_loss.md.",
+    ),
+]
+
 
 def _config_error(text: str) -> typer.Exit:
     err.print("[red]config error[/]")
@@ -49,12 +60,28 @@ def _config_error(text: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _check(config: Path, overrides: list[str] | None):
-    """The one check pass of `validate` and `run`: schema (`load_config`), then pre-flight.
+def _load_plugins(plugin_dirs: list[Path] | None) -> None:
+    """Import the plugins of `--plugin-dir` and TRINITY_PLUGIN_DIRS (`trinity.common.plugins`)
+    and name them in TRINITY_PLUGIN_DIRS for the actors; a broken plugin is exit 2."""
+    from trinity.common.plugins import PluginError, use_plugin_dirs
+
+    try:
+        loaded = use_plugin_dirs(plugin_dirs or [])
+    except PluginError as e:
+        err.print("[red]plugin error[/]")
+        err.print(str(e), markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    for directory in loaded:
+        err.print(f"plugins: {directory}", markup=False, soft_wrap=True)
+
+
+def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | None = None):
+    """The one check pass of `validate` and `run`: plugins, schema (`load_config`), pre-flight.
 
     Prints the "not applicable here" notes and the rows that will be skipped (stderr); exits 2
     with every problem and its key path when there is any. Starts nothing, writes nothing.
     """
+    _load_plugins(plugin_dirs)
     from trinity.config import ConfigError, load_config
     from trinity.config.preflight import preflight
 
@@ -77,7 +104,7 @@ def _check(config: Path, overrides: list[str] | None):
 
 
 @app.command()
-def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
+def validate(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
     """Check a config without running it: print the resolved config and the batch table.
 
     Checks everything `run` checks before it starts: the schema, registry names and their
@@ -86,7 +113,7 @@ def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
     """
     from trinity.config import dump_config, format_batch_table, resolve, stage_configs
 
-    cfg = _check(config, overrides)
+    cfg = _check(config, overrides, plugin_dirs)
     typer.echo(dump_config(cfg))
     for stage in stage_configs(cfg):
         title = f"stage {stage.stage_name}" if stage.stage_name else "batch table"
@@ -95,14 +122,14 @@ def validate(config: ConfigOpt, overrides: SetOpt = None) -> None:
 
 
 @app.command()
-def run(config: ConfigOpt, overrides: SetOpt = None) -> None:
+def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
     """Run a config: explorer, trainer, buffer and synchronizer on Ray (local if none is running).
 
     Performs `validate`'s checks first and starts nothing if they find a problem (exit 2).
     Writes checkpoints, metrics.jsonl and TensorBoard files under
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
-    cfg = _check(config, overrides)
+    cfg = _check(config, overrides, plugin_dirs)
     from trinity.config import ConfigError
     from trinity.launcher.run import run as run_config
 

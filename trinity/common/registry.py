@@ -8,7 +8,10 @@
     POLICY_LOSS.get("ppo")            # the function
     POLICY_LOSS.get("my_pkg.mod.Fn")  # a dotted path loads a user's object
 
-A duplicate name raises; an unknown name raises with the sorted list of valid names.
+A duplicate name raises; an unknown name raises with the sorted list of valid names. A name not
+registered yet is first looked for in the user's plugins: `get` and `in` load the plugin
+directories that `TRINITY_PLUGIN_DIRS` names on a miss (`trinity.common.plugins`), so every
+process that looks a name up (the driver, each actor) sees the names its plugins register.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
+
+from trinity.common.plugins import load_env_plugins
 
 T = TypeVar("T")
 
@@ -37,9 +42,14 @@ class Registry(Generic[T]):
         self._modules = dict(modules or {})
 
     def register(self, name: str) -> Callable[[T], T]:
+        """Decorator registering `obj` under `name`. A name taken, or one `modules` reserves for
+        another module (imported on first use), raises."""
+
         def decorator(obj: T) -> T:
-            if name in self._items:
-                raise RegistryError(f"{self.kind} {name!r} is already registered")
+            owner = self._modules.get(name)
+            if name in self._items or (owner and getattr(obj, "__module__", owner) != owner):
+                by = f" (by {owner})" if owner else ""
+                raise RegistryError(f"{self.kind} {name!r} is already registered{by}")
             self._items[name] = obj
             return obj
 
@@ -48,6 +58,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         if name not in self._items and name in self._modules:  # only the module it names
             importlib.import_module(self._modules[name])
+        if name not in self._items:  # a user's plugin may register it
+            load_env_plugins()
         if name not in self._items:  # import them all, so a miss lists every valid name
             for module in self._modules.values():
                 importlib.import_module(module)
@@ -67,7 +79,10 @@ class Registry(Generic[T]):
         return sorted(set(self._items) | set(self._modules))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items or name in self._modules
+        if name in self._items or name in self._modules:
+            return True
+        load_env_plugins()  # a user's plugin may register it
+        return name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

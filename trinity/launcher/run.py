@@ -20,6 +20,7 @@ from rich.console import Console
 from trinity.buffer.storage import storage_class
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
+from trinity.common.plugins import plugin_env
 from trinity.common.resources import ResourcePlan, plan_resources
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.config.run_folder import (
@@ -75,6 +76,11 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
     seconds, instead of Ray retrying the dead address for half a minute and failing. An explicit
     `ray_address` that does not answer is an error. Returns whether it joined a cluster (False:
     a local instance of this process).
+
+    The user's plugin directories (`TRINITY_PLUGIN_DIRS`, which `--plugin-dir` sets) reach every
+    actor of the run, engines included, as the job's runtime_env: the workers of a `ray start`
+    cluster never see this process's environment, and an actor loads them on its first registry
+    miss (`trinity.common.plugins`). A caller that started Ray itself passes that env itself.
     """
     if ray.is_initialized():
         return True
@@ -85,6 +91,8 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
         "configure_logging": True,
         "namespace": namespace,
     }
+    if env_vars := plugin_env():
+        kwargs["runtime_env"] = {"env_vars": env_vars}
     if address == "local":  # Ray's name for a new local instance
         ray.init(address="local", **kwargs)
         return False
