@@ -51,7 +51,7 @@ PAPERS: dict[str, Paper] = {
         "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
         "2503.14476",
         {
-            "algorithm_type": "grpo",
+            "algorithm_type": "dapo",
             "repeat_times": 16,
             "policy_loss_fn": "ppo",
             "policy_loss_fn_args": {"clip_range_low": 0.2, "clip_range_high": 0.28},
@@ -59,14 +59,16 @@ PAPERS: dict[str, Paper] = {
             "loss_agg_mode": "token-mean",
             "optimizer": {"lr": 1e-6},
         },
-        "Dynamic sampling (dropping all-equal groups) and overlong reward shaping are not part of "
-        "this package.",
+        "Dynamic sampling (dropping all-equal groups and sampling more) and the overlong reward "
+        "shaping are not built yet; advantage_fn_args {std_threshold: 0.0} zeroes all-equal "
+        "groups' advantages but keeps their rows in the batch.",
     ),
     "ppo": Paper(
         "Proximal Policy Optimization Algorithms",
         "1707.06347",
         {"policy_loss_fn": "ppo", "policy_loss_fn_args": {"clip_range": 0.2}},
-        "Clipped surrogate only; GAE with a learned critic is not part of this package.",
+        "Clipped surrogate only: the critic (value model) is not built yet, so algorithm_type "
+        "ppo is refused; advantage_fn gae is built and takes values from a critic.",
     ),
     "rloo": Paper(
         "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback "
@@ -118,5 +120,90 @@ PAPERS: dict[str, Paper] = {
             "loss_agg_mode": "seq-mean-token-mean",
         },
         "Temperatures are Trinity-RFT's defaults (tau_neg > tau_pos, as the paper prescribes).",
+    ),
+    "reinforceplusplus": Paper(
+        "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
+        "2501.03262",
+        {
+            "algorithm_type": "reinforceplusplus",
+            "repeat_times": 1,
+            "kl_penalty_fn": "k1",
+            "kl_penalty_fn_args": {"kl_coef": 0.01},
+            "policy_loss_fn_args": {"clip_range": 0.2},
+        },
+        "Token-level k1 KL penalty in the reward, returns whitened over the batch's tokens.",
+    ),
+    "opmd": Paper(
+        "Kimi k1.5: Scaling Reinforcement Learning with LLMs",
+        "2501.12599",
+        {
+            "algorithm_type": "opmd",
+            "advantage_fn_args": {"opmd_baseline": "logavgexp", "tau": 1.0},
+            "policy_loss_fn_args": {"tau": 1.0},
+        },
+        "The tau-soft (log-mean-exp) baseline is the paper's optimal value; Trinity-RFT's record "
+        "defaults to the group mean.",
+    ),
+    "topr": Paper(
+        "Tapered Off-Policy REINFORCE: Stable and efficient reinforcement learning for LLMs",
+        "2503.14286",
+        {"algorithm_type": "topr", "advantage_fn": "reinforce", "policy_loss_fn": "topr"},
+        "The record keeps Trinity-RFT's k2 KL loss at kl_coef 0.001; the paper uses none.",
+    ),
+    "gpg": Paper(
+        "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning",
+        "2504.02546",
+        {"algorithm_type": "gpg", "advantage_fn": "gpg", "policy_loss_fn": "reinforce"},
+        "alpha counts the rows with a nonzero centred reward (the paper), not verl's nonzero raw "
+        "rewards.",
+    ),
+    "gmpo": Paper(
+        "GMPO: Geometric-Mean Policy Optimization",
+        "2507.20673",
+        {
+            "algorithm_type": "grpo",
+            "policy_loss_fn": "geo_mean",
+            "policy_loss_fn_args": {"clip_range": 0.4},
+        },
+    ),
+    "passk": Paper(
+        "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large "
+        "Reasoning Models",
+        "2508.10751",
+        {"algorithm_type": "grpo", "advantage_fn": "passk", "advantage_fn_args": {"k": 4}},
+        "Analytic advantages for 0/1 rewards (reward > threshold counts as right).",
+    ),
+    "raft": Paper(
+        "RAFT: Reward rAnked FineTuning for Generative Foundation Model Alignment",
+        "2304.06767",
+        {"algorithm_type": "raft", "sample_strategy": "best_of_group"},
+        "One best sample per task; sample_strategy_args {min_reward: ...} drops tasks whose best "
+        "is below it.",
+    ),
+    "dpo": Paper(
+        "Direct Preference Optimization: Your Language Model is Secretly a Reward Model",
+        "2305.18290",
+        {"algorithm_type": "dpo", "policy_loss_fn_args": {"beta": 0.1}},
+        "mode: train on buffer.trainer_input.experience_buffer rows with chosen/rejected columns.",
+    ),
+    "ipo": Paper(
+        "A General Theoretical Paradigm to Understand Learning from Human Preferences",
+        "2310.12036",
+        {"algorithm_type": "dpo", "policy_loss_fn_args": {"beta": 0.1, "loss_type": "ipo"}},
+    ),
+    "sppo": Paper(
+        "A general class of surrogate functions for stable and efficient reinforcement learning",
+        "2108.05828",
+        {"algorithm_type": "sppo", "policy_loss_fn_args": {"epsilon": 0.3}},
+    ),
+    "decoupled_ppo": Paper(
+        "Batch size-invariance for policy optimization",
+        "2110.13799",
+        {
+            "algorithm_type": "grpo",
+            "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0},
+        },
+        "PPO's clip on pi/pi_old times the truncated weight pi_old/mu against the engine's "
+        "logprobs (AReaL, arXiv:2505.24298, for asynchronous RL).",
     ),
 }
