@@ -167,6 +167,25 @@ RLOO = register_algorithm(
 )
 
 
+# PPO with a critic (arXiv:1707.06347, as verl and Trinity-RFT): GAE (γ = λ = 1) on the critic's
+# values, PPO's clip, a k2 KL loss against the start model (β 0.001, Trinity-RFT's record).
+PPO = register_algorithm(
+    AlgorithmSpec(
+        name="ppo",
+        advantage_fn="gae",
+        policy_loss_fn="ppo",
+        kl_loss_fn="k2",
+        entropy_loss_fn="default",
+        use_reference=True,
+        use_critic=True,
+        default_args={
+            "advantage_fn_args": {"gamma": 1.0, "lam": 1.0},
+            "policy_loss_fn_args": {"clip_range": 0.2},
+            "kl_loss_fn_args": {"kl_coef": 0.001},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
 # DAPO (arXiv:2503.14476): GRPO's advantage, the decoupled clip ε_low 0.2 / ε_high 0.28, no KL,
 # token-mean over the batch. Its dynamic sampling and overlong penalty are not part of the record
 # (see docs/algorithms.md).
@@ -276,7 +295,6 @@ DPO = register_algorithm(
 
 # Trinity-RFT algorithm names refused until what they need is built (validate and run say why).
 NOT_BUILT: dict[str, str] = {
-    "ppo": "PPO needs a critic (value model), which is not built yet; GAE is (advantage_fn: gae)",
     "remax": "ReMax needs a greedy baseline rollout per task from the explorer, not built yet",
     "mix": "mixed SFT + RL needs buffer.trainer_input.auxiliary_buffers, not built yet",
     "mix_chord": "CHORD needs buffer.trainer_input.auxiliary_buffers, not built yet",
@@ -432,8 +450,9 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
     ref = torch.tensor([[-1.5, -1.0], [-1.0, -1.0]])
     mask, agg = torch.ones(2, 2, dtype=torch.bool), Aggregator(r.loss_agg_mode, norm_length=2.0)
     loss_inp = PolicyLossInput(
-        lp, ref, torch.ones(2, 2), mask, rollout_logprob=ref, ref_logprob=ref
-    )
+        lp, ref, torch.ones(2, 2), mask, rollout_logprob=ref,
+        ref_logprob=ref if r.use_reference else None,
+    )  # fmt: skip
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("policy_loss_fn", lambda: r.policy_loss_fn(loss_inp, agg=agg, **r.policy_loss_fn_args)),
         ("kl_loss_fn", lambda: r.kl_loss_fn(lp, ref, mask, agg=agg, **r.kl_loss_fn_args)),
@@ -444,9 +463,10 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
     ]  # fmt: skip
     if r.advantage_fn is not None:
         advantage_fn = r.advantage_fn
-        adv_inp = AdvantageInput.from_outcomes(
-            torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, values=ref, logprob=lp,
-            ref_logprob=ref,
+        adv_inp = AdvantageInput.from_outcomes(  # what the trainer will have, no more
+            torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask,
+            values=ref if r.spec.use_critic else None, logprob=lp,
+            ref_logprob=ref if r.use_reference else None,
         )  # fmt: skip
         calls.append(("advantage_fn", lambda: advantage_fn(adv_inp, **r.advantage_fn_args)))
     problems = []

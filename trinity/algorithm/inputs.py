@@ -48,6 +48,25 @@ def last_token_rewards(rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, 
     return out, trained
 
 
+# where a missing field comes from, for the error a piece that needs it raises
+_SOURCES = {
+    "values": "a critic's (algorithm_type ppo loads one)",
+    "ref_logprob": "a reference model's (a kl_loss_fn or kl_penalty_fn, or a record that "
+    "uses one, loads it)",
+    "rollout_logprob": "the engine's (offline data has none)",
+    "logprob": "the old policy's or the engine's",
+}
+
+
+def _require(record: object, name: str, piece: str) -> Tensor:
+    value = getattr(record, name)
+    if value is None:
+        raise ValueError(
+            f"{piece} needs {name}, {_SOURCES.get(name, 'a field')}, which this batch does not have"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class AdvantageInput:
     """One train batch as an advantage fn sees it.
@@ -110,11 +129,8 @@ class AdvantageInput:
         )
 
     def require(self, name: str, piece: str) -> Tensor:
-        """The field `name`, or a ValueError saying `piece` needs it."""
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"{piece} needs {name}, which this batch does not have")
-        return value
+        """The field `name`, or a ValueError saying `piece` needs it and where it comes from."""
+        return _require(self, name, piece)
 
 
 @dataclass(frozen=True)
@@ -145,8 +161,5 @@ class PolicyLossInput:
         return self.logprob, self.old_logprob, self.advantages, self.action_mask
 
     def require(self, name: str, piece: str) -> Tensor:
-        """The field `name`, or a ValueError saying `piece` needs it."""
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"{piece} needs {name}, which this batch does not have")
-        return value
+        """The field `name`, or a ValueError saying `piece` needs it and where it comes from."""
+        return _require(self, name, piece)

@@ -239,12 +239,13 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("algorithm", "resolve_algorithm() and the train step"),
     acted("algorithm.optimizer", "build_optimizer()"),
     acted("algorithm.rollout_correction", "the train step: rollout_correction() weights and mask"),
+    acted("trainer.critic", "trinity/trainer/critic.py (algorithm_type ppo)"),
     not_applicable(
         "algorithm.optimizer.optimizer_type", "always AdamW here ('adam' and 'adamw' both name it)"
     ),
     # model
     acted("model.model_path", "engines and trainer load it"),
-    not_applicable("model.critic_model_path", "no critic model here (GAE critics not built)"),
+    acted("model.critic_model_path", "the critic's start model (algorithm_type ppo)"),
     acted("model.max_model_len", "engine length limit"),
     acted("model.max_prompt_tokens", "SFT prompt truncation"),
     acted("model.max_response_tokens", "rollout length limit"),

@@ -319,6 +319,23 @@ class SynchronizerConfig(ConfigSection):
     sync_timeout: float = Field(3600, gt=0, description="Seconds to wait for a weight sync.")
 
 
+class CriticConfig(ConfigSection):
+    """PPO's value model (`algorithm_type: ppo`; trinity/trainer/critic.py)."""
+
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(lr=1e-5),
+        description="The critic's own AdamW and lr schedule (verl's critic.optim).",
+    )
+    cliprange_value: float = Field(
+        0.5, gt=0, description="Clip of the value update around the values the advantages used."
+    )
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="First train steps that update only the critic (verl's trainer.critic_warmup).",
+    )
+
+
 class TrainerConfig(ConfigSection):
     """The trainer: turns experiences into gradient steps."""
 
@@ -388,6 +405,9 @@ class TrainerConfig(ConfigSection):
         ge=1,
         description="Experiences per optimizer update inside a train step (None = the whole "
         "train batch, one update per step).",
+    )
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig, description="PPO's value model (algorithm_type ppo)."
     )
 
 

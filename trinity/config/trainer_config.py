@@ -48,6 +48,11 @@ VERL_KEYS: dict[str, str] = {
     f"{_ACTOR}.optim.weight_decay": "algorithm.optimizer.weight_decay",
     f"{_ACTOR}.optim.betas": "algorithm.optimizer.betas",
     f"{_ACTOR}.optim.clip_grad": "algorithm.optimizer.clip_grad",
+    "critic.optim.lr": "trainer.critic.optimizer.lr",
+    "critic.optim.lr_warmup_steps": "trainer.critic.optimizer.lr_warmup_steps",
+    "critic.optim.weight_decay": "trainer.critic.optimizer.weight_decay",
+    "critic.cliprange_value": "trainer.critic.cliprange_value",
+    "trainer.critic_warmup": "trainer.critic.warmup_steps",
     "trainer.save_freq": "trainer.save_interval",
     "trainer.max_actor_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
 }

@@ -40,6 +40,7 @@ class Batch:
     old_logprobs: torch.Tensor | None = None  # [B, R]
     ref_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
+    values: torch.Tensor | None = None  # [B, R] the critic's V(s_t) the advantages used
 
     @property
     def has_rollout_logprobs(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +37,20 @@ def save_hf_checkpoint(
     keep: int | None,
     trainer_state: dict[str, Any] | None = None,
     leases: list[int] | None = None,
+    extra_files: Callable[[Path], dict[str, Any]] | None = None,
 ) -> Path:
     """Write `root/global_step_<step>` atomically (with `trainer_state.pt` and the buffer
     `leases` its steps trained, `buffer_leases.json`, when given) and prune to the newest `keep`
-    checkpoints."""
+    checkpoints. `extra_files(folder)` writes more files (the critic's weights) into the folder
+    before it is renamed into place and returns state to add to `trainer_state`."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
     tmp = root / f".global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if extra_files is not None:
+        trainer_state = {**(trainer_state or {}), **extra_files(tmp)}
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER_STATE)
     if leases is not None:

@@ -30,6 +30,7 @@ from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
 from trinity.trainer.batch import Batch, collate, micro_batches
 from trinity.trainer.checkpoint import TRAINER_STATE, save_hf_checkpoint
+from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 
@@ -67,6 +68,10 @@ class Trainer:
         self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
         self.model.train()
         self.model.config.use_cache = False
+        self.critic: Critic | None = None
+        if self.algo.spec.use_critic:
+            critic_path = resolve_model_path(config.model.critic_model_path or model_path)
+            self.critic = Critic(config, critic_path, self.device)
         self.ref_model = None
         if self.algo.use_reference:
             self.ref_model = load_model(path, dtype=tcfg.dtype, device=self.device)
@@ -99,6 +104,8 @@ class Trainer:
         """Build the optimizer and its lr schedule over `total_steps` train steps."""
         opt = self.config.algorithm.optimizer
         self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+        if self.critic is not None:
+            self.critic.plan(total_steps)
 
     def _planned(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         if self.optimizer is None or self.scheduler is None:
@@ -139,6 +146,9 @@ class Trainer:
             if recompute_old:
                 with timers("old_logprob"):
                     batch.old_logprobs = self._logprobs_no_grad(self.model, batch, mbs)
+            if self.critic is not None:
+                with timers("values"):
+                    batch.values = self.critic.values(batch, mbs)
         # 3. advantages
         with timers("advantage"):
             if batch.advantages is None and a.advantage_fn is not None:
@@ -150,13 +160,17 @@ class Trainer:
         trained = batch.response_mask  # before a rejection mask drops tokens
         if correction.enabled:
             metrics.update(self._correct(batch))
-        # 4. updates
+        # 4. updates: the critic toward the returns, then (after its warm-up) the policy
+        if self.critic is not None:
+            with timers("critic"):
+                metrics.update(self.critic.update(batch, mbs, a.loss_agg_mode, self.clip_grad))
         _, scheduler = self._planned()
         lr = scheduler.get_last_lr()[0]  # the lr of every update of this step
-        with timers("update"):
-            update_metrics = self._update(batch, mbs, recompute_old)
-            scheduler.step()
-        metrics.update(update_metrics)
+        if self.critic is None or self.step >= self.critic.warmup_steps:
+            with timers("update"):
+                update_metrics = self._update(batch, mbs, recompute_old)
+                scheduler.step()
+            metrics.update(update_metrics)
         if batch.has_rollout_logprobs and batch.old_logprobs is not None:
             seq = correction.rollout_is == "sequence"
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
@@ -205,6 +219,7 @@ class Trainer:
             token_rewards=token_rewards,
             run_ids=batch.run_ids,
             step_ids=batch.step_ids,
+            values=batch.values,
             logprob=batch.old_logprobs
             if batch.old_logprobs is not None
             else batch.rollout_logprobs,
@@ -355,7 +370,10 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
         }
-        return save_hf_checkpoint(self.model, self.tokenizer, root, step, keep, state, leases)
+        extra = self.critic.save if self.critic is not None else None
+        return save_hf_checkpoint(
+            self.model, self.tokenizer, root, step, keep, state, leases, extra_files=extra
+        )
 
     def resume(self, checkpoint: Path) -> dict[str, Any]:
         """Load weights, optimizer, scheduler and RNG states saved by `save_checkpoint`.
@@ -371,6 +389,8 @@ class Trainer:
         optimizer, scheduler = self._planned()
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load(checkpoint, state)
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
