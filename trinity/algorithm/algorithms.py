@@ -69,6 +69,8 @@ class AlgorithmSpec:
     use_critic: bool = False
     use_rollout: bool = True  # False: consumes an offline dataset (SFT)
     pairwise: bool = False  # rows come in (chosen, rejected) pairs, kept adjacent (DPO)
+    filter_groups: bool = False  # the explorer drops all-equal groups and refills (DAPO)
+    overlong_penalty: bool = False  # soft overlong punishment on the reward (DAPO)
     compute_advantage_in_trainer: bool = True
     default_args: dict = field(default_factory=dict)
     loss_agg_mode: str = "token-mean"
@@ -187,8 +189,8 @@ PPO = register_algorithm(
     )
 )
 # DAPO (arXiv:2503.14476): GRPO's advantage, the decoupled clip ε_low 0.2 / ε_high 0.28, no KL,
-# token-mean over the batch. Its dynamic sampling and overlong penalty are not part of the record
-# (see docs/algorithms.md).
+# token-mean over the batch, dynamic sampling (algorithm.filter_groups) and the soft overlong
+# punishment (algorithm.overlong_penalty).
 DAPO = register_algorithm(
     AlgorithmSpec(
         name="dapo",
@@ -201,6 +203,8 @@ DAPO = register_algorithm(
             "entropy_loss_fn_args": {"entropy_coef": 0.0},
         },
         loss_agg_mode="token-mean",
+        filter_groups=True,
+        overlong_penalty=True,
     )
 )
 # REINFORCE++ (arXiv:2501.03262): discounted token returns with the per-token k1 KL penalty in the
@@ -314,6 +318,15 @@ def lookup_algorithm(name: str) -> AlgorithmSpec:
     if name in NOT_BUILT:
         raise LookupError(f"algorithm_type {name!r} is not built yet: {NOT_BUILT[name]}")
     return ALGORITHM.get(ALIASES.get(name, name))
+
+
+def record_flag(algorithm_config: Any, flag: str) -> bool:
+    """A record's switch (`filter_groups`, `overlong_penalty`) as the config sets it: the
+    section's `enable` when given, else the record's default."""
+    section = getattr(algorithm_config, flag)
+    if section.enable is not None:
+        return bool(section.enable)
+    return bool(getattr(lookup_algorithm(algorithm_config.algorithm_type), flag))
 
 
 def is_pairwise(name: str) -> bool:

@@ -59,9 +59,8 @@ PAPERS: dict[str, Paper] = {
             "loss_agg_mode": "token-mean",
             "optimizer": {"lr": 1e-6},
         },
-        "Dynamic sampling (dropping all-equal groups and sampling more) and the overlong reward "
-        "shaping are not built yet; advantage_fn_args {std_threshold: 0.0} zeroes all-equal "
-        "groups' advantages but keeps their rows in the batch.",
+        "The record turns on dynamic sampling (algorithm.filter_groups) and the soft overlong "
+        "punishment (algorithm.overlong_penalty; the paper's L_cache 4096 of L_max 20480).",
     ),
     "ppo": Paper(
         "Proximal Policy Optimization Algorithms",

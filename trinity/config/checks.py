@@ -122,6 +122,28 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("algorithm.overlong_penalty", "model.max_response_tokens")
+def _overlong_fits(cfg: TrinityConfig) -> Iterator[Problem]:
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, NOT_BUILT, record_flag
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    if name in NOT_BUILT or name not in ALGORITHM.names():
+        return  # reported by the pre-flight pass
+    if not record_flag(cfg.algorithm, "overlong_penalty"):
+        return
+    horizon, buffer_len = cfg.model.max_response_tokens, cfg.algorithm.overlong_penalty.buffer_len
+    if horizon is None:
+        yield Problem(
+            "model.max_response_tokens",
+            "the overlong penalty (algorithm.overlong_penalty) needs L_max: set it",
+        )
+    elif buffer_len is not None and buffer_len > horizon:
+        yield Problem(
+            "algorithm.overlong_penalty.buffer_len",
+            f"{buffer_len} exceeds model.max_response_tokens={horizon}",
+        )
+
+
 @_check("mode", "buffer.explorer_input.eval_tasksets")
 def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
     if cfg.mode == "bench" and not cfg.stages and not cfg.buffer.explorer_input.eval_tasksets:

@@ -240,6 +240,8 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("algorithm.optimizer", "build_optimizer()"),
     acted("algorithm.rollout_correction", "the train step: rollout_correction() weights and mask"),
     acted("trainer.critic", "trinity/trainer/critic.py (algorithm_type ppo)"),
+    acted("algorithm.filter_groups", "Explorer.explore_step drops all-equal groups and refills"),
+    acted("algorithm.overlong_penalty", "the train step: shaping.overlong_penalty on the reward"),
     not_applicable(
         "algorithm.optimizer.optimizer_type", "always AdamW here ('adam' and 'adamw' both name it)"
     ),

@@ -112,6 +112,35 @@ class RolloutCorrectionConfig(ConfigSection):
         return self.rollout_is is not None or self.rollout_rs is not None
 
 
+class FilterGroupsConfig(ConfigSection):
+    """DAPO's dynamic sampling (verl's `algorithm.filter_groups`): the explorer drops tasks whose
+    samples all got the same reward and runs more tasks until the step is full."""
+
+    enable: bool | None = Field(
+        None, description="Drop all-equal groups and refill; None = the algorithm's default."
+    )
+    max_num_gen_batches: int = Field(
+        10,
+        ge=1,
+        description="Tasks tried per step at most this many times batch_size; then the step "
+        "is filled with dropped groups (rollout/filter_exhausted).",
+    )
+
+
+class OverlongPenaltyConfig(ConfigSection):
+    """DAPO's soft overlong punishment (verl's `reward_model.overlong_buffer`): a length
+    penalty added to the reward of responses that enter the last `buffer_len` tokens."""
+
+    enable: bool | None = Field(None, description="None = the algorithm's default.")
+    buffer_len: int | None = Field(
+        None,
+        ge=1,
+        description="L_cache in tokens; None = a fifth of model.max_response_tokens (DAPO's "
+        "4096 of 20480).",
+    )
+    penalty_factor: float = Field(1.0, ge=0, description="The penalty at the full length.")
+
+
 class AlgorithmConfig(ConfigSection):
     """Which RL algorithm runs, and the pieces (advantage, losses, sampling) it is made of."""
 
@@ -167,6 +196,14 @@ class AlgorithmConfig(ConfigSection):
         "token-mean",
         description="How per-token losses become one number: mean over all tokens, or per "
         "sequence (sum or mean over tokens) then mean over sequences.",
+    )
+    filter_groups: FilterGroupsConfig = Field(
+        default_factory=FilterGroupsConfig,
+        description="Dynamic sampling: drop all-equal groups and refill (DAPO).",
+    )
+    overlong_penalty: OverlongPenaltyConfig = Field(
+        default_factory=OverlongPenaltyConfig,
+        description="Soft overlong punishment on the reward (DAPO).",
     )
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=RolloutCorrectionConfig,

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from trinity.algorithm.algorithms import record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
@@ -85,6 +86,11 @@ class Explorer:
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
         self._stream: _Counting | None = None  # the run's task stream, counting what it handed out
+        # DAPO's dynamic sampling: tasks tried per step at most this many times batch_size
+        fg = config.algorithm.filter_groups
+        self.max_gen = (
+            fg.max_num_gen_batches if record_flag(config.algorithm, "filter_groups") else 0
+        )
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -254,7 +260,10 @@ class Explorer:
         kept, counts = await self._run_tasks(tasks, self._train_params, key=key)
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
+        kept, flat = _drop_flat_groups(kept) if self.max_gen else (kept, [])
         while refill is not None and len(kept) < target:
+            if self.max_gen and len(tasks) >= self.max_gen * target:
+                break  # dynamic sampling's budget is spent: fill up with flat groups below
             more = list(itertools.islice(refill, target - len(kept)))
             if not more:
                 break  # the data ran out: a short last step
@@ -267,7 +276,11 @@ class Explorer:
                 key=key,
                 first=base,
             )
-            kept += [(base + i, exps) for i, exps in extra]
+            extra = [(base + i, exps) for i, exps in extra]
+            if self.max_gen:
+                extra, extra_flat = _drop_flat_groups(extra)
+                flat += extra_flat
+            kept += extra
             counts = {k: counts[k] + extra_counts[k] for k in counts}
             if counts["failed_tasks"] > budget:
                 raise WorkflowFailed(
@@ -275,6 +288,12 @@ class Explorer:
                     "their replacements, more than explorer.max_failure_fraction="
                     f"{self.cfg.explorer.max_failure_fraction} of the step's {target}"
                 )
+        if self.max_gen:
+            counts["filtered_groups"] = float(len(flat))
+            counts["sampled_tasks"] = float(len(tasks))
+            short = max(0, target - len(kept))
+            counts["filter_exhausted"] = float(short > 0 and len(flat) > 0)
+            kept += flat[:short]  # the step keeps its size: the trainer reads a fixed count
         experiences: list[Experience] = []
         for pos, (i, exps) in enumerate(kept):
             task = tasks[i]
@@ -536,6 +555,21 @@ class Explorer:
         for e in self.engines:
             ray.kill(e)
         self.engines = []
+
+
+def _drop_flat_groups(
+    kept: list[tuple[int, list[Experience]]],
+) -> tuple[list[tuple[int, list[Experience]]], list[tuple[int, list[Experience]]]]:
+    """(tasks whose samples' rewards differ, tasks whose samples all got the same reward).
+
+    DAPO's dynamic sampling: a group whose rewards are all equal has zero advantage under any
+    group baseline and only dilutes the batch. A task with a single sample is kept (it is not a
+    group). Rewards are compared exactly, as the advantage fns' flat-group test."""
+    informative, flat = [], []
+    for item in kept:
+        rewards = {e.reward for e in item[1]}
+        (flat if len(item[1]) > 1 and len(rewards) == 1 else informative).append(item)
+    return informative, flat
 
 
 def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, float]:

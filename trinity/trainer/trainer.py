@@ -21,8 +21,10 @@ from typing import Any
 import torch
 
 from trinity.algorithm import Aggregator, resolve_algorithm
+from trinity.algorithm.algorithms import record_flag
 from trinity.algorithm.correction import mismatch_metrics, rollout_correction
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
+from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
 from trinity.config.resolved import effective_config
@@ -99,6 +101,15 @@ class Trainer:
                 "(its fixed horizon L, in tokens)"
             )
         self.norm_length = float(horizon) if horizon is not None else None
+        # DAPO's soft overlong punishment: (L_max, L_cache, factor), or None when off
+        self.overlong: tuple[int, int, float] | None = None
+        if record_flag(config.algorithm, "overlong_penalty"):
+            ocfg = config.algorithm.overlong_penalty
+            if horizon is None:
+                raise ValueError(
+                    "algorithm.overlong_penalty needs model.max_response_tokens (L_max)"
+                )
+            self.overlong = (horizon, ocfg.buffer_len or max(1, horizon // 5), ocfg.penalty_factor)
 
     def plan(self, total_steps: int) -> None:
         """Build the optimizer and its lr schedule over `total_steps` train steps."""
@@ -152,6 +163,11 @@ class Trainer:
         # 3. advantages
         with timers("advantage"):
             if batch.advantages is None and a.advantage_fn is not None:
+                if self.overlong is not None:
+                    lengths = batch.valid_mask.sum(dim=1)
+                    penalty = overlong_penalty(lengths, *self.overlong)
+                    batch.rewards = batch.rewards + penalty
+                    metrics["train/overlong_penalty_mean"] = float(penalty.mean())
                 inp, kl_m = self._advantage_input(batch)
                 metrics.update({f"train/{k}": v for k, v in kl_m.items()})
                 batch.advantages, batch.returns = a.advantage_fn(inp, **a.advantage_fn_args)
