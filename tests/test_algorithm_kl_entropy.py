@@ -162,3 +162,37 @@ def test_entropy_loss_by_hand() -> None:
     close(entropy.grad, [[-0.0025] * 2] * 2)
     loss, m = ENTROPY_LOSS_FN.get("none")(entropy, mask, agg=TOKEN_MEAN)
     assert float(loss) == 0.0 and m == {}
+
+
+def test_adaptive_kl_controller_by_hand() -> None:
+    from trinity.algorithm.kl_controller import AdaptiveKLController
+
+    c = AdaptiveKLController(0.1, target_kl=0.5, horizon=100)
+    c.update(1.0, n_steps=10)  # KL twice the target: e = clip(1.0, ±0.2) = 0.2 → β·(1 + 0.02)
+    assert c.value == pytest.approx(0.102)
+    c.update(0.45, n_steps=10)  # e = 0.45/0.5 - 1 = -0.1 → β·(1 - 0.01)
+    assert c.value == pytest.approx(0.102 * 0.99)
+    with pytest.raises(ValueError, match="target_kl"):
+        AdaptiveKLController(0.1, target_kl=0.0, horizon=100)
+
+
+def test_trainer_adapts_the_penalty_coefficient(tmp_path, tiny_model_dir) -> None:
+    from test_trainer import experiences, make_config
+    from transformers import AutoModelForCausalLM
+
+    from trinity.trainer.trainer import Trainer
+
+    cfg = make_config(
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=6,
+        algo="kl_loss_fn: none, kl_penalty_fn: k1, kl_penalty_fn_args: {kl_coef: 0.05}, "
+        "kl_ctrl: {type: adaptive, target_kl: 1000.0, horizon: 12}",
+    )  # fmt: skip
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=3)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    m = trainer.train_step(experiences(vocab))
+    # the engine's logprobs (random) are far from the reference's, yet far below the target
+    # 1000: e = -0.2 (clipped), 6 samples over a horizon of 12 → β·(1 - 0.1)
+    assert m["train/kl_coef"] == pytest.approx(0.05)  # the step used the starting β
+    assert trainer.kl_ctrl is not None and trainer.kl_ctrl.value == pytest.approx(0.045)
+    m = trainer.train_step(experiences(vocab))
+    assert m["train/kl_coef"] == pytest.approx(0.045)

@@ -122,6 +122,23 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("algorithm.kl_ctrl", "algorithm.kl_penalty_fn")
+def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    algo = cfg.algorithm
+    if algo.kl_ctrl.type != "adaptive":
+        return
+    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
+    record = ALGORITHM.get(name).kl_penalty_fn if name in ALGORITHM.names() else None
+    if (algo.kl_penalty_fn or record) in (None, "none"):
+        yield Problem(
+            "algorithm.kl_ctrl.type",
+            "'adaptive' steers the KL reward penalty's coefficient: set algorithm.kl_penalty_fn "
+            "(e.g. k1) with kl_penalty_fn_args.kl_coef as its starting value",
+        )
+
+
 @_check("algorithm.overlong_penalty", "model.max_response_tokens")
 def _overlong_fits(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import ALGORITHM, ALIASES, NOT_BUILT, record_flag

@@ -240,6 +240,7 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("algorithm.optimizer", "build_optimizer()"),
     acted("algorithm.rollout_correction", "the train step: rollout_correction() weights and mask"),
     acted("trainer.critic", "trinity/trainer/critic.py (algorithm_type ppo)"),
+    acted("algorithm.kl_ctrl", "the train step: AdaptiveKLController sets the penalty's kl_coef"),
     acted("algorithm.filter_groups", "Explorer.explore_step drops all-equal groups and refills"),
     acted("algorithm.overlong_penalty", "the train step: shaping.overlong_penalty on the reward"),
     not_applicable(

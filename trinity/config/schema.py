@@ -112,6 +112,20 @@ class RolloutCorrectionConfig(ConfigSection):
         return self.rollout_is is not None or self.rollout_rs is not None
 
 
+class KLControlConfig(ConfigSection):
+    """The KL reward penalty's coefficient over training (verl's `algorithm.kl_ctrl`); the
+    starting value is `kl_penalty_fn_args.kl_coef`."""
+
+    type: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="'fixed' keeps kl_coef; 'adaptive' steers the measured KL to target_kl.",
+    )
+    target_kl: float = Field(0.1, gt=0, description="The KL per token the controller aims at.")
+    horizon: int = Field(
+        10000, ge=1, description="Samples over which β may change by the full ±20% step."
+    )
+
+
 class FilterGroupsConfig(ConfigSection):
     """DAPO's dynamic sampling (verl's `algorithm.filter_groups`): the explorer drops tasks whose
     samples all got the same reward and runs more tasks until the step is full."""
@@ -196,6 +210,10 @@ class AlgorithmConfig(ConfigSection):
         "token-mean",
         description="How per-token losses become one number: mean over all tokens, or per "
         "sequence (sum or mean over tokens) then mean over sequences.",
+    )
+    kl_ctrl: KLControlConfig = Field(
+        default_factory=KLControlConfig,
+        description="Fixed or adaptive coefficient of the KL reward penalty.",
     )
     filter_groups: FilterGroupsConfig = Field(
         default_factory=FilterGroupsConfig,

@@ -53,6 +53,10 @@ VERL_KEYS: dict[str, str] = {
     "critic.optim.weight_decay": "trainer.critic.optimizer.weight_decay",
     "critic.cliprange_value": "trainer.critic.cliprange_value",
     "trainer.critic_warmup": "trainer.critic.warmup_steps",
+    "algorithm.kl_ctrl.type": "algorithm.kl_ctrl.type",
+    "algorithm.kl_ctrl.target_kl": "algorithm.kl_ctrl.target_kl",
+    "algorithm.kl_ctrl.horizon": "algorithm.kl_ctrl.horizon",
+    "algorithm.kl_ctrl.kl_coef": "algorithm.kl_penalty_fn_args.kl_coef",
     "trainer.save_freq": "trainer.save_interval",
     "trainer.max_actor_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
 }

@@ -24,6 +24,7 @@ from trinity.algorithm import Aggregator, resolve_algorithm
 from trinity.algorithm.algorithms import record_flag
 from trinity.algorithm.correction import mismatch_metrics, rollout_correction
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
+from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
@@ -101,6 +102,14 @@ class Trainer:
                 "(its fixed horizon L, in tokens)"
             )
         self.norm_length = float(horizon) if horizon is not None else None
+        # the KL reward penalty's coefficient, adapted per step (algorithm.kl_ctrl)
+        self.kl_ctrl: AdaptiveKLController | None = None
+        kc = config.algorithm.kl_ctrl
+        if kc.type == "adaptive":
+            if self.algo.spec.kl_penalty_fn == "none":
+                raise ValueError("algorithm.kl_ctrl type 'adaptive' needs a kl_penalty_fn")
+            init = self.algo.kl_penalty_fn_args.get("kl_coef", 0.001)
+            self.kl_ctrl = AdaptiveKLController(init, kc.target_kl, kc.horizon)
         # DAPO's soft overlong punishment: (L_max, L_cache, factor), or None when off
         self.overlong: tuple[int, int, float] | None = None
         if record_flag(config.algorithm, "overlong_penalty"):
@@ -219,13 +228,14 @@ class Trainer:
         token_rewards = outcome_tokens if own is None else own * mask
         kl_m: dict[str, float] = {}
         if batch.ref_logprobs is not None:
+            args = dict(a.kl_penalty_fn_args)
+            if self.kl_ctrl is not None:
+                args["kl_coef"] = self.kl_ctrl.value
             token_rewards, kl_m = a.kl_penalty_fn(
-                token_rewards,
-                batch.rollout_logprobs,
-                batch.ref_logprobs,
-                mask,
-                **a.kl_penalty_fn_args,
+                token_rewards, batch.rollout_logprobs, batch.ref_logprobs, mask, **args
             )
+            if self.kl_ctrl is not None:  # steer β by this step's KL
+                self.kl_ctrl.update(kl_m.get("kl_penalty", 0.0), n_steps=len(batch))
         # a row with no trained token has no token reward to sum: it keeps its outcome reward
         rewards = torch.where(trained, (token_rewards * mask).sum(dim=1), batch.rewards)  # [B]
         inp = AdvantageInput(
@@ -383,6 +393,7 @@ class Trainer:
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
         }
@@ -407,6 +418,8 @@ class Trainer:
         scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load(checkpoint, state)
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = float(state["kl_coef"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
