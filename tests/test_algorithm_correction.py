@@ -139,8 +139,9 @@ def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> Non
         mask = torch.ones(1, 1, dtype=torch.bool)
         agg = Aggregator("token-mean")
         fn = POLICY_LOSS_FN.get(name)
-        plain, _ = fn(PolicyLossInput(lp, old, adv, mask), agg=agg)
-        weighted, _ = fn(PolicyLossInput(lp, old, adv * w, mask), agg=agg)
+        no_expert = torch.zeros(1, dtype=torch.bool)  # mix losses read it: all rollouts
+        plain, _ = fn(PolicyLossInput(lp, old, adv, mask, expert_mask=no_expert), agg=agg)
+        weighted, _ = fn(PolicyLossInput(lp, old, adv * w, mask, expert_mask=no_expert), agg=agg)
         close(weighted, w * plain)
 
 

@@ -23,6 +23,7 @@ from trinity.algorithm import (
     resolve_algorithm,
 )
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput
+from trinity.algorithm.sample_strategy import SampleContext
 from trinity.common.experience import EID
 from trinity.common.registry import RegistryError
 
@@ -156,7 +157,10 @@ def test_every_piece_follows_its_kinds_signature() -> None:
         adv, ret = ADVANTAGE_FN.get(name)(inp)
         assert adv.shape == ret.shape == (b, t)
     for name in POLICY_LOSS_FN:
-        inp = PolicyLossInput(lp, lp.detach(), torch.randn(b, t), mask, -torch.rand(b, t), ref)
+        inp = PolicyLossInput(
+            lp, lp.detach(), torch.randn(b, t), mask, -torch.rand(b, t), ref,
+            expert_mask=torch.tensor([False, True, False, True]),
+        )  # fmt: skip
         loss, m = POLICY_LOSS_FN.get(name)(inp, agg=agg)
         assert loss.shape == () and all(isinstance(v, float) for v in m.values())
     for name in KL_LOSS_FN:
@@ -173,6 +177,7 @@ def test_every_piece_follows_its_kinds_signature() -> None:
         SimpleNamespace(eid=EID(task=0), reward=1.0),
         SimpleNamespace(eid=EID(task=1), reward=None),
     ]
+    ctx = SampleContext(step=1, auxiliary={"sft_dataset": lambda n: []})
     for name in SAMPLE_STRATEGY:
-        out = SAMPLE_STRATEGY.get(name)(items)
+        out = SAMPLE_STRATEGY.get(name)(items, ctx)
         assert out == items and out is not items

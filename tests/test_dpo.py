@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_e2e import ROOT, run_trinity
 
-from trinity.algorithm.sample_strategy import best_of_group
+from trinity.algorithm.sample_strategy import SampleContext, best_of_group
 from trinity.common.experience import EID, ExperienceKind
 from trinity.config import load_config
 from trinity.tasks import TasksetError, load_taskset
@@ -142,7 +142,7 @@ def test_micro_batches_keep_pairs_together() -> None:
         SimpleNamespace(
             tokens=torch.arange(2 + n), prompt_length=2, response_length=n, logprobs=None,
             action_mask=torch.ones(n, dtype=torch.bool), reward=None, token_level_reward=None,
-            advantages=None, eid=EID(task=i // 2, run=i % 2),
+            advantages=None, eid=EID(task=i // 2, run=i % 2), info={},
         )
         for i, n in enumerate([1, 3, 2, 2, 5, 1])
     ]  # fmt: skip
@@ -162,9 +162,11 @@ def test_best_of_group_keeps_each_tasks_best() -> None:
         return SimpleNamespace(eid=EID(task=task, run=run), reward=reward)
 
     exps = [e(0, 0, 0.0), e(1, 0, 1.0), e(0, 1, 1.0), e(0, 2, 1.0), e(1, 1, 0.5), e(2, 0, None)]
-    picked = best_of_group(exps)
+    picked = best_of_group(exps, SampleContext())
     assert [(x.eid.task, x.eid.run) for x in picked] == [(0, 1), (1, 0), (2, 0)]  # first of ties
-    assert [(x.eid.task, x.eid.run) for x in best_of_group(exps, min_reward=1.0)] == [
+    assert [
+        (x.eid.task, x.eid.run) for x in best_of_group(exps, SampleContext(), min_reward=1.0)
+    ] == [
         (0, 1),
         (1, 0),
     ]

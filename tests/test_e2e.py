@@ -37,6 +37,22 @@ def run_trinity(
     )
 
 
+# an auxiliary SFT buffer beside the run's experience queue (expert rows for algorithm mix)
+AUXILIARY = (
+    "    auxiliary_buffers:\n"
+    "      sft_dataset: {storage_type: synthetic, path: arithmetic,\n"
+    "        generator_args: {digits: 1, num_tasks: 30, seed: 1},\n"
+    "        format: {prompt_key: question, response_key: answer}}\n"
+)
+
+
+def with_auxiliary(cfg: Path) -> Path:
+    """`cfg` (a `grpo_config`) with the AUXILIARY buffer added to its trainer input."""
+    anchor = "  trainer_input:\n"
+    cfg.write_text(cfg.read_text().replace(anchor, anchor + AUXILIARY, 1))
+    return cfg
+
+
 def grpo_config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(
@@ -142,7 +158,7 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
     stages = "".join(
         f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}}}}}\n" for n in names
     )
-    cfg = grpo_config(tmp_path, tiny_model_dir, "stages:\n" + stages)
+    cfg = with_auxiliary(grpo_config(tmp_path, tiny_model_dir, "stages:\n" + stages))
     r = run_trinity(
         cfg, timeout=600,
         overrides=["buffer.total_steps=2", "explorer.eval_interval=0",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -297,11 +297,39 @@ DPO = register_algorithm(
     )
 )
 
+# Mixed SFT + RL (Trinity-RFT's mix, after LUFFY arXiv:2504.14945; CHORD arXiv:2508.11408):
+# rollouts with GRPO's advantage plus expert rows from an auxiliary SFT buffer, one loss each.
+MIX = register_algorithm(
+    AlgorithmSpec(
+        name="mix",
+        advantage_fn="grpo",
+        policy_loss_fn="mix",
+        sample_strategy="mix",
+        entropy_loss_fn="mix",
+        default_args={
+            "policy_loss_fn_args": {"mu": 0.1, "clip_range": 0.2},
+            "sample_strategy_args": {"expert_data_ratio": 0.5, "sft_dataset_name": "sft_dataset"},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
+MIX_CHORD = register_algorithm(
+    dataclasses.replace(
+        MIX,
+        name="mix_chord",
+        policy_loss_fn="mix_chord",
+        default_args={
+            **MIX.default_args,
+            "policy_loss_fn_args": {"mu_warmup_steps": 0, "mu_decay_steps": 0, "mu_peak": 0.1,
+                                    "mu_valley": 0.1, "enable_phi_function": True,
+                                    "clip_range": 0.2},
+        },
+    )
+)  # fmt: skip
+
 # Trinity-RFT algorithm names refused until what they need is built (validate and run say why).
 NOT_BUILT: dict[str, str] = {
     "remax": "ReMax needs a greedy baseline rollout per task from the explorer, not built yet",
-    "mix": "mixed SFT + RL needs buffer.trainer_input.auxiliary_buffers, not built yet",
-    "mix_chord": "CHORD needs buffer.trainer_input.auxiliary_buffers, not built yet",
     "on_policy_distill": "on-policy distillation needs a teacher served as an auxiliary model "
     "(explorer.auxiliary_models), not built yet; the advantage fn on_policy_distill is",
     "asymre": "the asymre advantage is not built yet",
@@ -445,13 +473,14 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
     return ResolvedAlgorithm(spec=spec, use_reference=use_reference, loss_agg_mode=mode, **fns)
 
 
-def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
+def value_problems(r: ResolvedAlgorithm, auxiliary: Iterable[str] = ()) -> list[tuple[str, str]]:
     """(piece, message) for every piece that refuses its arguments' values (`sapo` with
     tau_neg <= 0, `ppo` with clip_ratio_c <= 1, an unknown `reinforce` baseline, ...).
 
-    Each piece is called once on a two-row, two-token batch with its merged arguments, so a value check
-    a piece makes at its first train step is made before anything starts instead. The sample
-    strategy takes experiences, not tensors, and is not called.
+    Each piece is called once on a two-row, two-token batch with its merged arguments, so a
+    value check a piece makes at its first train step is made before anything starts. The sample
+    strategy is called on one experience, with readers (returning nothing) for the config's
+    `auxiliary` buffer names, so a strategy that names a missing buffer is refused too.
     """
     import torch
 
@@ -464,7 +493,7 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
     mask, agg = torch.ones(2, 2, dtype=torch.bool), Aggregator(r.loss_agg_mode, norm_length=2.0)
     loss_inp = PolicyLossInput(
         lp, ref, torch.ones(2, 2), mask, rollout_logprob=ref,
-        ref_logprob=ref if r.use_reference else None,
+        ref_logprob=ref if r.use_reference else None, expert_mask=torch.tensor([False, True]),
     )  # fmt: skip
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("policy_loss_fn", lambda: r.policy_loss_fn(loss_inp, agg=agg, **r.policy_loss_fn_args)),
@@ -482,6 +511,12 @@ def value_problems(r: ResolvedAlgorithm) -> list[tuple[str, str]]:
             ref_logprob=ref if r.use_reference else None,
         )  # fmt: skip
         calls.append(("advantage_fn", lambda: advantage_fn(adv_inp, **r.advantage_fn_args)))
+    from trinity.algorithm.sample_strategy import SampleContext
+    from trinity.common.experience import Experience
+
+    one = [Experience(tokens=torch.tensor([1, 2]), prompt_length=1, reward=1.0)]
+    ctx = SampleContext(auxiliary={name: lambda n: [] for name in auxiliary})
+    calls.append(("sample_strategy", lambda: r.sample_strategy(one, ctx, **r.sample_strategy_args)))
     problems = []
     for piece, call in calls:
         try:

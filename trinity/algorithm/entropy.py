@@ -53,6 +53,11 @@ def entropy_loss(
     return -entropy_coef * ent, {"entropy": float(ent.detach())}
 
 
+# Trinity-RFT's `mix`: the entropy bonus of the rollouts only; the trainer leaves expert rows
+# out of every entropy term, so it is the default bonus
+ENTROPY_LOSS_FN.register("mix")(entropy_loss)
+
+
 @ENTROPY_LOSS_FN.register("none")
 def no_entropy_loss(
     entropy: Tensor, action_mask: Tensor, *, agg: Aggregator

@@ -15,7 +15,9 @@ that needs it raises a ValueError naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -55,6 +57,7 @@ _SOURCES = {
     "uses one, loads it)",
     "rollout_logprob": "the engine's (offline data has none)",
     "logprob": "the old policy's or the engine's",
+    "expert_mask": "rows from an expert buffer (sample_strategy: mix)",
 }
 
 
@@ -147,6 +150,12 @@ class PolicyLossInput:
         rollout_logprob: [B, T] the engine's logprobs of the sampled tokens (the behaviour
             policy), or None where the batch has none (offline data).
         ref_logprob: [B, T] log π_ref, or None without a reference model.
+        expert_mask: [B] bool, rows from an expert (SFT) buffer (`sample_strategy: mix`), or
+            None when the batch has none.
+        part_aggs: with `expert_mask`, aggregators of the "usual" and the "expert" rows alone,
+            each with the whole (mini-)batch's counts of its part, so a loss that treats the
+            parts apart stays exact under gradient accumulation.
+        step: the train step (1-based), for losses with a schedule (CHORD's μ).
     """
 
     logprob: Tensor
@@ -155,6 +164,9 @@ class PolicyLossInput:
     action_mask: Tensor
     rollout_logprob: Tensor | None = None
     ref_logprob: Tensor | None = None
+    expert_mask: Tensor | None = None
+    part_aggs: Mapping[str, Any] = field(default_factory=dict)
+    step: int = 1
 
     def core(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(logprob, old_logprob, advantages, action_mask): what every loss reads."""

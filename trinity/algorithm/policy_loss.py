@@ -38,6 +38,8 @@ POLICY_LOSS_FN: Registry = Registry(
         "geo_mean": "trinity.algorithm.losses.gmpo",
         "gmpo": "trinity.algorithm.losses.gmpo",
         "dpo": "trinity.algorithm.losses.dpo",
+        "mix": "trinity.algorithm.losses.mix",
+        "mix_chord": "trinity.algorithm.losses.mix",
     },
 )
 

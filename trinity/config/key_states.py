@@ -282,7 +282,10 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("buffer.explorer_input.default_eval_workflow_type", "workflow of eval tasks"),
     acted("buffer.explorer_input.default_reward_fn_type", "reward of tasks that name none"),
     *_storage_entries(),
-    not_built("buffer.trainer_input.auxiliary_buffers", "auxiliary buffers (mixed SFT + RL)"),
+    acted(
+        "buffer.trainer_input.auxiliary_buffers",
+        "sft_data.AuxiliaryReader: expert rows for sample_strategy mix",
+    ),
     # explorer
     not_applicable("explorer.name", "Ray actor name; actors are unnamed here"),
     acted("explorer.runner_per_model", "concurrent workflow runs per engine"),

@@ -85,7 +85,8 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
     report.problems += not_built_problems(cfg)
     report.notes += not_applicable_notes(cfg)
     # 2. and 3.
-    report.problems += _algorithm_problems(cfg.algorithm)
+    auxiliary = list(cfg.buffer.trainer_input.auxiliary_buffers or {})
+    report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
     report.problems += _staleness_problems(cfg)
     # 4.
     report.problems += _model_problems(cfg)
@@ -211,7 +212,7 @@ def _args_problems(
     ]
 
 
-def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
+def _algorithm_problems(algo: AlgorithmConfig, auxiliary: list[str] | None = None) -> list[Problem]:
     """algorithm_type, every piece name and every `<piece>_args` key (as `resolve_algorithm`)."""
     from trinity.algorithm.algorithms import (
         ALGORITHM,
@@ -272,7 +273,7 @@ def _algorithm_problems(algo: AlgorithmConfig) -> list[Problem]:
         else:  # argument values a piece refuses when first called
             problems += [
                 Problem(f"algorithm.{piece}_args", f"{getattr(resolved.spec, piece)!r}: {msg}")
-                for piece, msg in value_problems(resolved)
+                for piece, msg in value_problems(resolved, auxiliary or [])
             ]
     return problems
 

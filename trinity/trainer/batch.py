@@ -34,6 +34,7 @@ class Batch:
     run_ids: torch.Tensor  # [B] long: the episode within its group (EID.run)
     step_ids: torch.Tensor  # [B] long: the turn within its episode (EID.step)
     rollout_known: torch.Tensor  # [B] bool: the row came with engine logprobs
+    expert_mask: torch.Tensor  # [B] bool: the row comes from an expert buffer (mix)
     token_rewards: torch.Tensor | None = None  # [B, R], a workflow's token-level rewards
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
@@ -86,6 +87,8 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
     run_ids = torch.tensor([e.eid.run for e in experiences], dtype=torch.long)
     step_ids = torch.tensor([e.eid.step for e in experiences], dtype=torch.long)
     rollout_known = torch.tensor([e.logprobs is not None for e in experiences], dtype=torch.bool)
+    expert = [bool(e.info.get("is_expert", False)) for e in experiences]
+    expert_mask = torch.tensor(expert, dtype=torch.bool)
     has_token_rewards = any(e.token_level_reward is not None for e in experiences)
     token_rewards = torch.zeros((b, r), dtype=torch.float32) if has_token_rewards else None
     has_adv = all(e.advantages is not None for e in experiences)
@@ -127,9 +130,24 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         run_ids=run_ids,
         step_ids=step_ids,
         rollout_known=rollout_known,
+        expert_mask=expert_mask,
         token_rewards=token_rewards,
         advantages=advantages,
     )
+
+
+def scatter_rows(
+    batch: Batch, rows: torch.Tensor, *parts: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Each of `parts` ([n, R'], computed on `batch.select(rows)`) placed back at its rows of a
+    zero [B, R] tensor."""
+    out = []
+    index = rows.nonzero().flatten()
+    for part in parts:
+        full = torch.zeros(batch.response_mask.shape, dtype=part.dtype)
+        full[index, : part.shape[1]] = part
+        out.append(full)
+    return tuple(out)
 
 
 def micro_batches(

@@ -16,6 +16,7 @@ reply (`algorithm.AlgorithmSpec.pairwise`): adjacent rows in every train batch.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,8 +124,11 @@ class DatasetSource:
     one SFT experience per row, or (`pairwise`, DPO) a [chosen, rejected] pair per row, a batch
     being `batch_size` rows (2 × batch_size experiences for pairs, each pair adjacent)."""
 
-    def __init__(self, config: Any, tokenizer: Any, pairwise: bool = False) -> None:
-        storage = config.buffer.trainer_input.experience_buffer
+    def __init__(
+        self, config: Any, tokenizer: Any, pairwise: bool = False, storage: Any = None
+    ) -> None:
+        """`storage`: the dataset to read; None = `buffer.trainer_input.experience_buffer`."""
+        storage = storage or config.buffer.trainer_input.experience_buffer
         tasks = load_taskset(
             storage,
             is_eval=False,
@@ -157,3 +161,36 @@ class DatasetSource:
         """The next batch, or None when the epochs are done (`n` is fixed by the config)."""
         batch = next(self._iter, None)
         return None if batch is None else [e for row in batch for e in row]
+
+
+class AuxiliaryReader:
+    """An auxiliary SFT buffer (`buffer.trainer_input.auxiliary_buffers.<name>`) read n rows at
+    a time, cycling over the rows in its selector's order, epoch after epoch; what
+    `sample_strategy: mix` draws expert rows from. A resumed run starts its cycle anew."""
+
+    def __init__(self, config: Any, storage: Any, tokenizer: Any) -> None:
+        self.rows = DatasetSource(config, tokenizer, storage=storage).rows
+        if not self.rows:
+            raise ValueError(f"auxiliary buffer {storage.name!r} has no rows")
+        self._selector = make_selector(storage.data_selector, config.seed)
+        self._stream = self._cycle()
+
+    def _cycle(self) -> Iterator[list[Experience]]:
+        while True:
+            for batch in self._selector.batches(self.rows, 1, 1):
+                yield from batch
+
+    def __call__(self, n: int) -> list[Experience]:
+        """The next `n` rows' experiences (fresh copies: a strategy may mark them)."""
+        out = []
+        for _ in range(n):
+            for e in next(self._stream):
+                out.append(copy.copy(e))
+                out[-1].info = dict(e.info)
+        return out
+
+
+def auxiliary_readers(config: Any, tokenizer: Any) -> dict[str, AuxiliaryReader]:
+    """A reader per `buffer.trainer_input.auxiliary_buffers` entry, by name."""
+    buffers = config.buffer.trainer_input.auxiliary_buffers or {}
+    return {name: AuxiliaryReader(config, s, tokenizer) for name, s in buffers.items()}

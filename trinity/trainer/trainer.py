@@ -25,17 +25,19 @@ from trinity.algorithm.algorithms import record_flag
 from trinity.algorithm.correction import mismatch_metrics, rollout_correction
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.algorithm.kl_controller import AdaptiveKLController
+from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
 from trinity.config.resolved import effective_config
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
-from trinity.trainer.batch import Batch, collate, micro_batches
+from trinity.trainer.batch import Batch, collate, micro_batches, scatter_rows
 from trinity.trainer.checkpoint import TRAINER_STATE, save_hf_checkpoint
 from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
+from trinity.trainer.sft_data import auxiliary_readers
 
 # metrics computed through the Aggregator (global counts), so micro-batch values sum to the total
 ADDITIVE_METRICS = frozenset(
@@ -71,6 +73,8 @@ class Trainer:
         self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
         self.model.train()
         self.model.config.use_cache = False
+        # buffer.trainer_input.auxiliary_buffers: readers a sample strategy may draw from
+        self.auxiliary = auxiliary_readers(config, self.tokenizer)
         self.critic: Critic | None = None
         if self.algo.spec.use_critic:
             critic_path = resolve_model_path(config.model.critic_model_path or model_path)
@@ -148,7 +152,8 @@ class Trainer:
         a = self.algo
         tcfg = self.config.trainer
         # 1. sample and collate
-        experiences = a.sample_strategy(experiences, **a.sample_strategy_args)
+        ctx = SampleContext(step=self.step + 1, auxiliary=self.auxiliary)
+        experiences = a.sample_strategy(experiences, ctx, **a.sample_strategy_args)
         batch = collate(experiences, self.pad_id)
         mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget(), self.unit)
         correction = self.config.algorithm.rollout_correction
@@ -177,9 +182,16 @@ class Trainer:
                     penalty = overlong_penalty(lengths, *self.overlong)
                     batch.rewards = batch.rewards + penalty
                     metrics["train/overlong_penalty_mean"] = float(penalty.mean())
-                inp, kl_m = self._advantage_input(batch)
+                usual = batch if not batch.expert_mask.any() else batch.select(~batch.expert_mask)
+                inp, kl_m = self._advantage_input(usual)
                 metrics.update({f"train/{k}": v for k, v in kl_m.items()})
-                batch.advantages, batch.returns = a.advantage_fn(inp, **a.advantage_fn_args)
+                adv, ret = a.advantage_fn(inp, **a.advantage_fn_args)
+                if usual is not batch:  # expert rows (mix) carry no advantage
+                    batch.advantages, batch.returns = scatter_rows(
+                        batch, ~batch.expert_mask, adv, ret
+                    )
+                else:
+                    batch.advantages, batch.returns = adv, ret
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
         trained = batch.response_mask  # before a rejection mask drops tokens
@@ -279,7 +291,6 @@ class Trainer:
     def _update(
         self, batch: Batch, mbs: list[torch.Tensor], recompute_old: bool
     ) -> dict[str, float]:
-        a = self.algo
         optimizer, _ = self._planned()
         b = len(batch)
         mini = -(-(self.mini_batch_size or b) // self.unit) * self.unit  # whole pairs
@@ -291,12 +302,14 @@ class Trainer:
             for m0 in range(0, b, mini):
                 rows = torch.arange(m0, min(m0 + mini, b))
                 mini_batch = batch.select(rows)
-                agg = Aggregator(
-                    a.loss_agg_mode,
-                    num_tokens=float(mini_batch.response_mask.sum()),
-                    num_seqs=float(len(mini_batch)),
-                    norm_length=self.norm_length,  # model.max_response_tokens
-                )
+                mask, expert = mini_batch.response_mask, mini_batch.expert_mask
+                agg = self._aggregator(mask, len(mini_batch))
+                part_aggs = None
+                if expert.any():  # each part over its own counts
+                    part_aggs = {
+                        "usual": self._aggregator(mask & ~expert[:, None], int((~expert).sum())),
+                        "expert": self._aggregator(mask & expert[:, None], int(expert.sum())),
+                    }
                 parts = micro_batches(
                     mini_batch,
                     self.config.trainer.micro_batch_size_per_gpu,
@@ -307,7 +320,7 @@ class Trainer:
                 n_tok = max(float(mini_batch.response_mask.sum()), 1.0)
                 for idx in parts:
                     mb = mini_batch.select(idx)
-                    m = self._micro_step(mb, agg, recompute_old)
+                    m = self._micro_step(mb, agg, recompute_old, part_aggs)
                     if not recompute_old:
                         assert mb.old_logprobs is not None
                         batch.old_logprobs[idx, : mb.old_logprobs.shape[1]] = mb.old_logprobs
@@ -325,8 +338,15 @@ class Trainer:
                 n_updates += 1
         return {k: v / n_updates for k, v in sums.items()}
 
-    def _micro_step(self, mb: Batch, agg: Aggregator, recompute_old: bool) -> dict[str, float]:
-        """Forward, loss parts, backward for one micro-batch. Losses are pre-scaled by `agg`."""
+    def _micro_step(
+        self,
+        mb: Batch,
+        agg: Aggregator,
+        recompute_old: bool,
+        part_aggs: dict[str, Aggregator] | None = None,
+    ) -> dict[str, float]:
+        """Forward, loss parts, backward for one micro-batch. Losses are pre-scaled by `agg`
+        (`part_aggs`: the usual and expert rows' own aggregators, when the batch mixes them)."""
         a = self.algo
         logprob, entropy = response_logprobs(self.model, mb, self.config.trainer.logprob_chunk_size)
         mask = mb.response_mask
@@ -341,12 +361,20 @@ class Trainer:
             action_mask=mask,
             rollout_logprob=mb.rollout_logprobs if mb.has_rollout_logprobs else None,
             ref_logprob=mb.ref_logprobs,
+            expert_mask=mb.expert_mask if part_aggs else None,
+            part_aggs=part_aggs or {},
+            step=self.step + 1,
         )
         pg_loss, pg_m = a.policy_loss_fn(inp, agg=agg, **a.policy_loss_fn_args)
         loss = pg_loss
         metrics = {f"train/{k}": v for k, v in pg_m.items()}
-        if entropy is not None:
-            ent_loss, ent_m = a.entropy_loss_fn(entropy, mask, agg=agg, **a.entropy_loss_fn_args)
+        if entropy is not None:  # the policy's own samples: expert rows are not explored
+            ent_mask, ent_agg = mask, agg
+            if part_aggs:
+                ent_mask, ent_agg = mask & ~mb.expert_mask[:, None], part_aggs["usual"]
+            ent_loss, ent_m = a.entropy_loss_fn(
+                entropy, ent_mask, agg=ent_agg, **a.entropy_loss_fn_args
+            )
             loss = loss + ent_loss
             metrics.update({f"train/{k}": v for k, v in ent_m.items()})
         if mb.ref_logprobs is not None:
@@ -358,6 +386,16 @@ class Trainer:
         loss.backward()
         metrics["train/loss"] = float(loss.detach())
         return metrics
+
+    def _aggregator(self, mask: torch.Tensor, rows: int) -> Aggregator:
+        """`loss_agg_mode` with the counts of a whole (mini-)batch: its trained tokens `mask`
+        [B, R] and its `rows`."""
+        return Aggregator(
+            self.algo.loss_agg_mode,
+            num_tokens=float(mask.sum()),
+            num_seqs=float(rows),
+            norm_length=self.norm_length,  # model.max_response_tokens
+        )
 
     def _logprobs_no_grad(
         self, model: torch.nn.Module, batch: Batch, mbs: list[torch.Tensor]
