@@ -223,3 +223,9 @@ def test_gae_matches_a_loop_over_the_trained_positions() -> None:
     ]
     close(adv, want, atol=1e-12)
     close(ret, want_ret, atol=1e-12)
+
+
+def test_asymre_shifts_the_group_baseline() -> None:
+    # group [0, 1]: baseline 0.5 - 0.1 = 0.4 → A = [-0.4, 0.6]; a group of one keeps r
+    close(first_col("asymre", [0.0, 1.0, 2.0], [0, 0, 1]), [-0.4, 0.6, 2.0])
+    close(first_col("asymre", [0.0, 1.0], [0, 0], baseline_shift=0.0), [-0.5, 0.5])

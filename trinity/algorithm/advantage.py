@@ -33,6 +33,7 @@ ADVANTAGE_FN: Registry = Registry(
     modules={
         "step_wise_grpo": "trinity.algorithm.advantages.step_wise",
         "opmd": "trinity.algorithm.advantages.opmd",
+        "asymre": "trinity.algorithm.advantages.opmd",
         "gpg": "trinity.algorithm.advantages.gpg",
         "passk": "trinity.algorithm.advantages.passk",
         "on_policy_distill": "trinity.algorithm.advantages.distill",

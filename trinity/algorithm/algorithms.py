@@ -242,6 +242,19 @@ OPMD = register_algorithm(
         },
     )
 )
+# AsymRE (arXiv:2506.20520): REINFORCE (OPMD's loss at tau 0) on the group mean shifted by δ = -0.1,
+# no KL; Trinity-RFT's record keeps opmd's tau 1, which halves the loss.
+ASYMRE = register_algorithm(
+    AlgorithmSpec(
+        name="asymre",
+        advantage_fn="asymre",
+        policy_loss_fn="opmd",
+        default_args={
+            "advantage_fn_args": {"baseline_shift": -0.1},
+            "policy_loss_fn_args": {"tau": 0.0},
+        },
+    )
+)
 SPPO = register_algorithm(
     AlgorithmSpec(
         name="sppo",
@@ -332,7 +345,6 @@ NOT_BUILT: dict[str, str] = {
     "remax": "ReMax needs a greedy baseline rollout per task from the explorer, not built yet",
     "on_policy_distill": "on-policy distillation needs a teacher served as an auxiliary model "
     "(explorer.auxiliary_models), not built yet; the advantage fn on_policy_distill is",
-    "asymre": "the asymre advantage is not built yet",
     "rec": "the rec advantage and loss are not built yet",
     "jsd": "the jsd advantage is not built yet",
 }

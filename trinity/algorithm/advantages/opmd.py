@@ -59,3 +59,29 @@ def opmd_advantage(
     scores = torch.where(count == 1, r, r - baseline)
     adv = _broadcast(scores.to(_out_dtype(inp.rewards)), inp.response_mask)
     return adv, adv.clone()
+
+
+@ADVANTAGE_FN.register("asymre")
+def asymre_advantage(inp: AdvantageInput, *, baseline_shift: float = -0.1) -> tuple[Tensor, Tensor]:
+    """Asymmetric REINFORCE's advantage: the group mean shifted by δ as the baseline.
+
+        A_i = r_i - (mean_g + δ)         (a group of one: baseline 0, as Trinity-RFT)
+
+    δ < 0 (the default -0.1) lowers the baseline, so more samples count as positive: off-policy,
+    the paper shows this tilt toward positive rewards keeps REINFORCE stable. Returns =
+    advantages.
+
+    Paper: "Asymmetric REINFORCE for off-Policy Reinforcement Learning: Balancing positive and
+    negative rewards" (arXiv:2506.20520).
+
+    Args:
+        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        baseline_shift: δ.
+    Returns:
+        (advantages [N, T], returns [N, T]).
+    """
+    r = inp.rewards.to(torch.float64)
+    count, total, _, _ = group_stats(r, inp.group_ids)
+    baseline = torch.where(count == 1, torch.zeros_like(r), total / count + baseline_shift)
+    adv = _broadcast((r - baseline).to(_out_dtype(inp.rewards)), inp.response_mask)
+    return adv, adv.clone()
