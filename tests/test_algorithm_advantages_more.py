@@ -229,3 +229,20 @@ def test_asymre_shifts_the_group_baseline() -> None:
     # group [0, 1]: baseline 0.5 - 0.1 = 0.4 → A = [-0.4, 0.6]; a group of one keeps r
     close(first_col("asymre", [0.0, 1.0, 2.0], [0, 0, 1]), [-0.4, 0.6, 2.0])
     close(first_col("asymre", [0.0, 1.0], [0, 0], baseline_shift=0.0), [-0.5, 0.5])
+
+
+def test_remax_subtracts_the_greedy_reward_from_the_return() -> None:
+    # token rewards [[-0.1, -0.1, 0.9], [0, 1, 0 (masked)]]: returns G = reverse cumsum over
+    # the trained tokens = [[0.7, 0.8, 0.9], [1, 1, 0]]; baselines 0.4 and 1.0
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    inp = AdvantageInput(
+        rewards=torch.tensor([0.7, 1.0]), group_ids=torch.tensor([0, 1]), response_mask=mask,
+        token_rewards=torch.tensor([[-0.1, -0.1, 0.9], [0.0, 1.0, 5.0]]),
+        run_ids=torch.tensor([0, 0]), step_ids=torch.tensor([0, 0]),
+        baselines=torch.tensor([0.4, 1.0]),
+    )  # fmt: skip
+    adv, ret = ADVANTAGE_FN.get("remax")(inp)
+    close(ret, [[0.7, 0.8, 0.9], [1.0, 1.0, 0.0]])
+    close(adv, [[0.3, 0.4, 0.5], [0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="needs baselines"):
+        ADVANTAGE_FN.get("remax")(AdvantageInput.from_outcomes(*inp_args()))

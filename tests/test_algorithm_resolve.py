@@ -152,7 +152,7 @@ def test_every_piece_follows_its_kinds_signature() -> None:
     for name in ADVANTAGE_FN:
         inp = AdvantageInput.from_outcomes(
             torch.rand(b), torch.tensor([0, 0, 1, 1]), mask,
-            values=torch.rand(b, t), logprob=lp.detach(), ref_logprob=ref,
+            values=torch.rand(b, t), logprob=lp.detach(), ref_logprob=ref, baselines=torch.rand(b),
         )  # fmt: skip
         adv, ret = ADVANTAGE_FN.get(name)(inp)
         assert adv.shape == ret.shape == (b, t)

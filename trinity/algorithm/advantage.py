@@ -34,6 +34,7 @@ ADVANTAGE_FN: Registry = Registry(
         "step_wise_grpo": "trinity.algorithm.advantages.step_wise",
         "opmd": "trinity.algorithm.advantages.opmd",
         "asymre": "trinity.algorithm.advantages.opmd",
+        "remax": "trinity.algorithm.advantages.remax",
         "gpg": "trinity.algorithm.advantages.gpg",
         "passk": "trinity.algorithm.advantages.passk",
         "on_policy_distill": "trinity.algorithm.advantages.distill",

@@ -71,6 +71,7 @@ class AlgorithmSpec:
     pairwise: bool = False  # rows come in (chosen, rejected) pairs, kept adjacent (DPO)
     filter_groups: bool = False  # the explorer drops all-equal groups and refills (DAPO)
     overlong_penalty: bool = False  # soft overlong punishment on the reward (DAPO)
+    greedy_baseline: bool = False  # the explorer scores a greedy answer per task (ReMax)
     compute_advantage_in_trainer: bool = True
     default_args: dict = field(default_factory=dict)
     loss_agg_mode: str = "token-mean"
@@ -242,6 +243,21 @@ OPMD = register_algorithm(
         },
     )
 )
+# ReMax (arXiv:2310.10505): REINFORCE with each task's greedy answer's reward as the baseline
+# (the explorer answers each task once more, greedily), one sample per task, no KL.
+REMAX = register_algorithm(
+    AlgorithmSpec(
+        name="remax",
+        advantage_fn="remax",
+        policy_loss_fn="ppo",
+        entropy_loss_fn="default",
+        greedy_baseline=True,
+        default_args={
+            "policy_loss_fn_args": {"clip_range": 0.2},
+            "entropy_loss_fn_args": {"entropy_coef": 0.0},
+        },
+    )
+)
 # AsymRE (arXiv:2506.20520): REINFORCE (OPMD's loss at tau 0) on the group mean shifted by δ = -0.1,
 # no KL; Trinity-RFT's record keeps opmd's tau 1, which halves the loss.
 ASYMRE = register_algorithm(
@@ -342,7 +358,6 @@ MIX_CHORD = register_algorithm(
 
 # Trinity-RFT algorithm names refused until what they need is built (validate and run say why).
 NOT_BUILT: dict[str, str] = {
-    "remax": "ReMax needs a greedy baseline rollout per task from the explorer, not built yet",
     "on_policy_distill": "on-policy distillation needs a teacher served as an auxiliary model "
     "(explorer.auxiliary_models), not built yet; the advantage fn on_policy_distill is",
     "rec": "the rec advantage and loss are not built yet",
@@ -521,6 +536,7 @@ def value_problems(r: ResolvedAlgorithm, auxiliary: Iterable[str] = ()) -> list[
             torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask,
             values=ref if r.spec.use_critic else None, logprob=lp,
             ref_logprob=ref if r.use_reference else None,
+            baselines=torch.tensor([0.5, 0.5]) if r.spec.greedy_baseline else None,
         )  # fmt: skip
         calls.append(("advantage_fn", lambda: advantage_fn(adv_inp, **r.advantage_fn_args)))
     from trinity.algorithm.sample_strategy import SampleContext

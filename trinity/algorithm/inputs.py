@@ -58,6 +58,7 @@ _SOURCES = {
     "rollout_logprob": "the engine's (offline data has none)",
     "logprob": "the old policy's or the engine's",
     "expert_mask": "rows from an expert buffer (sample_strategy: mix)",
+    "baselines": "the explorer's greedy answers (algorithm_type remax)",
 }
 
 
@@ -89,6 +90,8 @@ class AdvantageInput:
         logprob: [N, T] float log π_old of the response tokens (the policy being trained, before
             this step's update), or None where unknown.
         ref_logprob: [N, T] float log π_ref (reference or teacher model), or None without one.
+        baselines: [N] float, each row's reward baseline from the explorer (ReMax: the reward
+            of its task's greedy answer), or None when rows carry none.
     """
 
     rewards: Tensor
@@ -100,6 +103,7 @@ class AdvantageInput:
     values: Tensor | None = None
     logprob: Tensor | None = None
     ref_logprob: Tensor | None = None
+    baselines: Tensor | None = None
 
     @classmethod
     def from_outcomes(
@@ -113,6 +117,7 @@ class AdvantageInput:
         values: Tensor | None = None,
         logprob: Tensor | None = None,
         ref_logprob: Tensor | None = None,
+        baselines: Tensor | None = None,
     ) -> AdvantageInput:
         """Outcome rewards only: token rewards put each on its row's last trained token; every
         row its own run (`run_ids` = row index) at step 0 unless given."""
@@ -129,6 +134,7 @@ class AdvantageInput:
             values=values,
             logprob=logprob,
             ref_logprob=ref_logprob,
+            baselines=baselines,
         )
 
     def require(self, name: str, piece: str) -> Tensor:

@@ -7,6 +7,7 @@ It never calls the trainer. It meets it through the buffer (experiences out) and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 import ray
 
-from trinity.algorithm.algorithms import record_flag
+from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
@@ -91,6 +92,8 @@ class Explorer:
         self.max_gen = (
             fg.max_num_gen_batches if record_flag(config.algorithm, "filter_groups") else 0
         )
+        # ReMax: each task's greedy answer is scored as its samples' baseline
+        self.greedy_baseline = lookup_algorithm(config.algorithm.algorithm_type).greedy_baseline
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -294,6 +297,8 @@ class Explorer:
             short = max(0, target - len(kept))
             counts["filter_exhausted"] = float(short > 0 and len(flat) > 0)
             kept += flat[:short]  # the step keeps its size: the trainer reads a fixed count
+        if self.greedy_baseline:
+            await self._greedy_baselines([tasks[i] for i, _ in kept], [e for _, e in kept], key)
         experiences: list[Experience] = []
         for pos, (i, exps) in enumerate(kept):
             task = tasks[i]
@@ -322,6 +327,23 @@ class Explorer:
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
         }
+
+    async def _greedy_baselines(
+        self, tasks: list[Task], samples: list[list[Experience]], key: int
+    ) -> None:
+        """ReMax's baseline: each task answered once greedily (not trained); its reward goes
+        into `info["reward_baseline"]` of every sample of the task."""
+
+        def greedy(task: Task) -> SamplingParams:
+            return dataclasses.replace(self._train_params(task), n=1, temperature=0.0)
+
+        got, _ = await self._run_tasks(
+            tasks, greedy, what="greedy baseline", budget=0, key=stable_key(key, "greedy")
+        )
+        for (_, exps), task_samples in zip(got, samples, strict=True):
+            baseline = statistics.fmean(e.reward or 0.0 for e in exps)
+            for e in task_samples:
+                e.info["reward_baseline"] = baseline
 
     async def evaluate(
         self, step: int, report: bool = True, source: str = "explorer"

@@ -36,6 +36,7 @@ class Batch:
     rollout_known: torch.Tensor  # [B] bool: the row came with engine logprobs
     expert_mask: torch.Tensor  # [B] bool: the row comes from an expert buffer (mix)
     token_rewards: torch.Tensor | None = None  # [B, R], a workflow's token-level rewards
+    baselines: torch.Tensor | None = None  # [B] the explorer's reward baseline (ReMax)
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     old_logprobs: torch.Tensor | None = None  # [B, R]
@@ -88,6 +89,8 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
     step_ids = torch.tensor([e.eid.step for e in experiences], dtype=torch.long)
     rollout_known = torch.tensor([e.logprobs is not None for e in experiences], dtype=torch.bool)
     expert = [bool(e.info.get("is_expert", False)) for e in experiences]
+    given = [e.info.get("reward_baseline") for e in experiences]
+    baselines = None if None in given else torch.tensor(given, dtype=torch.float32)
     expert_mask = torch.tensor(expert, dtype=torch.bool)
     has_token_rewards = any(e.token_level_reward is not None for e in experiences)
     token_rewards = torch.zeros((b, r), dtype=torch.float32) if has_token_rewards else None
@@ -132,6 +135,7 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         rollout_known=rollout_known,
         expert_mask=expert_mask,
         token_rewards=token_rewards,
+        baselines=baselines,
         advantages=advantages,
     )
 

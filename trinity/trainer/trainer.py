@@ -258,6 +258,7 @@ class Trainer:
             run_ids=batch.run_ids,
             step_ids=batch.step_ids,
             values=batch.values,
+            baselines=batch.baselines,
             logprob=batch.old_logprobs
             if batch.old_logprobs is not None
             else batch.rollout_logprobs,
