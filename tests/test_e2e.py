@@ -155,8 +155,12 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
 
     names = [n for n in ALGORITHM.names() if ALGORITHM.get(n).use_rollout]
     assert {"grpo", "gspo", "cispo", "sapo"} <= set(names)
+    teacher = "explorer: {auxiliary_models: [{model_path: 'tiny://1m?seed=1'}]}"
     stages = "".join(
-        f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}}}}}\n" for n in names
+        f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}}}"
+        + (f", {teacher}" if ALGORITHM.get(n).teacher_from_auxiliary else "")
+        + "}\n"
+        for n in names
     )
     cfg = with_auxiliary(grpo_config(tmp_path, tiny_model_dir, "stages:\n" + stages))
     r = run_trinity(

@@ -72,6 +72,8 @@ class AlgorithmSpec:
     filter_groups: bool = False  # the explorer drops all-equal groups and refills (DAPO)
     overlong_penalty: bool = False  # soft overlong punishment on the reward (DAPO)
     greedy_baseline: bool = False  # the explorer scores a greedy answer per task (ReMax)
+    # the reference model is explorer.auxiliary_models[0] (a teacher), not the start model
+    teacher_from_auxiliary: bool = False
     compute_advantage_in_trainer: bool = True
     default_args: dict = field(default_factory=dict)
     loss_agg_mode: str = "token-mean"
@@ -258,6 +260,19 @@ REMAX = register_algorithm(
         },
     )
 )
+# On-policy distillation (Agarwal et al. arXiv:2306.13649; Thinking Machines 2025): the student
+# samples, the teacher (explorer.auxiliary_models[0], scored by the trainer) gives per-token
+# reverse-KL advantages, trained with the importance-sampling loss.
+ON_POLICY_DISTILL = register_algorithm(
+    AlgorithmSpec(
+        name="on_policy_distill",
+        advantage_fn="on_policy_distill",
+        policy_loss_fn="importance_sampling",
+        use_reference=True,
+        teacher_from_auxiliary=True,
+        default_args={"advantage_fn_args": {"kl_coef": 1.0}},
+    )
+)
 # AsymRE (arXiv:2506.20520): REINFORCE (OPMD's loss at tau 0) on the group mean shifted by δ = -0.1,
 # no KL; Trinity-RFT's record keeps opmd's tau 1, which halves the loss.
 ASYMRE = register_algorithm(
@@ -358,8 +373,6 @@ MIX_CHORD = register_algorithm(
 
 # Trinity-RFT algorithm names refused until what they need is built (validate and run say why).
 NOT_BUILT: dict[str, str] = {
-    "on_policy_distill": "on-policy distillation needs a teacher served as an auxiliary model "
-    "(explorer.auxiliary_models), not built yet; the advantage fn on_policy_distill is",
     "rec": "the rec advantage and loss are not built yet",
     "jsd": "the jsd advantage is not built yet",
 }

@@ -245,6 +245,15 @@ def _trainer_config_agrees(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("explorer.auxiliary_models")
 def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    teacher = name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
+    if teacher and not cfg.explorer.auxiliary_models:
+        yield Problem(
+            "explorer.auxiliary_models",
+            f"{cfg.algorithm.algorithm_type!r} needs its teacher: set auxiliary_models[0].model_path",
+        )
     for i, aux in enumerate(cfg.explorer.auxiliary_models):
         if not aux.model_path:
             yield Problem(

@@ -8,6 +8,7 @@ every item of a list or mapping. To add a key to the schema, add its entry here:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ class KeyState:
         refused: values whose feature is not built (any state), with `reason` naming it.
         first_only: acted only for the first item of the list in `path`; the later items' values
             are noted as not applicable with `reason`.
+        unless: not_built only: a config for which the key is acted upon after all (the part
+            of the feature that is built), so not refused.
     """
 
     path: str
@@ -37,6 +40,7 @@ class KeyState:
     refused: tuple[Any, ...] = ()
     refused_reason: str = ""
     first_only: bool = False
+    unless: Callable[[Any], bool] | None = None
 
 
 def acted(path: str, reason: str, **kw: Any) -> KeyState:
@@ -44,9 +48,20 @@ def acted(path: str, reason: str, **kw: Any) -> KeyState:
     return KeyState(path, "acted", reason, **kw)
 
 
-def not_built(path: str, feature: str, inert: Any = _DEFAULT) -> KeyState:
-    """A key whose feature is missing; refused unless its value is `inert` (a tuple = any of)."""
-    return KeyState(path, "not_built", feature, inert=inert)
+def not_built(
+    path: str, feature: str, inert: Any = _DEFAULT, unless: Callable[[Any], bool] | None = None
+) -> KeyState:
+    """A key whose feature is missing; refused unless its value is `inert` (a tuple = any of)
+    or `unless(config)` says this config uses the part that is built."""
+    return KeyState(path, "not_built", feature, inert=inert, unless=unless)
+
+
+def _reads_a_teacher(cfg: Any) -> bool:
+    """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    return name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
 
 
 def not_applicable(path: str, reason: str, **kw: Any) -> KeyState:
@@ -295,7 +310,12 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("explorer.eval_interval", "evaluation schedule"),
     acted("explorer.eval_on_startup", "evaluation at step 0"),
     *_model_entries("explorer.rollout_model", rollout=True),
-    not_built("explorer.auxiliary_models", "auxiliary models (extra engines for workflows)"),
+    not_built(
+        "explorer.auxiliary_models",
+        "auxiliary models (extra engines for workflows); algorithm_type on_policy_distill reads "
+        "the first one's model_path as its teacher",
+        unless=_reads_a_teacher,
+    ),
     not_built("explorer.env_vars", "environment variables for workflow runners"),
     not_applicable(
         "explorer.max_repeat_times_per_runner",

@@ -151,7 +151,11 @@ def _own_problems(cfg: TrinityConfig) -> list[Problem]:
             bad = _refused(entry, value) if entry.refused else None
             if bad is not None:
                 problems.append(Problem(path, f"{bad!r} is not built yet ({entry.refused_reason})"))
-            elif entry.state == "not_built" and not _is_inert(entry, value):
+            elif (
+                entry.state == "not_built"
+                and not _is_inert(entry, value)
+                and not (entry.unless is not None and entry.unless(cfg))
+            ):
                 problems.append(
                     Problem(
                         path,

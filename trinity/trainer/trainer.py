@@ -81,7 +81,11 @@ class Trainer:
             self.critic = Critic(config, critic_path, self.device)
         self.ref_model = None
         if self.algo.use_reference:
-            self.ref_model = load_model(path, dtype=tcfg.dtype, device=self.device)
+            ref_path = path
+            if self.algo.spec.teacher_from_auxiliary:  # on-policy distillation's teacher
+                ref_path = resolve_model_path(config.explorer.auxiliary_models[0].model_path)
+                check_same_vocabulary(self.tokenizer, load_tokenizer(ref_path), ref_path)
+            self.ref_model = load_model(ref_path, dtype=tcfg.dtype, device=self.device)
             self.ref_model.requires_grad_(False)
         self.pad_id = (
             self.tokenizer.pad_token_id
@@ -464,6 +468,15 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = int(state["step"])
         return state
+
+
+def check_same_vocabulary(student: Any, teacher: Any, teacher_path: Any) -> None:
+    """A teacher scores the student's token ids: both tokenizers must map text to the same ids."""
+    if student.get_vocab() != teacher.get_vocab():
+        raise ValueError(
+            f"the teacher at {teacher_path} has another vocabulary than the student: its "
+            "logprobs would score other tokens (on-policy distillation needs a shared tokenizer)"
+        )
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

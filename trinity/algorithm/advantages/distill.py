@@ -1,6 +1,6 @@
 """On-policy distillation: a per-token reverse-KL advantage against a teacher.
 
-algorithm: {advantage_fn: on_policy_distill, policy_loss_fn: importance_sampling}
+algorithm: {algorithm_type: on_policy_distill}   # teacher: explorer.auxiliary_models[0]
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def on_policy_distill_advantage(
     `inp.ref_logprob` (the trainer's reference model), the student's in `inp.logprob` (π_old,
     or the engine's logprobs). Outcome rewards are ignored. Returns = advantages.
 
-    The `on_policy_distill` record is refused for now: its teacher is a different model served
-    as an auxiliary model (`explorer.auxiliary_models`, not built), and the reference model is
-    the policy's own start model.
+    The `on_policy_distill` record loads the teacher from `explorer.auxiliary_models[0]` as the
+    trainer's reference model (Trinity-RFT serves it to the workflow instead; the logprobs of
+    the same tokens are the same), which must share the student's tokenizer.
 
     Reference: Thinking Machines, "On-Policy Distillation" (blog post, 2025); Agarwal et al.,
     "On-Policy Distillation of Language Models" (arXiv:2306.13649).
