@@ -155,11 +155,15 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
 
     names = [n for n in ALGORITHM.names() if ALGORITHM.get(n).use_rollout]
     assert {"grpo", "gspo", "cispo", "sapo"} <= set(names)
-    teacher = "explorer: {auxiliary_models: [{model_path: 'tiny://1m?seed=1'}]}"
+    extra = {  # what a record needs beyond the base config
+        "on_policy_distill": ", explorer: {auxiliary_models: [{model_path: 'tiny://1m?seed=1'}]}",
+    }
+    algo_extra = {  # dynamic sampling may try 2 × 4 tasks a step: 40 tasks last 2 steps
+        "dapo": ", filter_groups: {max_num_gen_batches: 2}",
+    }
     stages = "".join(
-        f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}}}"
-        + (f", {teacher}" if ALGORITHM.get(n).teacher_from_auxiliary else "")
-        + "}\n"
+        f"  - {{stage_name: {n}, algorithm: {{algorithm_type: {n}{algo_extra.get(n, '')}}}"
+        f"{extra.get(n, '')}}}\n"
         for n in names
     )
     cfg = with_auxiliary(grpo_config(tmp_path, tiny_model_dir, "stages:\n" + stages))
@@ -176,6 +180,16 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
         assert len(trained) == 2, (n, trained)
         assert all(math.isfinite(rec["train/loss"]) for rec in trained), n
         assert (run_dir / n / "global_step_2" / "model.safetensors").exists(), n
+    by_stage = {n: [rec for rec in records if rec.get("stage") == n and "train/loss" in rec]
+                for n in names}  # fmt: skip
+    for rec in by_stage["ppo"]:  # the critic trains beside the policy and is checkpointed
+        assert rec["critic/vf_loss"] >= 0
+    assert (run_dir / "ppo" / "global_step_2" / "critic" / "model.safetensors").exists()
+    for n in ("mix", "mix_chord"):  # 4 tasks × 4 samples + as many expert rows (ratio 0.5)
+        for rec in by_stage[n]:
+            assert rec["train/experiences"] == 32.0 and rec["train/expert/sft_loss"] > 0, n
+    for rec in by_stage["raft"]:  # one best rollout per task
+        assert rec["train/experiences"] == 4.0
 
 
 def test_grpo_end_to_end(tmp_path, tiny_model_dir):

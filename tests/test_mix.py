@@ -1,15 +1,13 @@
 """Mixed SFT + RL: CHORD's μ schedule, the mix and mix_chord losses by hand, exact gradient
-accumulation with the parts' own counts, the mix sample strategy, and an end-to-end run that
-draws expert rows from an auxiliary buffer."""
+accumulation with the parts' own counts, and the mix sample strategy (the end-to-end run with an
+auxiliary buffer is a stage of tests/test_e2e.py's every-algorithm run)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
-from test_e2e import grpo_config, run_trinity, with_auxiliary
 
 from trinity.algorithm import POLICY_LOSS_FN, Aggregator
 from trinity.algorithm.aggregation import LOSS_AGG_MODES
@@ -114,24 +112,3 @@ def test_mix_sample_strategy_adds_marked_experts() -> None:
         mix_sample_strategy(rollouts, SampleContext(), expert_data_ratio=0.5)
     with pytest.raises(ValueError, match="expert_data_ratio"):
         mix_sample_strategy(rollouts, ctx, expert_data_ratio=1.0)
-
-
-def test_mix_chord_trains_on_rollouts_and_expert_rows(tmp_path, tiny_model_dir) -> None:
-    cfg = grpo_config(tmp_path, tiny_model_dir)
-    with_auxiliary(cfg)
-    r = run_trinity(
-        cfg,
-        overrides=["algorithm.algorithm_type=mix_chord", "buffer.total_steps=2",
-                   "explorer.eval_on_startup=false", "explorer.eval_interval=0",
-                   "buffer.explorer_input.eval_tasksets=[]"],
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = (tmp_path / "ckpt" / "e2e" / "grpo" / "metrics.jsonl").read_text().splitlines()
-    trained = [rec for rec in map(json.loads, lines) if "train/loss" in rec]
-    assert len(trained) == 2
-    for rec in trained:
-        # 4 tasks × 4 samples = 16 rollouts + ceil(1 · 16) = 16 expert rows (ratio 0.5)
-        assert rec["train/experiences"] == 32.0
-        assert rec["train/mu"] == pytest.approx(0.1)
-        assert math.isfinite(rec["train/expert/sft_loss"]) and rec["train/expert/sft_loss"] > 0
-        assert "train/usual/pg_clipfrac" in rec
