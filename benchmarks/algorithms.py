@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import yaml
+from quickstart_seeds import summary  # the same statistics (a script beside this one)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
@@ -90,6 +91,7 @@ def last(records: list[dict], key: str) -> float:
 def run_seed(seed: int, algorithms: list[str], steps: int, work: Path) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(CONFIG.read_text())
+    base["cluster"] = {"ray_address": "local"}  # its own Ray: never join another run's
     sft_stage, rl_stage = base.pop("stages")
     env = {
         **os.environ,
@@ -148,15 +150,7 @@ def main() -> None:
     print(f"\n{'algorithm':>18} " + " ".join(f"{k + ' mean±std':>22}" for k in keys[1:4]))
     for algo in algorithms:
         mine = [r for r in rows if r["algorithm"] == algo]
-        stats[algo] = {}
-        for k in keys:
-            values = [r[k] for r in mine]
-            stats[algo][k] = {
-                "mean": statistics.fmean(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                "min": min(values),
-                "max": max(values),
-            }
+        stats[algo] = {k: summary(mine, k) for k in keys}
         cells = [f"{stats[algo][k]['mean']:.3f} ± {stats[algo][k]['std']:.3f}" for k in keys[1:4]]
         print(f"{algo:>18} " + " ".join(f"{c:>22}" for c in cells))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -71,8 +71,16 @@ def _require(record: object, name: str, piece: str) -> Tensor:
     return value
 
 
+class _Fields:
+    """`require`: a field that a piece needs, or an error saying where it would come from."""
+
+    def require(self, name: str, piece: str) -> Tensor:
+        """The field `name`, or a ValueError saying `piece` needs it and where it comes from."""
+        return _require(self, name, piece)
+
+
 @dataclass(frozen=True)
-class AdvantageInput:
+class AdvantageInput(_Fields):
     """One train batch as an advantage fn sees it.
 
     Fields:
@@ -137,13 +145,9 @@ class AdvantageInput:
             baselines=baselines,
         )
 
-    def require(self, name: str, piece: str) -> Tensor:
-        """The field `name`, or a ValueError saying `piece` needs it and where it comes from."""
-        return _require(self, name, piece)
-
 
 @dataclass(frozen=True)
-class PolicyLossInput:
+class PolicyLossInput(_Fields):
     """One micro-batch as a policy loss sees it.
 
     Fields:
@@ -177,7 +181,3 @@ class PolicyLossInput:
     def core(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(logprob, old_logprob, advantages, action_mask): what every loss reads."""
         return self.logprob, self.old_logprob, self.advantages, self.action_mask
-
-    def require(self, name: str, piece: str) -> Tensor:
-        """The field `name`, or a ValueError saying `piece` needs it and where it comes from."""
-        return _require(self, name, piece)
