@@ -36,6 +36,8 @@ def sft_model(tmp_path_factory) -> tuple[Path, dict, dict]:
     """(the SFT checkpoint, the base config, the RL stage) of a shortened quickstart."""
     work = tmp_path_factory.mktemp("learn_sft")
     base = yaml.safe_load(CONFIG.read_text())
+    base["cluster"] = {"ray_address": "local"}  # its own Ray: never join another run's
+    base["project"] = "learn_algorithms"
     sft_stage, rl_stage = base.pop("stages")
     base["checkpoint_root_dir"] = str(work / "ckpt")
     base["buffer"]["explorer_input"]["eval_tasksets"] = []  # reward is the measure here
@@ -45,7 +47,7 @@ def sft_model(tmp_path_factory) -> tuple[Path, dict, dict]:
     cfg = {**base, "name": "sft", "stages": [sft_stage]}
     r = run_trinity(write(cfg, work / "sft.yaml"), timeout=600, cache=work / "cache")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ckpt = work / "ckpt" / base["project"] / "sft" / "sft" / "global_step_400"
+    ckpt = work / "ckpt" / base["project"] / "sft" / "global_step_400"  # one stage: no subfolder
     assert ckpt.is_dir(), sorted((work / "ckpt").rglob("global_step_*"))
     return ckpt, base, rl_stage
 
