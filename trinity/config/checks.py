@@ -122,6 +122,20 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("algorithm.rollout_correction", "algorithm.algorithm_type")
+def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    offline = name in ALGORITHM.names() and not ALGORITHM.get(name).use_rollout
+    if cfg.algorithm.rollout_correction.enabled and offline:
+        yield Problem(
+            "algorithm.rollout_correction",
+            f"{cfg.algorithm.algorithm_type!r} trains on a dataset: there are no engine "
+            "logprobs to correct against; turn rollout_is and rollout_rs off",
+        )
+
+
 @_check("algorithm.kl_ctrl", "algorithm.kl_penalty_fn")
 def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import ALGORITHM, ALIASES
