@@ -98,17 +98,21 @@ def run_seed(seed: int, algorithms: list[str], steps: int, work: Path) -> list[d
         "TRINITY_CACHE_DIR": str(work / "cache"),
         "TRINITY_CHECKPOINT_ROOT": str(work / "ckpt"),
     }
-    sft = {**base, "seed": seed, "name": "sft", "stages": [sft_stage]}
-    records, _ = run(sft, work, "sft", env)
     sft_dir = work / "ckpt" / base["project"] / "sft"
+    done_log = work / "rows.jsonl"  # finished (algorithm, seed) rows: a rerun skips them
+    if not (sft_dir / "metrics.jsonl").exists() or not list(sft_dir.rglob("global_step_*")):
+        sft = {**base, "seed": seed, "name": "sft", "stages": [sft_stage]}
+        run(sft, work, "sft", env)
+    records = [json.loads(x) for x in (sft_dir / "metrics.jsonl").read_text().splitlines()]
     ckpt = max(sft_dir.rglob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
     greedy_sft, sampled_sft = last(records, GREEDY), last(records, SAMPLED)
-    rows = []
+    rows = [json.loads(x) for x in done_log.read_text().splitlines()] if done_log.exists() else []
+    done = {r["algorithm"] for r in rows}
     expert = base["buffer"]["trainer_input"]["experience_buffer"]
     for algo in algorithms:
-        stage = stage_for(
-            algo, rl_stage, {"buffer": {"trainer_input": {"experience_buffer": expert}}}, steps
-        )
+        if algo in done:
+            continue
+        stage = stage_for(algo, rl_stage, expert, steps)
         cfg = {**base, "seed": seed, "name": f"rl_{algo}", "stages": [stage]}
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
         records, wall = run(cfg, work, f"rl_{algo}", env)
@@ -126,7 +130,9 @@ def run_seed(seed: int, algorithms: list[str], steps: int, work: Path) -> list[d
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    return rows
+        with done_log.open("a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
+    return [r for r in rows if r["algorithm"] in algorithms]
 
 
 def main() -> None:
@@ -136,9 +142,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60, help="RL train steps per algorithm")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--out-name", default="algorithms", help="JSON file name, no suffix")
+    ap.add_argument(
+        "--work", type=Path, default=None,
+        help="working folder; an existing one is resumed (its SFT models and finished rows kept)",
+    )  # fmt: skip
     args = ap.parse_args()
     algorithms = args.algorithms or rollout_algorithms()
-    work = Path(tempfile.mkdtemp(prefix="algorithms_"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="algorithms_"))
     rows = []
     for seed in args.seeds:
         rows += run_seed(seed, algorithms, args.steps, work / f"seed_{seed}")
