@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,8 @@ def run_seed(seed: int, algorithms: list[str], steps: int, work: Path) -> list[d
             continue
         stage = stage_for(algo, rl_stage, expert, steps)
         cfg = {**base, "seed": seed, "name": f"rl_{algo}", "stages": [stage]}
+        # a folder left by an interrupted run would make trinity pick a fresh name
+        shutil.rmtree(work / "ckpt" / base["project"] / f"rl_{algo}", ignore_errors=True)
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
         records, wall = run(cfg, work, f"rl_{algo}", env)
         rewards = [r[REWARD] for r in records if REWARD in r]
