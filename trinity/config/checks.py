@@ -122,18 +122,29 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
-@_check("algorithm.rollout_correction", "algorithm.algorithm_type")
+@_check(
+    "algorithm.rollout_correction",
+    "algorithm.filter_groups",
+    "algorithm.overlong_penalty",
+    "algorithm.algorithm_type",
+)
 def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import ALGORITHM, ALIASES
 
     name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
     offline = name in ALGORITHM.names() and not ALGORITHM.get(name).use_rollout
-    if cfg.algorithm.rollout_correction.enabled and offline:
+    if not offline:
+        return
+    why = f"{cfg.algorithm.algorithm_type!r} trains on a dataset"
+    if cfg.algorithm.rollout_correction.enabled:
         yield Problem(
             "algorithm.rollout_correction",
-            f"{cfg.algorithm.algorithm_type!r} trains on a dataset: there are no engine "
-            "logprobs to correct against; turn rollout_is and rollout_rs off",
+            f"{why}: there are no engine logprobs to correct against; turn rollout_is and "
+            "rollout_rs off",
         )
+    for key, what in (("filter_groups", "no groups to filter"), ("overlong_penalty", "no reward")):
+        if getattr(cfg.algorithm, key).enable:
+            yield Problem(f"algorithm.{key}.enable", f"{why}: {what}; set it false or remove it")
 
 
 @_check("algorithm.kl_ctrl", "algorithm.kl_penalty_fn")

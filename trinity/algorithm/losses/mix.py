@@ -138,10 +138,11 @@ def mix_chord_policy_loss(
     Returns:
         (loss, {usual/<ppo metrics>, expert/sft_loss, mu, pg_loss}).
     """
-    if min(mu_warmup_steps, mu_decay_steps) < 0 or not 0 <= min(mu_peak, mu_valley) <= 1:
+    if (
+        min(mu_warmup_steps, mu_decay_steps) < 0
+        or not 0 <= min(mu_peak, mu_valley) <= max(mu_peak, mu_valley) <= 1
+    ):
         raise ValueError("mix_chord: steps must be >= 0 and mu_peak, mu_valley in [0, 1]")
-    if max(mu_peak, mu_valley) > 1:
-        raise ValueError("mix_chord: mu_peak and mu_valley must be in [0, 1]")
     mu = mu_schedule(inp.step, mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley)
     ppo_args = {"clip_range": clip_range, "clip_range_low": clip_range_low,
                 "clip_range_high": clip_range_high}  # fmt: skip
