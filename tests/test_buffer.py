@@ -42,7 +42,7 @@ def test_timeout_names_counts(tmp_path):
     async def main():
         q = QueueStorage(tmp_path / "b.db")
         await q.write([exp(0)])
-        with pytest.raises(TimeoutError, match="1 available"):
+        with pytest.raises(TimeoutError, match="1 experiences waiting"):
             await q.read(2, timeout=0.05)
 
     asyncio.run(main())

@@ -10,7 +10,7 @@ from trinity.sync.schedule import (
     versions_to_keep,
     weights_version_after_explore_step,
 )
-from trinity.sync.synchronizer import SynchronizerActor
+from trinity.sync.synchronizer import SynchronizerActor, TrainingFinished
 
 
 def test_explorer_gets_exactly_the_version_it_asks_for():
@@ -156,8 +156,38 @@ def test_latest_never_waits_and_shared_actors_count_their_users():
 
     asyncio.run(main())
     s = SynchronizerActor("memory", max_versions=1)
-    assert [s.attach(), s.attach()] == [1, 2]  # the explore and the train process
-    assert [s.detach(), s.detach()] == [1, 0]  # 0: the last one out ends the actor
+    # explore and train process: the first found nobody (it starts the run), the second one
+    assert [s.attach("explorer/a"), s.attach("trainer")] == [0, 1]
+    # the explore process was SIGKILLed and runs again: the same role, not a third user
+    assert s.attach("explorer/a") == 2 and s.users() == ["explorer/a", "trainer"]
+    assert [s.detach("explorer/a"), s.detach("trainer")] == [1, 0]  # 0: the last one out ends it
+
+
+def test_a_restarted_trainer_goes_back_to_its_checkpoint_and_waiters_see_the_end():
+    async def main():
+        s = SynchronizerActor("memory", max_versions=4)
+        await s.register_reader("e", 0)
+        for v in (1, 2, 3):
+            await s.publish(v, [f"dead-{v}"])
+        assert await s.wait_for(3, timeout=1, reader="e") == (3, ["dead-3"])
+        await s.fail("RuntimeError: boom")
+        # the trainer restarts alone from its checkpoint of step 2: the versions after it came
+        # from the dead timeline; publishing 3 again is not "going back", and the failure is gone
+        await s.trainer_started(2)
+        assert s.version == 2 and s.readers == {"e": 2}
+        waiter = asyncio.create_task(s.wait_for(3, timeout=5, reader="e"))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # waits for the new trainer, not failing with the old reason
+        await s.publish(3, ["new-3"])
+        assert await waiter == (3, ["new-3"])
+        # the trainer finishes after step 3: asking for v4 ends at once, with the reason
+        await s.finish(3)
+        with pytest.raises(TrainingFinished, match="finished after step 3"):
+            await s.wait_for(4, timeout=5, reader="e")
+        assert await s.request(have=3, timeout=5, reader="e") is None
+        assert await s.wait_for(3, timeout=1, reader="e") == (3, ["new-3"])
+
+    asyncio.run(main())
 
 
 def test_explorer_driven_request_protocol():

@@ -181,7 +181,9 @@ def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
     """Print JSON counts of every experience buffer of a run (read-only; safe while it runs).
 
     Per buffer file: written, trained (acked after a checkpoint), pending (waiting to be read),
-    leased (read, not yet checkpointed), dropped (too stale), trained_twice (0 unless broken).
+    leased (read, not yet checkpointed), dropped (too stale, or written after the trainer's
+    step budget was reached), trained_twice (0 unless broken). A config whose folder was reused
+    runs as `<name>_<timestamp>` (continue_from_checkpoint: false): the newest such run is read.
     """
     import json
 
@@ -192,7 +194,9 @@ def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
         cfg = load_config(config, overrides or [])
     except ConfigError as e:
         raise _config_error(str(e)) from None
-    run_dir = Path(resolve(cfg).run_dir)
+    run_dir = newest_run_dir(Path(resolve(cfg).run_dir))
+    if run_dir != Path(resolve(cfg).run_dir):
+        err.print(f"newest run of this config: {run_dir}", soft_wrap=True)
     files = sorted(run_dir.glob("**/buffer/*.db"))
     if not files:
         err.print(f"[red]error:[/] no experience buffer under {run_dir}", markup=True)
@@ -205,6 +209,15 @@ def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
         finally:
             log.close()
     typer.echo(json.dumps(out, indent=2))
+
+
+def newest_run_dir(run_dir: Path) -> Path:
+    """`run_dir`, or the newest `<name>_<YYYYmmddHHMMSS>` beside it (a rerun's fresh folder)."""
+    import re
+
+    stamped = re.compile(re.escape(run_dir.name) + r"_\d{14}$")
+    reruns = sorted(p for p in run_dir.parent.glob(f"{run_dir.name}_*") if stamped.match(p.name))
+    return reruns[-1] if reruns else run_dir
 
 
 def main() -> None:

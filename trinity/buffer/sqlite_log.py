@@ -17,6 +17,11 @@ count, version and reward, so counts and the exactly-once check stay exact. Payl
 in write order, so whole pages empty out and SQLite reuses them: the file stays near the size of
 the experiences not yet trained instead of growing with every one ever written.
 
+`buffer_state` says whether the run's trainer has finished (`finished`): its step budget was
+reached, so nothing written afterwards can be trained. A buffer started again over the file (an
+explore process run after the others ended) refuses writes instead of filling up with nobody to
+read; a trainer started again (a continued run) reopens it.
+
 `explorer_cursor` holds, per explorer, the last explore step written and how many tasks its
 task stream had handed out by then, in the same transaction as that step's experiences: a
 resumed explorer continues after exactly what the buffer holds.
@@ -53,6 +58,10 @@ CREATE TABLE IF NOT EXISTS explorer_cursor (
     explorer TEXT PRIMARY KEY,
     step INTEGER NOT NULL,
     tasks INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS buffer_state (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 """
 
@@ -131,6 +140,29 @@ class SQLiteLog:
                 [(i,) for i in leases],
             )
         return count
+
+    def drop_pending(self) -> int:
+        """Mark every pending row dropped (the trainer finished: nobody will read them)."""
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.execute(
+                "DELETE FROM experience_payload WHERE id IN "
+                "(SELECT id FROM experience_log WHERE state = 0)"
+            )
+            cur = self.conn.execute("UPDATE experience_log SET state = 3 WHERE state = 0")
+        return int(cur.rowcount)
+
+    def finished(self) -> bool:
+        """Has the run's trainer finished (see the module doc)?"""
+        row = self.conn.execute("SELECT value FROM buffer_state WHERE key = 'finished'").fetchone()
+        return bool(row) and row[0] == "1"
+
+    def set_finished(self, finished: bool) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO buffer_state (key, value) VALUES ('finished', ?)",
+                ("1" if finished else "0",),
+            )
 
     def recover(self) -> int:
         """Return unacked leases to pending. Returns how many rows are pending (`pending`)."""

@@ -17,11 +17,21 @@ records its leases too, so a crash between writing it and the ack loses the ack,
 Resuming. A write carries the explorer's cursor (`Cursor`) and a durable storage keeps it with
 the experiences, so a restarted explorer continues after exactly what the storage holds.
 
-Ending. Each writer (explorer) `register_writer`s itself and `release_writer`s when done; the
-storage is closed when every registered writer has released it, so the first explorer to finish
-does not end the run for the others. Readers then drain what is left and see `BufferClosed`.
+Ending: one rule for every topology. The trainer's step budget, when it has one, ends the run:
+it calls `finish()`, writing ends for good (a blocked or later write raises `BufferClosed`, so
+each explorer stops cleanly) and what is still pending is dropped, counted. Without a budget,
+every registered writer having finished ends it: each writer (explorer) `register_writer`s
+itself and `release_writer`s when done, the storage closes when every registered writer has
+released it, and the reader drains what is left and sees `BufferClosed`. A reader with a budget
+in a split run `linger`s when every writer has released, for an explorer started later.
 A writer that registers again (a restarted explore process) undoes its release, reopening a
 storage its release had closed; `close()` ends writing for good.
+
+Restarts. A role restarted alone rejoins the live storage: `reader_started` (a trainer) hands
+every lease its dead predecessor had not acked out again (after acking the ones its checkpoint
+settled); `register_writer` (an explorer) supersedes its dead predecessor. Either returns a
+token that the new process's calls carry, so a call of the dead process still waiting inside
+the actor raises `Superseded` instead of taking or writing anything.
 """
 
 from __future__ import annotations
@@ -34,7 +44,13 @@ from trinity.common.registry import Registry
 
 
 class BufferClosed(Exception):
-    """Raised by `read` when every writer is done and nothing is left."""
+    """Raised by `read` when every writer is done and nothing is left, and by `write` once the
+    trainer has finished (`finish`)."""
+
+
+class Superseded(Exception):
+    """A call of a reader or writer whose process was since started again under its role: the
+    dead process's call must not take or write anything."""
 
 
 @dataclass
@@ -57,9 +73,11 @@ class Cursor:
 
 @runtime_checkable
 class ExperienceStorage(Protocol):
-    async def write(self, experiences: list[Experience], cursor: Cursor | None = None) -> int:
+    async def write(
+        self, experiences: list[Experience], cursor: Cursor | None = None, token: int | None = None
+    ) -> int:
         """Append (blocking while at capacity), durably together with the writer's `cursor`;
-        returns the number waiting to be read."""
+        returns the number waiting to be read. `token`: from `register_writer`."""
         ...
 
     async def cursor(self, explorer: str) -> Cursor | None:
@@ -67,17 +85,29 @@ class ExperienceStorage(Protocol):
         ...
 
     async def read(
-        self, n: int, timeout: float | None = None, min_version: int | None = None
+        self,
+        n: int,
+        timeout: float | None = None,
+        min_version: int | None = None,
+        linger: float = 0.0,
+        reader: int | None = None,
     ) -> Lease:
-        """The next `n` experiences under a new lease (fewer only once writers are done)."""
+        """The next `n` experiences under a new lease (fewer only once writers are done).
+        `reader`: the token from `reader_started`."""
         ...
 
     async def ack(self, lease_ids: list[int]) -> None:
         """The train steps that used these leases are durably checkpointed: consumed for good."""
         ...
 
-    async def register_writer(self, writer: str) -> None:
-        """`writer` writes from now on (again, when it had released: see Ending above)."""
+    async def reader_started(self, settled: list[int] = ()) -> dict[str, int]:
+        """A trainer (re)starts: settle its checkpoint's leases, hand the others out again;
+        returns {"reader": token, "returned": count}."""
+        ...
+
+    async def register_writer(self, writer: str) -> int:
+        """`writer` writes from now on (again, when it had released: see Ending above);
+        returns the token its writes carry."""
         ...
 
     async def release_writer(self, writer: str) -> None:
@@ -86,6 +116,14 @@ class ExperienceStorage(Protocol):
 
     async def close(self) -> None:
         """End writing now, whoever is registered."""
+        ...
+
+    async def finish(self) -> int:
+        """The trainer reached its step budget: end writing for good, drop what is pending."""
+        ...
+
+    def describe(self) -> str:
+        """The storage's state in words, for messages of whoever waits on it."""
         ...
 
     def stats(self) -> dict[str, int]:

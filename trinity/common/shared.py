@@ -1,24 +1,57 @@
-"""Reference counting for the actors that the processes of one run share.
+"""Who uses the actors that the processes of one run share.
 
 With `mode: explore` and `mode: train` in separate `trinity run` processes (fully asynchronous
 RFT), the buffer and the synchronizer must outlive whichever process started them. They are
-created detached under a name in the run's namespace; every process that uses one `attach`es on
-arrival and `detach`es when done, and the process whose `detach` returns 0 kills the actor.
+created detached under a name in the run's namespace; every process `attach`es on arrival under
+its role in the run (`explorer/alpha`, `trainer`) and `detach`es when done, and the process whose
+`detach` leaves no user kills the actor.
+
+Users are a set of roles, not a count: a process killed with SIGKILL never detaches, and the same
+role started again (`trinity run` of that process, alone) attaches under the same name, so it
+neither counts twice nor keeps the shared actors alive after the run's last process is done.
 """
 
 from __future__ import annotations
 
 
 class RefCounted:
-    """Mixin for a shared actor: `attach()` / `detach()` count the processes using it."""
+    """Mixin for a shared actor: `attach(role)` / `detach(role)` track the processes using it."""
 
-    _attached: int = 0
+    _users: set[str] | None = None
 
-    def attach(self) -> int:
-        self._attached += 1
-        return self._attached
+    def attach(self, role: str) -> int:
+        """`role` uses the actor (again, when its earlier process died). Returns how many users
+        it had before (0: this process started the run; more: it joins a live run, or takes the
+        place of its own dead process)."""
+        if self._users is None:
+            self._users = set()
+        before = len(self._users)
+        self._users.add(role)
+        return before
 
-    def detach(self) -> int:
-        """Returns how many processes still use the actor (0: the caller should kill it)."""
-        self._attached = max(0, self._attached - 1)
-        return self._attached
+    def detach(self, role: str) -> int:
+        """Returns how many roles still use the actor (0: the caller should kill it)."""
+        if self._users is None:
+            self._users = set()
+        self._users.discard(role)
+        return len(self._users)
+
+    def users(self) -> list[str]:
+        return sorted(self._users or ())
+
+
+class RunName(RefCounted):
+    """The name the processes of one split run agree on (`launcher.run.agree_on_name`).
+
+    Created detached under a fixed name in the namespace of the run's configured name, with
+    `get_if_exists`: the first process's proposal (its configured name, or `<name>_<timestamp>`
+    when it reruns a finished run without `continue_from_checkpoint`) wins, and every process
+    started while any process of the run lives reads it, so all of them write to one folder and
+    never to an earlier run's.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get(self) -> str:
+        return self.name

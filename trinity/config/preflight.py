@@ -36,6 +36,7 @@ from trinity.config.problems import Problem, suggest
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
+from trinity.trainer.optim import no_budget_problem
 
 MAX_ROWS_SHOWN = 10  # bad rows listed per dataset; the rest are counted
 
@@ -114,14 +115,13 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
     if trains_from_queue(cfg):
-        # fed by `mode: explore` processes of the same run: nothing to read now, and no size
-        if cfg.buffer.total_steps is None and cfg.trainer.total_steps is None:
+        # fed by `mode: explore` processes of the same run: nothing to read now, and no size;
+        # without a step budget it trains until every explorer has finished, and the lr
+        # schedule must be one that needs no budget
+        no_budget = cfg.buffer.total_steps is None and cfg.trainer.total_steps is None
+        if no_budget and (why := no_budget_problem(cfg.algorithm.optimizer)):
             report.problems.append(
-                Problem(
-                    "buffer.total_steps",
-                    "mode train reading a queue (filled by mode explore processes) needs a "
-                    "step count: the trainer cannot size a queue that is still being written",
-                )
+                Problem("algorithm.optimizer", f"mode train reading a queue: {why}")
             )
     elif cfg.mode == "train" and buf is not None:
         path = "buffer.trainer_input.experience_buffer"

@@ -21,7 +21,7 @@ import ray
 
 from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
-from trinity.buffer.storage import Cursor
+from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.placement import on_node
 from trinity.common.resources import Share
@@ -36,6 +36,7 @@ from trinity.sync.schedule import (
     explorer_syncs_after,
     weights_version_after_explore_step,
 )
+from trinity.sync.synchronizer import TrainingFinished
 from trinity.tasks import Task, load_taskset, make_selector
 from trinity.workflows import WORKFLOW
 
@@ -87,6 +88,7 @@ class Explorer:
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
         self._stream: _Counting | None = None  # the run's task stream, counting what it handed out
+        self._token: int | None = None  # this process's writer token (`register_writer`)
         # DAPO's dynamic sampling: tasks tried per step at most this many times batch_size
         fg = config.algorithm.filter_groups
         self.max_gen = (
@@ -168,7 +170,7 @@ class Explorer:
         self,
         total_steps: int,
         sync: str = "schedule",
-        start: Cursor | None = None,
+        resume: bool = False,
         weights: tuple[str, int] | None = None,
     ) -> dict[str, Any]:
         """Explore `total_steps` steps, syncing weights at the schedule's points; release the buffer.
@@ -179,24 +181,38 @@ class Explorer:
         points it takes whatever newer weights were published, never waits. "request"
         (explorer_driven): at the same points it asks the trainer for its current weights.
 
-        1. evaluate at start (`explorer.eval_on_startup`)
+        1. register with the buffer (superseding a dead process of this explorer) and the
+           synchronizer; `resume`: read this explorer's cursor; evaluate at start
+           (`explorer.eval_on_startup`)
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the
            experiences, report metrics, evaluate every `eval_interval` steps
         3. release the buffer: when its last writer has, the trainer drains it and stops
 
-        Resuming (`start`: this explorer's cursor in the buffer): the task stream skips the tasks
-        it handed out, steps continue after `start.step`, and there is no start-up evaluation;
-        `weights` (a checkpoint and its version: the trainer's resumed one) are loaded first.
+        The trainer's step budget ends exploring too: once it has finished, a write (or a wait
+        for weights it will never publish) tells this explorer so, and it stops after the steps
+        it wrote (`stopped_by_trainer` in the result).
+
+        Resuming (`resume`, with this explorer's cursor in the buffer): the task stream skips the
+        tasks it handed out, steps continue after the cursor's step, and there is no start-up
+        evaluation; `weights` (a checkpoint and its version: the trainer's resumed one) are
+        loaded first.
         """
         if sync not in ("schedule", "latest", "request"):
             raise ValueError(f"sync must be 'schedule', 'latest' or 'request', got {sync!r}")
-        scfg, ecfg = self.cfg.synchronizer, self.cfg.explorer
+        ecfg = self.cfg.explorer
         bound = max_staleness(
             self.cfg.algorithm.sample_strategy, self.cfg.algorithm.sample_strategy_args
         )
-        await self.buffer.register_writer.remote(ecfg.name)
-        await self.synchronizer.register_reader.remote(ecfg.name, self._version())
         # 1.
+        self._token = await self.buffer.register_writer.remote(ecfg.name)
+        await self.synchronizer.register_reader.remote(ecfg.name, self._version())
+        start = await self.buffer.cursor.remote(ecfg.name) if resume else None
+        if start is not None:
+            print(
+                f"explorer {ecfg.name!r} continues after explore step {start.step} "
+                f"({start.tasks} tasks handed out)",
+                flush=True,
+            )
         if ecfg.eval_on_startup and self.eval_tasksets and start is None:
             await self.evaluate(step=0)
         if weights is not None:
@@ -207,40 +223,57 @@ class Explorer:
             for _ in range(start.tasks):
                 next(stream, None)
             first = start.step + 1
-        step = first - 1
-        for step in range(first, total_steps + 1):
-            # 2.
-            synced: dict[str, float] = {}
-            if step > 1 and explorer_syncs_after(step - 1, scfg.sync_interval, scfg.sync_offset):
-                if sync == "schedule":
-                    synced = await self.sync_to(
-                        weights_version_after_explore_step(
-                            step - 1, scfg.sync_interval, scfg.sync_offset
-                        )
-                    )
-                elif sync == "latest":
-                    synced = await self.sync_to_latest()
-                else:
-                    synced = await self.sync_on_request()
-            # admission (staleness_control): no step starts with weights older than its bound
-            oldest = admission_version(step, bound)
-            if self.client is not None and self.client.model_version < oldest:
-                admitted = await self.admit(
-                    oldest, newest=sync != "schedule", ask=sync == "request"
-                )
-                synced = {k: synced.get(k, 0.0) + v for k, v in admitted.items()}
-            tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
-            if not tasks:
-                break
-            metrics = {**synced, **await self.explore_step(step, tasks, stream)}
-            if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
-                metrics.update(await self.evaluate(step, report=False))
-            await self.hub.put.remote("explorer", self.step_offset + step, metrics)
+        step, written, stopped = first - 1, first - 1, ""
+        try:
+            for step in range(first, total_steps + 1):
+                # 2.
+                metrics = await self._step(step, total_steps, stream, sync, bound)
+                if metrics is None:
+                    break  # the tasks ran out
+                written = step
+                await self.hub.put.remote("explorer", self.step_offset + step, metrics)
+        except (BufferClosed, TrainingFinished) as e:
+            stopped = str(e)
+            print(
+                f"explorer {ecfg.name!r}: {stopped}; stopping after explore step {written}",
+                flush=True,
+            )
         # 3. only after success: a failed explorer has not finished writing, and a trainer
         # waiting on it must not take its failure for the end of the data (and checkpoint)
         await self.buffer.release_writer.remote(ecfg.name)
         await self.synchronizer.release_reader.remote(ecfg.name)
-        return {"explore_steps": step}
+        return {"explore_steps": written, "stopped_by_trainer": stopped}
+
+    async def _step(
+        self, step: int, total_steps: int, stream: Iterator[Task], sync: str, bound: int | None
+    ) -> dict[str, float] | None:
+        """Explore step `step`: sync on schedule, admission, run and write the batch (None:
+        no task left)."""
+        scfg, ecfg = self.cfg.synchronizer, self.cfg.explorer
+        synced: dict[str, float] = {}
+        if step > 1 and explorer_syncs_after(step - 1, scfg.sync_interval, scfg.sync_offset):
+            if sync == "schedule":
+                synced = await self.sync_to(
+                    weights_version_after_explore_step(
+                        step - 1, scfg.sync_interval, scfg.sync_offset
+                    )
+                )
+            elif sync == "latest":
+                synced = await self.sync_to_latest()
+            else:
+                synced = await self.sync_on_request()
+        # admission (staleness_control): no step starts with weights older than its bound
+        oldest = admission_version(step, bound)
+        if self.client is not None and self.client.model_version < oldest:
+            admitted = await self.admit(oldest, newest=sync != "schedule", ask=sync == "request")
+            synced = {k: synced.get(k, 0.0) + v for k, v in admitted.items()}
+        tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
+        if not tasks:
+            return None
+        metrics = {**synced, **await self.explore_step(step, tasks, stream)}
+        if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
+            metrics.update(await self.evaluate(step, report=False))
+        return metrics
 
     @property
     def _name(self) -> str:
@@ -375,24 +408,28 @@ class Explorer:
             await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
 
-    async def _write(
-        self, experiences: list[Experience], cursor: Cursor | None, notice_s: float = 30.0
-    ) -> None:
+    async def _write(self, experiences: list[Experience], cursor: Cursor | None) -> None:
         """Write to the buffer (with the cursor after this step); while it is full (nobody
-        reads), say so every `notice_s` s."""
-        ref = self.buffer.write.remote(experiences, cursor)
+        reads), say so."""
+        await self._waiting(
+            self.buffer.write.remote(experiences, cursor, self._token),
+            lambda: (
+                f"the experience buffer is full (capacity {self._capacity()}); waiting for "
+                "a trainer to read"
+            ),
+        )
+
+    async def _waiting(self, ref: Any, what: Any, notice_s: float = 30.0) -> Any:
+        """The result of the actor call `ref`; every `notice_s` s it takes, print `what()`
+        (why this explorer waits) with the time waited so far."""
+        future = asyncio.wrap_future(ref.future())
         waited = 0.0
         while True:
-            done, _ = await asyncio.wait([asyncio.wrap_future(ref.future())], timeout=notice_s)
+            done, _ = await asyncio.wait([future], timeout=notice_s)
             if done:
-                done.pop().result()
-                return
+                return done.pop().result()
             waited += notice_s
-            print(
-                f"explorer {self.cfg.explorer.name!r}: the experience buffer is full "
-                f"(capacity {self._capacity()}); waited {waited:.0f} s for a trainer to read",
-                flush=True,
-            )
+            print(f"explorer {self._name!r}: {what()} ({waited:.0f} s so far)", flush=True)
 
     def _capacity(self) -> int:
         eb = self.cfg.buffer.trainer_input.experience_buffer
@@ -421,8 +458,12 @@ class Explorer:
         assert self.client is not None
         t0 = time.perf_counter()
         timeout = self.cfg.synchronizer.sync_timeout
-        got, payload = await self.synchronizer.wait_for.remote(
-            oldest, timeout, ask, reader=self._name
+        got, payload = await self._waiting(
+            self.synchronizer.wait_for.remote(oldest, timeout, ask, reader=self._name),
+            lambda: (
+                f"admission (max_staleness) waits for the trainer's weights v{oldest} "
+                f"(synchronizer.sync_timeout={timeout} s)"
+            ),
         )
         if newest:
             found = await self.synchronizer.latest.remote(got - 1, reader=self._name)
@@ -438,8 +479,13 @@ class Explorer:
         if self.client is None:
             return {}
         t0 = time.perf_counter()
-        found = await self.synchronizer.request.remote(
-            self.client.model_version, self.cfg.synchronizer.sync_timeout, reader=self._name
+        have, timeout = self.client.model_version, self.cfg.synchronizer.sync_timeout
+        found = await self._waiting(
+            self.synchronizer.request.remote(have, timeout, reader=self._name),
+            lambda: (
+                f"asked the trainer for weights newer than v{have}; waiting for it to "
+                f"publish (synchronizer.sync_timeout={timeout} s)"
+            ),
         )
         if found is None:
             return {"sync/pause_s": time.perf_counter() - t0}
@@ -457,8 +503,13 @@ class Explorer:
         if version <= 0 or self.client is None or self.client.model_version >= version:
             return {}
         t0 = time.perf_counter()
-        got, payload = await self.synchronizer.wait_for.remote(
-            version, self.cfg.synchronizer.sync_timeout, reader=self._name
+        timeout = self.cfg.synchronizer.sync_timeout
+        got, payload = await self._waiting(
+            self.synchronizer.wait_for.remote(version, timeout, reader=self._name),
+            lambda: (
+                f"waiting for the trainer's weights v{version} "
+                f"(synchronizer.sync_timeout={timeout} s)"
+            ),
         )
         t1 = time.perf_counter()
         await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)

@@ -22,6 +22,7 @@ from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
 from trinity.common.plugins import plugin_env
 from trinity.common.resources import ResourcePlan, plan_resources
+from trinity.common.shared import RunName
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.config.run_folder import (
     fresh_name,
@@ -146,11 +147,15 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     """
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
-    config = _fresh_folder_unless_continuing(config, console)
+    joined = init_ray(config.cluster.ray_address, run_namespace(config))
+    name_actor = None
+    if config.mode in ("explore", "train") and joins_existing_run(config):
+        config, name_actor = agree_on_name(config, console)
+    else:
+        config = _fresh_folder_unless_continuing(config, console)
     stages = stage_configs(config)
     if config.mode == "bench" and config.stages:  # bench the run its stages wrote
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
-    joined = init_ray(config.cluster.ray_address, run_namespace(config))
     nodes = run_nodes(config.cluster.node_num, joined)
     run_dir = Path(resolve(config).run_dir)
     types = config.monitor.monitor_type
@@ -179,6 +184,8 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     finally:
         monitor.close()
         ray.kill(hub)
+        if name_actor is not None and ray.get(name_actor.detach.remote(_process_role(config))) == 0:
+            ray.kill(name_actor)
     result = RunResult(
         run_dir=run_dir,
         stages=results,
@@ -187,6 +194,42 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     )
     print_summary(result, console)
     return result
+
+
+def _process_role(cfg: Any) -> str:
+    """Who this process is in a split run: a process started again under its role (after a
+    crash) takes its own place (`common.shared.RefCounted`)."""
+    return f"explorer/{cfg.explorer.name}" if cfg.mode == "explore" else "trainer"
+
+
+def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
+    """The run (folder and actors' namespace) a process of a split run belongs to.
+
+    While any process of the run lives, every process joins it, whatever
+    `continue_from_checkpoint` says: that is what a second process, or a crashed one started
+    again alone, is for. The first process of a run decides: with `continue_from_checkpoint:
+    false` on a folder an earlier run used, the run is `<name>_<timestamp>` (as a single-process
+    run), so it neither trains the earlier run's leftover experiences nor mixes groups with
+    them. Returns the config under the agreed name and the actor holding it (detach at the end).
+    """
+    run_dir = Path(resolve(config).run_dir)
+    fresh = not config.continue_from_checkpoint and has_content(run_dir)
+    proposal = fresh_name(config.name) if fresh else config.name
+    actor = (
+        ray.remote(RunName)
+        .options(num_cpus=0, name="run-name", get_if_exists=True, lifetime="detached")
+        .remote(proposal)
+    )
+    ray.get(actor.attach.remote(_process_role(config)))
+    name = ray.get(actor.get.remote())
+    if name != config.name:
+        console.print(
+            f"[yellow]{run_dir} is in use by an earlier run (continue_from_checkpoint: false): "
+            f"this run is named {name!r}[/]",
+            soft_wrap=True,
+        )
+        config = config.model_copy(update={"name": name})
+    return config, actor
 
 
 def _fresh_folder_unless_continuing(config: Any, console: Console) -> Any:
@@ -238,17 +281,26 @@ def run_stage(
     reads_queue = trains_from_queue(cfg)
     # explore / train as separate processes share the buffer and the synchronizer
     shared = mode in ("explore", "train")
+    # who this process is in the run: a process started again under its role takes its place
+    process_role = _process_role(cfg)
     actors: list[Any] = []  # this process's own: killed at the end of the stage
     attached: list[Any] = []  # shared with other processes of the run: detached when done
+    joined_live_run = [False]
 
     def start(cls: type, role: str, *args: Any, share: bool = False, **resources: float) -> Any:
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64, "name": f"{name}/{role}"}
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "max_concurrency": 64,
+            "name": f"{name}/{role}",
+            "namespace": run_namespace(cfg),
+        }
         options |= resources
         if share:
             options |= {"get_if_exists": True, "lifetime": "detached"}
         actor = ray.remote(cls).options(**options).remote(*args)
         if share:
-            ray.get(actor.attach.remote())
+            if ray.get(actor.attach.remote(process_role)) and not attached:
+                joined_live_run[0] = True  # the first shared actor had users already
             attached.append(actor)
         else:
             actors.append(actor)
@@ -262,6 +314,17 @@ def run_stage(
         if shared:  # an explorer in another process may be loading the previous version
             keep = max(keep, 2)
         sync = start(SynchronizerActor, "synchronizer", rcfg.sync_method, keep, share=shared)
+        if shared and joined_live_run[0]:
+            # another process of this run is live (or this role's own dead process left it):
+            # this process continues the run, whatever continue_from_checkpoint says
+            continuing = True
+            if trains and resume is None:
+                resume = latest_resumable(stage_dir)
+            monitor.console.print(
+                f"joining the live run in {stage_dir} (with {', '.join(ray.get(sync.users.remote()))})"
+                + (f"; the trainer resumes from {resume}" if trains and resume else ""),
+                soft_wrap=True,
+            )
         buffer = None
         if explores or reads_queue:
             buf_name = eb.name if eb and eb.name else "experience_buffer"
@@ -312,23 +375,18 @@ def run_stage(
         sizes: dict[str, int] = {}
         for d in ray.get(prep):
             sizes.update(d)
-        total = _plan_steps(cfg, explores, sizes)
+        total = _plan_steps(cfg, explores, sizes)  # None: a trainer reading until explorers end
         sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
         ray.get(hub.begin_stage.remote(name))
         monitor.begin_stage(
-            name, sources, offset + total, {"final_eval"} if evaluates else set(), first_step=offset
+            name,
+            sources,
+            offset + (total or 0),
+            {"final_eval"} if evaluates else set(),
+            first_step=offset,
         )
         # 3.
         eval_start: dict[str, float] = {}
-        start = None
-        if continuing and explores and buffer is not None:
-            start = ray.get(buffer.cursor.remote(cfg.explorer.name))
-            if start is not None:
-                monitor.console.print(
-                    f"explorer {cfg.explorer.name!r} continues after explore step {start.step} "
-                    f"({start.tasks} tasks handed out)",
-                    soft_wrap=True,
-                )
         if explorer is not None and not explores and cfg.explorer.eval_on_startup and not resume:
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
@@ -337,13 +395,22 @@ def run_stage(
             # the newest, if any; explorer_driven: the trainer's current weights, on request
             weights = (str(resume), checkpoint_step(resume)) if resume and trains else None
             how = explorer_sync(style, trainer_in_run=trains)
-            refs.append(explorer.run.remote(total, sync=how, start=start, weights=weights))
+            refs.append(explorer.run.remote(total, sync=how, resume=continuing, weights=weights))
         if trainer is not None:
             # publish only for a consumer: an explorer that syncs (this process's or, reading a
             # queue, another's); the final evaluation
+            # a split run's trainer with a step budget waits for an explorer started after the
+            # others finished, up to the read timeout; without a budget they end it
+            linger = 0.0
+            if reads_queue and total is not None:
+                linger = eb.max_read_timeout if eb is not None else 1800.0
             refs.append(
                 trainer.run.remote(
-                    total, explores or reads_queue, evaluates, str(resume) if resume else None
+                    total,
+                    explores or reads_queue,
+                    evaluates,
+                    str(resume) if resume else None,
+                    linger,
                 )
             )
         outs = _wait_all(refs, hub, monitor)
@@ -374,7 +441,7 @@ def run_stage(
         for a in actors:
             ray.kill(a)
         for a in attached:  # the last process of the run to let go ends a shared actor
-            if ray.get(a.detach.remote()) == 0:
+            if ray.get(a.detach.remote(process_role)) == 0:
                 ray.kill(a)
 
 
@@ -492,13 +559,13 @@ def _run_part(cfg: Any) -> str:
     return ""
 
 
-def _plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int:
+def _plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int | None:
+    """The stage's steps: the explicit budget, at most what the taskset (or dataset) gives.
+    None: mode train reading a queue without a budget, trained until its explorers finish."""
     explicit = cfg.buffer.total_steps or cfg.trainer.total_steps
     eb = cfg.buffer.trainer_input.experience_buffer
     if not explores and eb is not None and eb.storage_type == "queue":
-        if not explicit:  # pre-flight refuses this config
-            raise ValueError("mode train reading a queue needs buffer.total_steps")
-        return int(explicit)
+        return int(explicit) if explicit else None
     epochs = cfg.buffer.total_epochs
     if explores:
         n, per_step = sizes.get("train_tasks", 0), cfg.buffer.batch_size

@@ -17,6 +17,11 @@ from trinity.common.shared import RefCounted
 from trinity.sync.method import sync_method
 
 
+class TrainingFinished(Exception):
+    """The trainer finished (its step budget, or the data ran out) before publishing the
+    weights asked for: an explorer waiting for them stops instead of waiting forever."""
+
+
 class SynchronizerActor(RefCounted):
     """Ray actor. `publish` from the trainer; `wait_for`, `latest` or `request` from explorers.
 
@@ -44,6 +49,7 @@ class SynchronizerActor(RefCounted):
         ] = {}  # [ObjectRef] or [path]; a list keeps refs as refs
         self._cond = asyncio.Condition()
         self._failed: str | None = None
+        self._finished: int | None = None  # the trainer's last step, once it has finished
         self.trained = 0  # the trainer's newest trained step (explorer_driven: maybe unpublished)
         self.wanted = 0  # a version an explorer waits for and asked the trainer for (0: none)
         self.readers: dict[str, int] = {}  # registered explorer -> the version it holds
@@ -93,6 +99,44 @@ class SynchronizerActor(RefCounted):
             self._prune()
             self._cond.notify_all()
 
+    async def trainer_started(self, step: int) -> None:
+        """A trainer (re)starts at train step `step` (0, or the checkpoint it resumed from).
+
+        A trainer restarted alone in a split run continues from its checkpoint, which can be
+        older than what its dead predecessor published: the versions after `step` came from a
+        timeline that is gone. They are discarded (the resumed trainer publishes those version
+        numbers again, from its own weights), readers holding them count as holding `step`,
+        and the failure the predecessor reported is cleared, so explorers wait for the new one.
+        """
+        async with self._cond:
+            self._failed = None
+            self._finished = None
+            for v in [v for v in self._payloads if v > step]:
+                self._discard(self._payloads.pop(v))
+            self.readers = {r: min(v, step) for r, v in self.readers.items()}
+            self.version = min(self.version, step)
+            self.trained = min(self.trained, step)
+            self.wanted = 0
+            self._cond.notify_all()
+
+    async def finish(self, step: int) -> None:
+        """The trainer is done after train step `step`: whoever waits for a later version gets
+        `TrainingFinished` instead of waiting for weights that never come."""
+        async with self._cond:
+            self._finished = step
+            self._cond.notify_all()
+
+    def _ended(self, version: int) -> None:
+        """Raise why `version` will never be published, if it will not."""
+        if self.version >= version:
+            return
+        if self._failed is not None:
+            raise RuntimeError(f"trainer stopped before publishing v{version}: {self._failed}")
+        if self._finished is not None:
+            raise TrainingFinished(
+                f"the trainer finished after step {self._finished}: no weights v{version}"
+            )
+
     async def fail(self, reason: str) -> None:
         """The trainer died: wake waiting explorers with an error instead of a hang."""
         async with self._cond:
@@ -111,17 +155,17 @@ class SynchronizerActor(RefCounted):
             self.wanted = max(self.wanted, version)
 
         def ready() -> bool:
-            return self.version >= version or self._failed is not None
+            return self.version >= version or self._failed is not None or self._finished is not None
 
         async with self._cond:
             try:
                 await asyncio.wait_for(self._cond.wait_for(ready), timeout)
             except TimeoutError as e:
                 raise TimeoutError(
-                    f"waited {timeout}s for weights v{version}; latest is v{self.version}"
+                    f"waited {timeout}s for weights v{version}; latest is v{self.version}, the "
+                    f"trainer has trained step {self.trained}"
                 ) from e
-            if self.version < version:
-                raise RuntimeError(f"trainer stopped before publishing v{version}: {self._failed}")
+            self._ended(version)
             return self._take(reader, min(v for v in self._payloads if v >= version))
 
     def _discard(self, payload: list[Any]) -> None:
@@ -148,14 +192,18 @@ class SynchronizerActor(RefCounted):
         there is nothing newer: None, and the explorer goes on with its weights.
         """
         async with self._cond:
-            if self.version <= have and self.trained <= have:
+            if self.version <= have and (self.trained <= have or self._finished is not None):
                 return None
             if self.version <= have:
                 self.wanted = max(self.wanted, have + 1)
                 try:
                     await asyncio.wait_for(
                         self._cond.wait_for(
-                            lambda: self.version > have or self._failed is not None
+                            lambda: (
+                                self.version > have
+                                or self._failed is not None
+                                or self._finished is not None
+                            )
                         ),
                         timeout,
                     )
@@ -164,8 +212,9 @@ class SynchronizerActor(RefCounted):
                         f"asked the trainer for weights newer than v{have} and waited {timeout}s "
                         f"(it has trained step {self.trained})"
                     ) from e
-                if self.version <= have:
-                    raise RuntimeError(f"trainer stopped before publishing: {self._failed}")
+                if self.version <= have and self._finished is not None:
+                    return None  # it finished: nothing newer comes
+                self._ended(have + 1)
             return self._take(reader, max(self._payloads))
 
     async def latest(self, newer_than: int, *, reader: str) -> tuple[int, list[Any]] | None:

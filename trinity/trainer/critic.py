@@ -62,9 +62,10 @@ class Critic:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
-    def plan(self, total_steps: int) -> None:
+    def plan(self, total_steps: int | None) -> None:
         opt = self.config.trainer.critic.optimizer
-        self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+        total = None if total_steps is None else max(total_steps, 1)
+        self.optimizer, self.scheduler = build_optimizer(self.model, opt, total)
 
     @torch.no_grad()
     def values(self, batch: Batch, mbs: list[torch.Tensor]) -> torch.Tensor:

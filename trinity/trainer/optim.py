@@ -15,10 +15,28 @@ from typing import Any
 import torch
 
 
-def warmup_steps(opt_cfg: Any, total_steps: int) -> int:
+def warmup_steps(opt_cfg: Any, total_steps: int | None) -> int:
     if opt_cfg.lr_warmup_steps >= 0:
         return int(opt_cfg.lr_warmup_steps)
-    return int(opt_cfg.lr_warmup_steps_ratio * total_steps)
+    if total_steps is None and opt_cfg.lr_warmup_steps_ratio > 0:
+        raise ValueError(no_budget_problem(opt_cfg))
+    return int(opt_cfg.lr_warmup_steps_ratio * (total_steps or 0))
+
+
+def no_budget_problem(opt_cfg: Any) -> str | None:
+    """Why this schedule needs a step budget (a trainer reading a queue until its explorers
+    finish has none), or None when it does not."""
+    if opt_cfg.lr_scheduler_type != "constant":
+        return (
+            f"lr_scheduler_type {opt_cfg.lr_scheduler_type!r} decays over the run's train steps; "
+            "without buffer.total_steps there are none to decay over (set it, or use constant)"
+        )
+    if opt_cfg.lr_warmup_steps < 0 and opt_cfg.lr_warmup_steps_ratio > 0:
+        return (
+            "lr_warmup_steps_ratio is a fraction of the run's train steps; without "
+            "buffer.total_steps there are none (set it, or lr_warmup_steps)"
+        )
+    return None
 
 
 def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: float) -> float:
@@ -41,10 +59,13 @@ def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: floa
 
 
 def build_optimizer(
-    model: torch.nn.Module, opt_cfg: Any, total_steps: int
+    model: torch.nn.Module, opt_cfg: Any, total_steps: int | None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its lr schedule over `total_steps` TRAIN steps: step the scheduler once per train
-    step, after all of that step's optimizer updates."""
+    step, after all of that step's optimizer updates. `total_steps` None (no budget): only a
+    schedule that needs none (`no_budget_problem`)."""
+    if total_steps is None and (problem := no_budget_problem(opt_cfg)):
+        raise ValueError(problem)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params,
@@ -57,7 +78,7 @@ def build_optimizer(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda s: lr_factor(
-            s, warmup, total_steps, opt_cfg.lr_scheduler_type, opt_cfg.min_lr_ratio
+            s, warmup, total_steps or 1, opt_cfg.lr_scheduler_type, opt_cfg.min_lr_ratio
         ),
     )
     return optimizer, scheduler

@@ -12,6 +12,7 @@ from trinity.buffer.storage import BufferClosed
 from trinity.config.resolved import resolve
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
+from trinity.trainer.checkpoint import trained_leases
 from trinity.trainer.sft_data import DatasetSource
 from trinity.trainer.trainer import Trainer
 
@@ -41,6 +42,7 @@ class TrainerRunner:
         self.unacked: list[int] = []  # buffer leases read since the last checkpoint
         self._on_request = False  # sync_style explorer_driven: publish when an explorer asks
         self._read_metrics: dict[str, float] = {}  # a publish while waiting for data
+        self._reader: int | None = None  # this trainer's token with the buffer
 
     def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
         """Load the model (and the SFT dataset in train mode). Returns the dataset size.
@@ -59,24 +61,34 @@ class TrainerRunner:
 
     def run(
         self,
-        total_steps: int,
+        total_steps: int | None,
         publish_steps: bool = True,
         publish_final: bool = True,
         resume_from: str | None = None,
+        linger: float = 0.0,
     ) -> dict[str, Any]:
-        """Train up to `total_steps` steps or until the data runs out.
+        """Train up to `total_steps` steps (None: until the data runs out) or until the data runs
+        out.
 
         Weights are published only for a consumer: `publish_steps` when an explorer syncs during
         the run (mode both), `publish_final` when someone evaluates or explores with the final
-        weights. An SFT stage with no evaluation publishes nothing.
+        weights. An SFT stage with no evaluation publishes nothing. `linger` (a split run's
+        trainer with a step budget): when every explorer has released the buffer before the
+        budget is reached, wait that long for an explorer started later before ending.
 
         1. read one train batch (buffer queue, or the SFT dataset)
         2. train step
         3. publish weights on schedule, checkpoint every `save_interval` steps, report metrics
-        4. at the end: final checkpoint, publish the final weights for the last evaluation
+        4. at the end: finish the buffer (explorers stop; what is pending is dropped, counted)
+           and the synchronizer (an explorer waiting for later weights stops), final
+           checkpoint, publish the final weights for the last evaluation
 
         `resume_from`: a checkpoint of this stage (with its trainer state) to continue from: its
         weights, optimizer, scheduler, RNG and step; the dataset skips the batches it trained.
+        Reading a buffer, the trainer first settles that checkpoint's leases and takes back
+        every other lease a dead predecessor held (`reader_started`), and tells the
+        synchronizer where it restarts (`trainer_started`): a trainer restarted alone in a
+        split run rejoins it.
         """
         cfg = self.cfg
         style = cfg.synchronizer.sync_style
@@ -93,11 +105,23 @@ class TrainerRunner:
             last_saved = Path(resume_from)
             if self.dataset is not None:
                 self.dataset.skip(step)  # one batch per train step
+        if self.dataset is None and self.buffer is not None:
+            settled = trained_leases(Path(resume_from) if resume_from else None)
+            started = ray.get(self.buffer.reader_started.remote(settled))
+            self._reader = started["reader"]
+            if started["returned"]:
+                print(
+                    f"trainer: {started['returned']} experiences an earlier trainer of this run "
+                    "had read and not checkpointed go back to the buffer",
+                    flush=True,
+                )
+        ray.get(self.synchronizer.trainer_started.remote(step))
+        budget_reached = False
         try:
-            while step < total_steps:
+            while total_steps is None or step < total_steps:
                 # 1.
                 t0 = time.perf_counter()
-                exps = self._read(n, step)
+                exps = self._read(n, step, linger)
                 if not exps:
                     break
                 wait = time.perf_counter() - t0
@@ -121,16 +145,32 @@ class TrainerRunner:
                 ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
                 if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
                     last_saved = self._checkpoint(step)
+            budget_reached = total_steps is not None and step >= total_steps
         except BaseException as e:
             ray.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
             raise
         # 4.
+        dropped = 0
+        if self.dataset is None and self.buffer is not None:
+            dropped = ray.get(self.buffer.finish.remote())
+            if dropped:
+                print(
+                    f"trainer: step budget {total_steps} reached; {dropped} experiences written "
+                    "after it are dropped (not trained)",
+                    flush=True,
+                )
         final = last_saved
         if final is None or not final.name.endswith(f"_{step}"):
             final = self._checkpoint(step)
         if publish_final:
             self._publish(step, final=True)
-        return {"train_steps": step, "checkpoint": str(final)}
+        ray.get(self.synchronizer.finish.remote(step))
+        return {
+            "train_steps": step,
+            "checkpoint": str(final),
+            "budget_reached": budget_reached,
+            "dropped": dropped,
+        }
 
     def _checkpoint(self, step: int) -> Path:
         """Save a checkpoint, then ack the buffer leases its steps used: they are trained for good."""
@@ -143,18 +183,24 @@ class TrainerRunner:
             self.unacked = []
         return path
 
-    def _read(self, n: int, step: int) -> list[Any] | None:
-        """The next train batch; None when the data is done. `step`: the last trained step."""
+    def _read(self, n: int, step: int, linger: float = 0.0) -> list[Any] | None:
+        """The next train batch; None when the data is done. `step`: the last trained step.
+
+        Waits at most `max_read_timeout` s, in slices, saying every `notice_s` s what it waits
+        for; `linger`: see `run`."""
         if self.dataset is not None:
             return self.dataset.read(n)
         timeout = self.cfg.buffer.trainer_input.experience_buffer
         timeout = timeout.max_read_timeout if timeout is not None else 1800.0
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline, notice_s, noticed = t0 + timeout, 30.0, t0
         while True:
             # explorer_driven: wait in 1 s slices and answer an explorer's request between them
-            wait = min(1.0, timeout) if self._on_request else timeout
+            wait = min(1.0 if self._on_request else notice_s, max(0.0, deadline - time.monotonic()))
             try:
-                lease = ray.get(self.buffer.read.remote(n, wait))
+                lease = ray.get(
+                    self.buffer.read.remote(n, wait, linger=linger, reader=self._reader)
+                )
                 self.unacked.append(lease.id)
                 return lease.experiences
             except BufferClosed:
@@ -163,11 +209,23 @@ class TrainerRunner:
                 cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
                 if isinstance(cause, BufferClosed):
                     return None
-                if not (isinstance(cause, TimeoutError) and self._on_request):
+                if not isinstance(cause, TimeoutError) or time.monotonic() >= deadline:
                     raise
-                if time.monotonic() >= deadline:
-                    raise
-            if step > 0 and ray.get(self.synchronizer.trained_step.remote(step)):
+            now = time.monotonic()
+            if now - noticed >= notice_s:
+                noticed = now
+                state = ray.get(self.buffer.describe.remote())
+                print(
+                    f"trainer: step {step + 1} waits for {n} experiences ({now - t0:.0f} s of "
+                    f"buffer.trainer_input.experience_buffer.max_read_timeout={timeout:.0f} s; "
+                    f"buffer: {state})",
+                    flush=True,
+                )
+            if (
+                self._on_request
+                and step > 0
+                and ray.get(self.synchronizer.trained_step.remote(step))
+            ):
                 self._read_metrics = self._publish(step)
 
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:

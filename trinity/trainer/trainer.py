@@ -128,10 +128,12 @@ class Trainer:
                 )
             self.overlong = (horizon, ocfg.buffer_len or max(1, horizon // 5), ocfg.penalty_factor)
 
-    def plan(self, total_steps: int) -> None:
-        """Build the optimizer and its lr schedule over `total_steps` train steps."""
+    def plan(self, total_steps: int | None) -> None:
+        """Build the optimizer and its lr schedule over `total_steps` train steps (None: no
+        budget, a constant schedule)."""
         opt = self.config.algorithm.optimizer
-        self.optimizer, self.scheduler = build_optimizer(self.model, opt, max(total_steps, 1))
+        total = None if total_steps is None else max(total_steps, 1)
+        self.optimizer, self.scheduler = build_optimizer(self.model, opt, total)
         if self.critic is not None:
             self.critic.plan(total_steps)
 

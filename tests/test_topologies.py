@@ -1,0 +1,292 @@
+"""Every topology ends cleanly, whichever side runs out first (slow: real processes on a cluster).
+
+The matrix of issue "runs that cannot hang": {mode both; an explore and a train process; two
+explorers and a trainer, the second explorer started after the first finished} x {the trainer's
+step budget is reached first; the explorers' tasks run out first}. Each cell: every process exits
+0 within its bound, `trinity buffer stats` shows written = trained + dropped with nothing pending,
+leased or trained twice, and the run's shared actors are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.ray_cluster import Cluster, named_actors, private_cluster
+from trinity.buffer.sqlite_log import SQLiteLog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+PER_STEP = 4 * 4  # batch_size tasks x repeat_times samples: experiences per explore step
+
+
+def config(tmp_path: Path, model_dir: Path, name: str, extra: str = "") -> Path:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        project: topo
+        name: {name}
+        checkpoint_root_dir: {tmp_path / "ckpt"}
+        model: {{model_path: {model_dir}, max_response_tokens: 4}}
+        algorithm:
+          algorithm_type: grpo
+          repeat_times: 4
+          optimizer: {{lr: 1.0e-3}}
+        buffer:
+          batch_size: 4
+          explorer_input:
+            taskset:
+              name: add
+              storage_type: synthetic
+              path: arithmetic
+              generator_args: {{digits: 2, num_tasks: 200, seed: 0}}
+              format: {{prompt_key: question, response_key: answer}}
+            default_reward_fn_type: arithmetic_reward
+          trainer_input:
+            experience_buffer: {{name: exp, storage_type: queue, max_read_timeout: 60}}
+        explorer: {{runner_per_model: 16}}
+        trainer: {{micro_batch_size_per_gpu: 16, use_dynamic_bsz: false}}
+        monitor: {{monitor_type: jsonl}}
+        """)
+        + extra
+    )
+    return cfg
+
+
+def start(cfg: Path, cluster: Cluster | None, *sets: str) -> subprocess.Popen:
+    args = [a for s in sets for a in ("--set", s)]
+    if cluster is not None:
+        args += ["--set", f"cluster.ray_address={cluster.address}"]
+    else:
+        args += ["--set", "cluster.ray_address=local"]
+    env = cluster.env if cluster is not None else None
+    return subprocess.Popen(
+        [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *args],
+        cwd=ROOT,
+        env={**(env or __import__("os").environ), "TRINITY_CACHE_DIR": str(cfg.parent / "cache")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(procs: dict[str, subprocess.Popen], bound_s: float) -> dict[str, str]:
+    """Wait for every process (all of them within `bound_s` s); each must exit 0."""
+    deadline, outs = time.time() + bound_s, {}
+    try:
+        for role, p in procs.items():
+            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+            outs[role] = out + err
+    except subprocess.TimeoutExpired as e:
+        for p in procs.values():
+            p.kill()
+        tails = {r: "".join(p.communicate())[-3000:] for r, p in procs.items()}
+        raise AssertionError(f"not done within {bound_s} s: {tails}") from e
+    for role, p in procs.items():
+        assert p.returncode == 0, (role, outs[role][-4000:])
+    return outs
+
+
+def wait_exit(p: subprocess.Popen, bound_s: float) -> str:
+    out, err = p.communicate(timeout=bound_s)
+    assert p.returncode == 0, (out + err)[-4000:]
+    return out + err
+
+
+def counts(cfg: Path) -> dict[str, int]:
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    (only,) = json.loads(stats.stdout).values()
+    return only
+
+
+def trained_steps(run_dir: Path, part: str) -> list[int]:
+    rows = [json.loads(x) for x in (run_dir / f"metrics{part}.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if "train/loss" in r]
+
+
+def explored_steps(run_dir: Path, part: str) -> list[int]:
+    rows = [json.loads(x) for x in (run_dir / f"metrics{part}.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if "rollout/tasks" in r]
+
+
+def assert_clean(c: dict[str, int], trained: int) -> None:
+    assert c["trained"] == trained, c
+    assert c["written"] == c["trained"] + c["dropped"], c
+    assert c["pending"] == c["leased"] == c["trained_twice"] == 0, c
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with private_cluster() as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("steps", "tasks", "expect"),
+    [(3, 200, 3), (50, 12, 3)],
+    ids=["budget_first", "tasks_first"],
+)
+def test_mode_both(tmp_path, tiny_model_dir, steps, tasks, expect):
+    # one process: explorer and trainer plan the same steps, min(budget, what the tasks give)
+    cfg = config(tmp_path, tiny_model_dir, "both")
+    p = start(
+        cfg,
+        None,
+        f"buffer.total_steps={steps}",
+        f"buffer.explorer_input.taskset.generator_args.num_tasks={tasks}",
+        "buffer.total_epochs=1",
+    )
+    finish({"both": p}, bound_s=240)
+    run_dir = tmp_path / "ckpt" / "topo" / "both"
+    assert trained_steps(run_dir, "") == list(range(1, expect + 1))
+    assert_clean(counts(cfg), trained=expect * PER_STEP)
+
+
+def test_explore_and_train_processes_trainer_budget_first(tmp_path, tiny_model_dir, cluster):
+    # the trainer's budget (3 steps) ends the run: the explorer, planning 20, is told by its
+    # next write and stops cleanly; what it wrote past the budget is dropped, counted
+    cfg = config(tmp_path, tiny_model_dir, "split_budget")
+    procs = {
+        "train": start(cfg, cluster, "mode=train", "buffer.total_steps=3"),
+        "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=20"),
+    }
+    outs = finish(procs, bound_s=300)
+    assert "the trainer has finished" in outs["explore"]
+    run_dir = tmp_path / "ckpt" / "topo" / "split_budget"
+    assert trained_steps(run_dir, ".trainer") == [1, 2, 3]
+    assert len(explored_steps(run_dir, ".explorer-explorer")) < 20
+    assert_clean(counts(cfg), trained=3 * PER_STEP)
+    assert named_actors(cluster, "trinity:topo/split_budget") == []
+
+
+def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, cluster):
+    # no budget on the trainer: it trains until its explorer has finished (3 steps)
+    cfg = config(tmp_path, tiny_model_dir, "split_tasks")
+    procs = {
+        "train": start(cfg, cluster, "mode=train"),
+        "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=3"),
+    }
+    finish(procs, bound_s=300)
+    run_dir = tmp_path / "ckpt" / "topo" / "split_tasks"
+    assert trained_steps(run_dir, ".trainer") == [1, 2, 3]
+    assert_clean(counts(cfg), trained=3 * PER_STEP)
+    assert named_actors(cluster, "trinity:topo/split_tasks") == []
+    # run again without continue_from_checkpoint: both processes agree on one fresh folder
+    # (the first to start names it), and nothing of the first run is read or trained again
+    before = counts(cfg)
+    procs = {
+        "train": start(cfg, cluster, "mode=train"),
+        "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=2"),
+    }
+    finish(procs, bound_s=300)
+    (fresh,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("split_tasks_")]
+    assert trained_steps(fresh, ".trainer") == [1, 2]
+    assert explored_steps(fresh, ".explorer-explorer") == [1, 2]
+    assert_clean(counts(cfg), trained=2 * PER_STEP)  # buffer stats reads the newest run
+    stats_old = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config", str(cfg)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert str(fresh) in stats_old.stderr
+    # the first run's folder is as it was
+    assert trained_steps(run_dir, ".trainer") == [1, 2, 3]
+    old = SQLiteLog(run_dir / "buffer" / "exp.db", read_only=True)
+    assert old.counts() == before
+    old.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "trained"), [(6, 6), (20, 8)], ids=["budget_first", "tasks_first"]
+)
+def test_a_second_explorer_started_after_the_first_finished(
+    tmp_path, tiny_model_dir, cluster, budget, trained
+):
+    # alpha explores 4 steps and exits; only then beta starts (4 steps). A trainer with a step
+    # budget waits for beta (it lingers up to max_read_timeout once every explorer it knows has
+    # finished): budget 6 ends the run in beta's third step; budget 20 trains all 8, then ends
+    # when no further explorer joins within the linger
+    name = f"late_{budget}"
+    cfg = config(tmp_path, tiny_model_dir, name)
+    trainer = start(cfg, cluster, "mode=train", f"buffer.total_steps={budget}")
+    alpha = start(cfg, cluster, "mode=explore", "explorer.name=alpha", "buffer.total_steps=4")
+    wait_exit(alpha, 300)
+    beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=4")
+    finish({"train": trainer, "beta": beta}, bound_s=300)
+    run_dir = tmp_path / "ckpt" / "topo" / name
+    assert trained_steps(run_dir, ".trainer") == list(range(1, trained + 1))
+    assert explored_steps(run_dir, ".explorer-alpha") == [1, 2, 3, 4]
+    assert_clean(counts(cfg), trained=trained * PER_STEP)
+    assert named_actors(cluster, f"trinity:topo/{name}") == []
+
+
+def wait_for_step(log: Path, key: str, step: int, procs: list[subprocess.Popen], bound_s: float):
+    """Until `log` (a metrics file) has a record with `key` at step >= `step`."""
+    deadline = time.time() + bound_s
+    while True:
+        if log.is_file():
+            rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+            if any(key in r and r["step"] >= step for r in rows):
+                return
+        for p in procs:
+            assert p.poll() is None, "".join(p.communicate())[-4000:]
+        assert time.time() < deadline, f"{log} reached no step {step} in {bound_s} s"
+        time.sleep(0.5)
+
+
+def test_sigkill_the_trainer_of_a_split_run_and_start_it_again_alone(
+    tmp_path, tiny_model_dir, cluster
+):
+    # the trainer checkpoints every 2 steps; killed after step 3 it comes back alone (the same
+    # command), joins the live run, resumes from step 2, takes back the leases its dead process
+    # held, and the synchronizer accepts its older weights version: nothing lost, nothing trained
+    # twice, the run ends
+    cfg = config(tmp_path, tiny_model_dir, "kill_trainer")
+    run_dir = tmp_path / "ckpt" / "topo" / "kill_trainer"
+    train_args = ("mode=train", "buffer.total_steps=8", "trainer.save_interval=2")
+    trainer = start(cfg, cluster, *train_args)
+    explorer = start(cfg, cluster, "mode=explore", "buffer.total_steps=8")
+    wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer, explorer], 300)
+    trainer.kill()  # SIGKILL: no clean-up of any kind
+    trainer.communicate()
+    again = start(cfg, cluster, *train_args)
+    outs = finish({"train": again, "explore": explorer}, bound_s=300)
+    assert "joining the live run" in outs["train"] and "global_step_2" in outs["train"]
+    assert (run_dir / "global_step_8" / "model.safetensors").exists()
+    assert_clean(counts(cfg), trained=8 * PER_STEP)
+    assert named_actors(cluster, "trinity:topo/kill_trainer") == []
+
+
+def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_model_dir, cluster):
+    # alpha is killed after its second step and started again alone: it continues after its
+    # cursor in the buffer (a step it had not written is done again), beta never notices, and
+    # the trainer trains what both wrote, each experience once
+    cfg = config(tmp_path, tiny_model_dir, "kill_explorer")
+    run_dir = tmp_path / "ckpt" / "topo" / "kill_explorer"
+    alpha_args = ("mode=explore", "explorer.name=alpha", "buffer.total_steps=5")
+    trainer = start(cfg, cluster, "mode=train", "buffer.total_steps=10")
+    alpha = start(cfg, cluster, *alpha_args)
+    beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=5")
+    wait_for_step(
+        run_dir / "metrics.explorer-alpha.jsonl", "rollout/tasks", 2, [trainer, alpha, beta], 300
+    )
+    alpha.kill()
+    alpha.communicate()
+    again = start(cfg, cluster, *alpha_args)
+    outs = finish({"train": trainer, "alpha": again, "beta": beta}, bound_s=400)
+    assert "continues after explore step" in outs["alpha"]
+    assert trained_steps(run_dir, ".trainer") == list(range(1, 11))
+    assert sorted(set(explored_steps(run_dir, ".explorer-alpha"))) == [1, 2, 3, 4, 5]
+    assert_clean(counts(cfg), trained=10 * PER_STEP)
+    assert named_actors(cluster, "trinity:topo/kill_explorer") == []
