@@ -6,7 +6,8 @@ import asyncio
 import pytest
 import torch
 
-from trinity.buffer.queue import BufferClosed, QueueStorage
+from trinity.buffer.queue import BufferClosed, QueueStorage, Superseded
+from trinity.buffer.storage import Cursor
 from trinity.common.experience import EID, Experience
 
 
@@ -263,5 +264,109 @@ def test_restart_holds_at_most_capacity_in_memory_and_pages_the_rest_in_order(tm
         # every pending row once, in write order, then what was written after the restart
         assert got == [float(i) for i in range(30)] + [100.0, 101.0]
         assert q.stats()["pending"] == 0 and q.stats()["leased"] == 32
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["sqlite", "memory"])
+def test_the_trainer_s_budget_finishes_the_buffer_for_every_writer(tmp_path, durable):
+    # the trainer reached its step budget: a writer blocked at capacity and any later write are
+    # told (BufferClosed), what is pending is dropped and counted: written = trained + dropped
+    async def main():
+        q = QueueStorage(tmp_path / "b.db" if durable else None, capacity=3)
+        await q.register_writer("alpha")
+        await q.write([exp(0), exp(1)])
+        lease = await q.read(2, timeout=1)
+        await q.write([exp(2), exp(3), exp(4)])
+        blocked = asyncio.create_task(q.write([exp(5)]))  # 3 pending: at capacity
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        assert await q.finish() == 3
+        with pytest.raises(BufferClosed, match="trainer has finished"):
+            await blocked
+        await q.ack([lease.id])
+        c = q.stats()
+        assert (c["written"], c["trained"], c["dropped"], c["pending"]) == (5, 2, 3, 0)
+        with pytest.raises(BufferClosed):
+            await q.read(1, timeout=1)
+
+    asyncio.run(main())
+    if durable:  # an explore process started after the run ended is refused, not left filling
+        q = QueueStorage(tmp_path / "b.db")
+
+        async def later():
+            await q.register_writer("late")
+            with pytest.raises(BufferClosed, match="trainer has finished"):
+                await q.write([exp(6)])
+            await q.reader_started([])  # a continued run's trainer reopens it
+            await q.write([exp(6)])
+            assert [e.reward for e in (await q.read(1, timeout=1)).experiences] == [6.0]
+
+        asyncio.run(later())
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["sqlite", "memory"])
+def test_a_restarted_trainer_gets_back_what_its_dead_process_read(tmp_path, durable):
+    # trainer 1 read leases 1, 2 and 3, checkpointed after lease 1 (its checkpoint records it,
+    # the ack was lost with the process) and died. Trainer 2 resumes from that checkpoint:
+    # lease 1 is settled, 2 and 3 come back first, in write order, then what was never read
+    async def main():
+        q = QueueStorage(tmp_path / "b.db" if durable else None)
+        await q.write([exp(i) for i in range(8)])
+        first = await q.reader_started([])
+        leases = [await q.read(2, timeout=1, reader=first["reader"]) for _ in range(3)]
+        ghost = asyncio.create_task(q.read(4, timeout=5, reader=first["reader"]))
+        await asyncio.sleep(0.01)  # a read of the dead trainer, still waiting in the actor
+        second = await q.reader_started([leases[0].id])
+        assert second["returned"] == 4
+        with pytest.raises(Superseded):
+            await ghost  # takes nothing
+        got = await q.read(6, timeout=1, reader=second["reader"])
+        assert [e.reward for e in got.experiences] == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+        await q.ack([got.id])
+        c = q.stats()
+        assert (c["trained"], c["pending"], c["leased"], c["trained_twice"]) == (8, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_a_write_of_a_replaced_explorer_process_writes_nothing(tmp_path):
+    async def main():
+        q = QueueStorage(tmp_path / "b.db", capacity=1)
+        old = await q.register_writer("alpha")
+        await q.write([exp(0)], Cursor("alpha", 1, 4), old)
+        ghost = asyncio.create_task(q.write([exp(1)], Cursor("alpha", 2, 8), old))
+        await asyncio.sleep(0.01)  # blocked at capacity when its process was SIGKILLed
+        new = await q.register_writer("alpha")  # the explore process started again
+        with pytest.raises(Superseded):
+            await ghost
+        assert await q.cursor("alpha") == Cursor("alpha", 1, 4)  # it continues after step 1
+        await q.read(1, timeout=1)
+        await q.write([exp(1)], Cursor("alpha", 2, 8), new)
+        assert q.stats()["written"] == 2
+
+    asyncio.run(main())
+
+
+def test_a_reader_with_a_linger_waits_for_an_explorer_started_later(tmp_path):
+    async def main():
+        q = QueueStorage(tmp_path / "b.db")
+        await q.register_writer("alpha")
+        await q.write([exp(0), exp(1)])
+        await q.release_writer("alpha")  # every writer it knows is done
+        assert [e.reward for e in (await q.read(2, timeout=1, linger=5)).experiences] == [0, 1]
+        reader = asyncio.create_task(q.read(2, timeout=5, linger=5))
+        await asyncio.sleep(0.05)
+        assert not reader.done() and q.lingering()
+        await q.register_writer("beta")  # a second explorer joins within the linger
+        await q.write([exp(2), exp(3)])
+        assert [e.reward for e in (await reader).experiences] == [2.0, 3.0]
+        await q.release_writer("beta")
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(BufferClosed):  # nobody else comes: the linger ends the run
+            await q.read(2, timeout=5, linger=0.2)
+        assert 0.15 <= asyncio.get_running_loop().time() - t0 < 2
+        with pytest.raises(BufferClosed):  # without a linger, at once
+            await q.read(2, timeout=5)
 
     asyncio.run(main())

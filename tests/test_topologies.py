@@ -290,3 +290,38 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     assert sorted(set(explored_steps(run_dir, ".explorer-alpha"))) == [1, 2, 3, 4, 5]
     assert_clean(counts(cfg), trained=10 * PER_STEP)
     assert named_actors(cluster, "trinity:topo/kill_explorer") == []
+
+
+def test_the_readme_s_two_process_example_runs_as_printed(tmp_path, cluster):
+    # the README's block, command for command; `ray start --head` / `ray stop` are the private
+    # cluster here, which `ray_address: auto` joins through RAY_ADDRESS as it would the default
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("Fully asynchronous RFT in two processes")[1].split("```bash\n")[1]
+    lines = block.split("```")[0].strip().splitlines()
+    assert lines[0] == "ray start --head" and lines[-2:] == ["wait", "ray stop"], lines
+    env = {
+        **cluster.env,
+        "RAY_ADDRESS": cluster.address,
+        "TRINITY_CHECKPOINT_ROOT": str(tmp_path / "ckpt"),
+        "TRINITY_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    procs = {}
+    for line in lines[1:-2]:
+        argv = line.rstrip(" &").split()
+        assert argv[:2] == ["trinity", "run"], line
+        procs[line] = subprocess.Popen(
+            [sys.executable, "-m", "trinity.cli", *argv[1:]],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    finish(procs, bound_s=400)
+    run_dir = tmp_path / "ckpt" / "async" / "grpo"
+    explored = explored_steps(run_dir, ".explorer-explorer")
+    assert explored == list(range(1, 9))  # 64 tasks, 8 per step
+    assert trained_steps(run_dir, ".trainer") == explored
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", "--config",
+         "examples/async/async_grpo.yaml"],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    assert_clean(json.loads(stats.stdout)["buffer/exp.db"], trained=8 * 8 * 4)

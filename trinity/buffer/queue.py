@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from pathlib import Path
 
 from trinity.buffer.sqlite_log import SQLiteLog
@@ -54,6 +55,7 @@ class QueueStorage(RefCounted):
         self.dropped = 0
         self._leased_items: dict[int, list[tuple[int, Experience]]] = {}  # memory only (no log)
         self._reader = 0  # the current trainer's token (`reader_started`)
+        self._released_at: float | None = None  # when every writer had released (monotonic)
         self._tokens: dict[str, int] = {}  # writer -> its current process's token
         if self.log is not None:
             self._reload(settled)
@@ -157,11 +159,12 @@ class QueueStorage(RefCounted):
         produced by older weights. Raises TimeoutError after `timeout` s. `reader`: the token of
         `reader_started`; a superseded one raises `Superseded`.
         """
-        loop = asyncio.get_running_loop()
-        all_released_at: float | None = None
+
+        def lingered() -> float:
+            """Seconds since every writer released (0 while some writer writes)."""
+            return time.monotonic() - self._released_at if self._released_at is not None else 0
 
         def ready() -> bool:
-            nonlocal all_released_at
             if reader is not None and reader != self._reader:
                 return True
             self._page_in(max(n, self.capacity))
@@ -169,17 +172,16 @@ class QueueStorage(RefCounted):
             if len(self._items) >= n:
                 return True
             if not self._closed or self._on_disk:
-                all_released_at = None
                 return False
             if self._closed_for_good or linger <= 0:
                 return True
-            if all_released_at is None:
-                all_released_at = loop.time()
-            return loop.time() - all_released_at >= linger
+            return lingered() >= linger
 
         async def wait() -> None:
             while not ready():
-                slice_ = linger if self._closed and not self._closed_for_good else None
+                slice_ = None
+                if self._closed and not self._closed_for_good:
+                    slice_ = max(0.01, linger - lingered())
                 with contextlib.suppress(TimeoutError):  # the linger ran out: `ready` says so
                     await asyncio.wait_for(self._cond.wait(), slice_)
 
@@ -256,6 +258,7 @@ class QueueStorage(RefCounted):
             self._released.discard(writer)
             if self._closed and not self._closed_for_good:
                 self._closed = False
+            self._released_at = None
             self._tokens[writer] = self._tokens.get(writer, 0) + 1
             self._cond.notify_all()
             return self._tokens[writer]
@@ -268,7 +271,13 @@ class QueueStorage(RefCounted):
             self._released.add(writer)
             if self._released == self._writers:
                 self._closed = True
+                self._released_at = time.monotonic()
                 self._cond.notify_all()
+
+    def lingering(self) -> bool:
+        """Every writer has released but the buffer is not finished: a reader with a `linger`
+        waits for a writer that may still come (bounded by the linger itself)."""
+        return self._closed and not self._closed_for_good
 
     async def close(self) -> None:
         """End writing now: pending and future reads drain what is left, then see BufferClosed."""

@@ -122,6 +122,10 @@ class ExperienceStorage(Protocol):
         """The trainer reached its step budget: end writing for good, drop what is pending."""
         ...
 
+    def lingering(self) -> bool:
+        """Every writer has released, the storage is not finished: a `linger` may still end."""
+        ...
+
     def describe(self) -> str:
         """The storage's state in words, for messages of whoever waits on it."""
         ...

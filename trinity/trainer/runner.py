@@ -196,7 +196,8 @@ class TrainerRunner:
         deadline, notice_s, noticed = t0 + timeout, 30.0, t0
         while True:
             # explorer_driven: wait in 1 s slices and answer an explorer's request between them
-            wait = min(1.0 if self._on_request else notice_s, max(0.0, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            wait = min(1.0 if self._on_request else notice_s, max(1.0, left))
             try:
                 lease = ray.get(
                     self.buffer.read.remote(n, wait, linger=linger, reader=self._reader)
@@ -209,7 +210,13 @@ class TrainerRunner:
                 cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
                 if isinstance(cause, BufferClosed):
                     return None
-                if not isinstance(cause, TimeoutError) or time.monotonic() >= deadline:
+                if not isinstance(cause, TimeoutError):
+                    raise
+                # past the deadline, unless the buffer lingers for a late explorer: its linger
+                # (at most max_read_timeout) ends the wait
+                if time.monotonic() >= deadline and not (
+                    linger > 0 and ray.get(self.buffer.lingering.remote())
+                ):
                     raise
             now = time.monotonic()
             if now - noticed >= notice_s:
