@@ -11,7 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trinity.algorithm import POLICY_LOSS_FN, Aggregator
-from trinity.algorithm.correction import log_weights, mismatch_metrics, rollout_correction
+from trinity.algorithm.correction import (
+    log_weights,
+    mismatch_metrics,
+    rejected_rows,
+    rollout_correction,
+)
 from trinity.algorithm.inputs import PolicyLossInput
 from trinity.trainer.batch import collate, micro_batches
 from trinity.trainer.trainer import Trainer
@@ -84,6 +89,37 @@ def test_rejection_masks_by_hand() -> None:
         rollout_rs_threshold_lower=0.55,
     )  # fmt: skip
     assert keep.tolist() == [[True, True, True], [False, False, False]]
+
+
+def test_a_row_rejected_whole_leaves_the_sequence_count() -> None:
+    # sequence, bounds [0.55, 2]: row 1 (e^-0.7 = 0.497) is dropped whole, row 0 kept
+    _, keep, m = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="sequence", rollout_rs_threshold=2.0,
+        rollout_rs_threshold_lower=0.55,
+    )  # fmt: skip
+    assert rejected_rows(MASK, keep).tolist() == [False, True]
+    assert m["rs_rejected_seq_frac"] == pytest.approx(1 / 2)
+    # token level: row 0 keeps one token, row 1 keeps one: no row is rejected whole
+    _, keep_t, m_t = rollout_correction(OLD, ROLL, MASK, rollout_rs="token", rollout_rs_threshold=1.5)
+    assert not rejected_rows(MASK, keep_t).any() and m_t["rs_rejected_seq_frac"] == 0.0
+    # a row with no trained token to begin with is not "rejected": it keeps counting
+    empty = torch.tensor([[True, False], [False, False]])
+    assert rejected_rows(empty, empty).tolist() == [False, False]
+
+    # the seq-mean modes then average over the one sequence left, N_seqs = 2 - 1 = 1
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
+    n_seqs = 2 - int(rejected_rows(MASK, keep).sum())
+    agg = Aggregator("seq-mean-token-sum", num_tokens=float(keep.sum()), num_seqs=n_seqs)
+    close(agg(loss, keep), 6.0)  # (1 + 2 + 3) / 1, not / 2
+    agg = Aggregator("seq-mean-token-mean", num_seqs=n_seqs)
+    close(agg(loss, keep), 2.0)  # (6 / 3) / 1
+    agg = Aggregator("seq-mean-token-sum-norm", num_seqs=n_seqs, norm_length=4.0)
+    close(agg(loss, keep), 1.5)  # 6 / (1 · 4)
+    # micro-batch invariance with the global counts: one micro-batch per row sums to the whole
+    for mode in ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean"):
+        agg = Aggregator(mode, num_tokens=float(keep.sum()), num_seqs=n_seqs)
+        parts = agg(loss[:1], keep[:1]) + agg(loss[1:], keep[1:])
+        close(parts, agg(loss, keep))
 
 
 @pytest.mark.parametrize(
@@ -213,3 +249,26 @@ def test_correction_weights_enter_the_loss(tmp_path, tiny_model_dir) -> None:
         delta = torch.where(ref.action_mask, ref.old_logprob - ref.rollout_logprob, 0.0)
         w = torch.exp(delta.sum(-1, keepdim=True).clamp(-20, 20)).clamp(max=3.0)
         close(inp.advantages, torch.where(ref.action_mask, ref.advantages * w, 0.0), atol=1e-5)
+
+
+def test_trainer_takes_rejected_rows_out_of_the_sequence_count(tmp_path, tiny_model_dir) -> None:
+    # sequence-level rejection with a narrow band: the engine's noise (±0.8 a token) drops some
+    # rows whole and keeps others
+    trainer, exps = _trainer_and_batch(
+        tmp_path, tiny_model_dir,
+        "rollout_rs: sequence, rollout_rs_threshold: 1.6, rollout_rs_threshold_lower: 0.6",
+    )  # fmt: skip
+    seen: list[tuple[PolicyLossInput, Aggregator]] = []
+    loss_fn = trainer.algo.policy_loss_fn
+
+    def capture(inp, **kw):
+        seen.append((inp, kw["agg"]))
+        return loss_fn(inp, **kw)
+
+    trainer.algo = dataclasses.replace(trainer.algo, policy_loss_fn=capture)
+    metrics = trainer.train_step(exps)
+    # every experience has trained tokens, so a row with none left was rejected whole
+    rejected = sum(int((~inp.action_mask.any(dim=-1)).sum()) for inp, _ in seen)
+    assert 0 < rejected < len(exps)
+    assert {agg.num_seqs for _, agg in seen} == {float(len(exps) - rejected)}
+    assert metrics["off_policy/rs_rejected_seq_frac"] == pytest.approx(rejected / len(exps))
