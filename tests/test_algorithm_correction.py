@@ -100,7 +100,9 @@ def test_a_row_rejected_whole_leaves_the_sequence_count() -> None:
     assert rejected_rows(MASK, keep).tolist() == [False, True]
     assert m["rs_rejected_seq_frac"] == pytest.approx(1 / 2)
     # token level: row 0 keeps one token, row 1 keeps one: no row is rejected whole
-    _, keep_t, m_t = rollout_correction(OLD, ROLL, MASK, rollout_rs="token", rollout_rs_threshold=1.5)
+    _, keep_t, m_t = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="token", rollout_rs_threshold=1.5
+    )
     assert not rejected_rows(MASK, keep_t).any() and m_t["rs_rejected_seq_frac"] == 0.0
     # a row with no trained token to begin with is not "rejected": it keeps counting
     empty = torch.tensor([[True, False], [False, False]])
