@@ -165,9 +165,9 @@ def test_on_policy_batch_has_no_mismatch() -> None:
 
 @pytest.mark.parametrize("name", [n for n in POLICY_LOSS_FN if n not in ("sft", "dpo")])
 def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> None:
-    """A weight w ≥ 0 on the advantage scales each token's loss by w: ℓ(w·A) = w·ℓ(A), so the
-    trainer's correction (advantages × weights) weighs every loss per token (sft and dpo do
-    not read the advantage)."""
+    """A weight w ≥ 0 on the advantage (and in `is_weights`, for a loss term that does not scale
+    with A: DRO's and KL-Cov's penalties) scales each token's loss by w: ℓ(w·A, w) = w·ℓ(A), so
+    the trainer's correction weighs every loss per token (sft and dpo do not read A)."""
     g = torch.Generator().manual_seed(3)
     for _ in range(20):
         old = -torch.rand(1, 1, generator=g, dtype=torch.float64) * 2
@@ -179,7 +179,12 @@ def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> Non
         fn = POLICY_LOSS_FN.get(name)
         no_expert = torch.zeros(1, dtype=torch.bool)  # mix losses read it: all rollouts
         plain, _ = fn(PolicyLossInput(lp, old, adv, mask, expert_mask=no_expert), agg=agg)
-        weighted, _ = fn(PolicyLossInput(lp, old, adv * w, mask, expert_mask=no_expert), agg=agg)
+        weighted, _ = fn(
+            PolicyLossInput(
+                lp, old, adv * w, mask, expert_mask=no_expert, is_weights=torch.full_like(adv, w)
+            ),
+            agg=agg,
+        )
         close(weighted, w * plain)
 
 
@@ -251,6 +256,9 @@ def test_correction_weights_enter_the_loss(tmp_path, tiny_model_dir) -> None:
         delta = torch.where(ref.action_mask, ref.old_logprob - ref.rollout_logprob, 0.0)
         w = torch.exp(delta.sum(-1, keepdim=True).clamp(-20, 20)).clamp(max=3.0)
         close(inp.advantages, torch.where(ref.action_mask, ref.advantages * w, 0.0), atol=1e-5)
+        # the weight itself reaches the loss too, for terms that do not scale with A (DRO)
+        assert inp.is_weights is not None and ref.is_weights is None
+        close(torch.where(ref.action_mask, inp.is_weights, 0.0), w * ref.action_mask, atol=1e-5)
 
 
 def test_trainer_takes_rejected_rows_out_of_the_sequence_count(tmp_path, tiny_model_dir) -> None:

@@ -374,6 +374,7 @@ class Trainer:
             expert_mask=mb.expert_mask if part_aggs else None,
             part_aggs=part_aggs or {},
             step=self.step + 1,
+            is_weights=mb.is_weights,
         )
         pg_loss, pg_m = a.policy_loss_fn(inp, agg=agg, **a.policy_loss_fn_args)
         loss = pg_loss
