@@ -188,12 +188,14 @@ def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> Non
         close(weighted, w * plain)
 
 
-def _trainer_and_batch(tmp_path, tiny_model_dir, correction: str):
+def _trainer_and_batch(
+    tmp_path, tiny_model_dir, correction: str, micro: int = 2, agg: str = "token-mean"
+):
     from tests.test_trainer import experiences, make_config
 
     cfg = make_config(
-        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2,
-        algo=f"kl_loss_fn: none, rollout_correction: {{{correction}}}",
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=micro, use_dynamic_bsz="false",
+        algo=f"kl_loss_fn: none, rollout_correction: {{{correction}}}", agg=agg,
     )  # fmt: skip
     trainer = Trainer(cfg, str(tiny_model_dir), total_steps=2)
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
@@ -282,3 +284,20 @@ def test_trainer_takes_rejected_rows_out_of_the_sequence_count(tmp_path, tiny_mo
     assert 0 < rejected < len(exps)
     assert {agg.num_seqs for _, agg in seen} == {float(len(exps) - rejected)}
     assert metrics["off_policy/rs_rejected_seq_frac"] == pytest.approx(rejected / len(exps))
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-sum", "seq-mean-token-mean"])
+def test_rejected_rows_keep_micro_batches_exact(tmp_path, tiny_model_dir, agg: str) -> None:
+    """With rows rejected whole, one micro-batch of 6 and six of 1 give the same gradients: the
+    sequence count is the mini-batch's, whatever the split."""
+    rs = "rollout_rs: sequence, rollout_rs_threshold: 1.6, rollout_rs_threshold_lower: 0.6"
+    grads, losses = [], []
+    for micro in (6, 1):
+        trainer, exps = _trainer_and_batch(tmp_path, tiny_model_dir, rs, micro=micro, agg=agg)
+        m = trainer.train_step(exps)
+        assert 0 < m["off_policy/rs_rejected_seq_frac"] < 1
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+        losses.append(m["train/loss"])
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-4)
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
