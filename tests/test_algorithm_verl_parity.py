@@ -344,3 +344,32 @@ def test_grpo_passk_matches_a_loop() -> None:
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
         want[ranked[0]] = (float(rewards[ranked[0]]) - float(rewards[ranked[1]])) / (std + 1e-6)
     close(adv[:, 2], want, atol=1e-12)
+
+
+# -- through the trainer ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "algo",
+    [
+        "policy_loss_fn: dro",
+        "policy_loss_fn: dppo_tv, policy_loss_fn_args: {anchor: rollout}",
+        "policy_loss_fn: dppo_kl",
+        "policy_loss_fn: clip_cov",
+        "policy_loss_fn: kl_cov",
+        "advantage_fn: opo, kl_loss_fn: kl",
+        "advantage_fn: grpo_passk, kl_loss_fn: k2+",
+    ],
+)
+def test_a_train_step_with_each_new_piece(tmp_path, tiny_model_dir, algo: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_trainer import experiences, make_config
+    from trinity.trainer.trainer import Trainer
+
+    cfg = make_config(tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2, algo=algo)
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=2)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    m = trainer.train_step(experiences(vocab))
+    assert math.isfinite(m["train/loss"])
+    moved = max(float((v - before[k]).abs().max()) for k, v in trainer.model.state_dict().items())
+    assert moved > 1e-6
