@@ -11,7 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trinity.algorithm import POLICY_LOSS_FN, Aggregator
-from trinity.algorithm.correction import log_weights, mismatch_metrics, rollout_correction
+from trinity.algorithm.correction import (
+    log_weights,
+    mismatch_metrics,
+    rejected_rows,
+    rollout_correction,
+)
 from trinity.algorithm.inputs import PolicyLossInput
 from trinity.trainer.batch import collate, micro_batches
 from trinity.trainer.trainer import Trainer
@@ -86,6 +91,39 @@ def test_rejection_masks_by_hand() -> None:
     assert keep.tolist() == [[True, True, True], [False, False, False]]
 
 
+def test_a_row_rejected_whole_leaves_the_sequence_count() -> None:
+    # sequence, bounds [0.55, 2]: row 1 (e^-0.7 = 0.497) is dropped whole, row 0 kept
+    _, keep, m = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="sequence", rollout_rs_threshold=2.0,
+        rollout_rs_threshold_lower=0.55,
+    )  # fmt: skip
+    assert rejected_rows(MASK, keep).tolist() == [False, True]
+    assert m["rs_rejected_seq_frac"] == pytest.approx(1 / 2)
+    # token level: row 0 keeps one token, row 1 keeps one: no row is rejected whole
+    _, keep_t, m_t = rollout_correction(
+        OLD, ROLL, MASK, rollout_rs="token", rollout_rs_threshold=1.5
+    )
+    assert not rejected_rows(MASK, keep_t).any() and m_t["rs_rejected_seq_frac"] == 0.0
+    # a row with no trained token to begin with is not "rejected": it keeps counting
+    empty = torch.tensor([[True, False], [False, False]])
+    assert rejected_rows(empty, empty).tolist() == [False, False]
+
+    # the seq-mean modes then average over the one sequence left, N_seqs = 2 - 1 = 1
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
+    n_seqs = 2 - int(rejected_rows(MASK, keep).sum())
+    agg = Aggregator("seq-mean-token-sum", num_tokens=float(keep.sum()), num_seqs=n_seqs)
+    close(agg(loss, keep), 6.0)  # (1 + 2 + 3) / 1, not / 2
+    agg = Aggregator("seq-mean-token-mean", num_seqs=n_seqs)
+    close(agg(loss, keep), 2.0)  # (6 / 3) / 1
+    agg = Aggregator("seq-mean-token-sum-norm", num_seqs=n_seqs, norm_length=4.0)
+    close(agg(loss, keep), 1.5)  # 6 / (1 · 4)
+    # micro-batch invariance with the global counts: one micro-batch per row sums to the whole
+    for mode in ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean"):
+        agg = Aggregator(mode, num_tokens=float(keep.sum()), num_seqs=n_seqs)
+        parts = agg(loss[:1], keep[:1]) + agg(loss[1:], keep[1:])
+        close(parts, agg(loss, keep))
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
@@ -127,9 +165,9 @@ def test_on_policy_batch_has_no_mismatch() -> None:
 
 @pytest.mark.parametrize("name", [n for n in POLICY_LOSS_FN if n not in ("sft", "dpo")])
 def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> None:
-    """A weight w ≥ 0 on the advantage scales each token's loss by w: ℓ(w·A) = w·ℓ(A), so the
-    trainer's correction (advantages × weights) weighs every loss per token (sft and dpo do
-    not read the advantage)."""
+    """A weight w ≥ 0 on the advantage (and in `is_weights`, for a loss term that does not scale
+    with A: DRO's and KL-Cov's penalties) scales each token's loss by w: ℓ(w·A, w) = w·ℓ(A), so
+    the trainer's correction weighs every loss per token (sft and dpo do not read A)."""
     g = torch.Generator().manual_seed(3)
     for _ in range(20):
         old = -torch.rand(1, 1, generator=g, dtype=torch.float64) * 2
@@ -141,16 +179,23 @@ def test_every_loss_is_positively_homogeneous_in_the_advantage(name: str) -> Non
         fn = POLICY_LOSS_FN.get(name)
         no_expert = torch.zeros(1, dtype=torch.bool)  # mix losses read it: all rollouts
         plain, _ = fn(PolicyLossInput(lp, old, adv, mask, expert_mask=no_expert), agg=agg)
-        weighted, _ = fn(PolicyLossInput(lp, old, adv * w, mask, expert_mask=no_expert), agg=agg)
+        weighted, _ = fn(
+            PolicyLossInput(
+                lp, old, adv * w, mask, expert_mask=no_expert, is_weights=torch.full_like(adv, w)
+            ),
+            agg=agg,
+        )
         close(weighted, w * plain)
 
 
-def _trainer_and_batch(tmp_path, tiny_model_dir, correction: str):
+def _trainer_and_batch(
+    tmp_path, tiny_model_dir, correction: str, micro: int = 2, agg: str = "token-mean"
+):
     from tests.test_trainer import experiences, make_config
 
     cfg = make_config(
-        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2,
-        algo=f"kl_loss_fn: none, rollout_correction: {{{correction}}}",
+        tmp_path, tiny_model_dir, micro_batch_size_per_gpu=micro, use_dynamic_bsz="false",
+        algo=f"kl_loss_fn: none, rollout_correction: {{{correction}}}", agg=agg,
     )  # fmt: skip
     trainer = Trainer(cfg, str(tiny_model_dir), total_steps=2)
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
@@ -213,3 +258,46 @@ def test_correction_weights_enter_the_loss(tmp_path, tiny_model_dir) -> None:
         delta = torch.where(ref.action_mask, ref.old_logprob - ref.rollout_logprob, 0.0)
         w = torch.exp(delta.sum(-1, keepdim=True).clamp(-20, 20)).clamp(max=3.0)
         close(inp.advantages, torch.where(ref.action_mask, ref.advantages * w, 0.0), atol=1e-5)
+        # the weight itself reaches the loss too, for terms that do not scale with A (DRO)
+        assert inp.is_weights is not None and ref.is_weights is None
+        close(torch.where(ref.action_mask, inp.is_weights, 0.0), w * ref.action_mask, atol=1e-5)
+
+
+def test_trainer_takes_rejected_rows_out_of_the_sequence_count(tmp_path, tiny_model_dir) -> None:
+    # sequence-level rejection with a narrow band: the engine's noise (±0.8 a token) drops some
+    # rows whole and keeps others
+    trainer, exps = _trainer_and_batch(
+        tmp_path, tiny_model_dir,
+        "rollout_rs: sequence, rollout_rs_threshold: 1.6, rollout_rs_threshold_lower: 0.6",
+    )  # fmt: skip
+    seen: list[tuple[PolicyLossInput, Aggregator]] = []
+    loss_fn = trainer.algo.policy_loss_fn
+
+    def capture(inp, **kw):
+        seen.append((inp, kw["agg"]))
+        return loss_fn(inp, **kw)
+
+    trainer.algo = dataclasses.replace(trainer.algo, policy_loss_fn=capture)
+    metrics = trainer.train_step(exps)
+    # every experience has trained tokens, so a row with none left was rejected whole
+    rejected = sum(int((~inp.action_mask.any(dim=-1)).sum()) for inp, _ in seen)
+    assert 0 < rejected < len(exps)
+    assert {agg.num_seqs for _, agg in seen} == {float(len(exps) - rejected)}
+    assert metrics["off_policy/rs_rejected_seq_frac"] == pytest.approx(rejected / len(exps))
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-sum", "seq-mean-token-mean"])
+def test_rejected_rows_keep_micro_batches_exact(tmp_path, tiny_model_dir, agg: str) -> None:
+    """With rows rejected whole, one micro-batch of 6 and six of 1 give the same gradients: the
+    sequence count is the mini-batch's, whatever the split."""
+    rs = "rollout_rs: sequence, rollout_rs_threshold: 1.6, rollout_rs_threshold_lower: 0.6"
+    grads, losses = [], []
+    for micro in (6, 1):
+        trainer, exps = _trainer_and_batch(tmp_path, tiny_model_dir, rs, micro=micro, agg=agg)
+        m = trainer.train_step(exps)
+        assert 0 < m["off_policy/rs_rejected_seq_frac"] < 1
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+        losses.append(m["train/loss"])
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-4)
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)

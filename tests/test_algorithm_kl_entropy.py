@@ -36,6 +36,7 @@ def test_kl_estimators_by_hand() -> None:
     logprob = torch.tensor([[-1.0]], dtype=torch.float64)
     ref = logprob + LN2
     close(kl_estimate(logprob, ref, "k1"), [[-LN2]])
+    close(kl_estimate(logprob, ref, "kl"), [[-LN2]])  # verl's name for k1
     close(kl_estimate(logprob, ref, "k2"), [[0.5 * LN2**2]])
     close(kl_estimate(logprob, ref, "k3"), [[2 - LN2 - 1]])
     close(kl_estimate(logprob, ref, "low_var_kl"), [[1 - LN2]])
@@ -43,6 +44,24 @@ def test_kl_estimators_by_hand() -> None:
     # identical distributions: every estimator is 0
     for kind in ("k1", "k2", "k3", "abs"):
         close(kl_estimate(logprob, logprob, kind), [[0.0]])
+
+
+def test_verl_kl_name_is_k1_in_value_and_gradient() -> None:
+    # kl = d = logprob - ref: [0.5, -1] → token-mean -0.25; ∂/∂logprob = 1/2 per token
+    ref = torch.tensor([[-1.5, -0.5]], dtype=torch.float64)
+    logprob = torch.tensor([[-1.0, -1.5]], dtype=torch.float64, requires_grad=True)
+    loss, _ = KL_LOSS_FN.get("kl")(
+        logprob, ref, torch.ones(1, 2, dtype=torch.bool), agg=TOKEN_MEAN, kl_coef=1.0
+    )
+    close(loss, -0.25)
+    loss.backward()
+    close(logprob.grad, [[0.5, 0.5]])
+    # as a reward penalty: r - β·d on each token
+    shaped, _ = KL_PENALTY_FN.get("kl")(
+        torch.zeros(1, 2, dtype=torch.float64), logprob.detach(), ref,
+        torch.ones(1, 2, dtype=torch.bool), kl_coef=0.1,
+    )  # fmt: skip
+    close(shaped, [[-0.05, 0.1]])
 
 
 def test_k3_is_clamped_like_verl() -> None:
@@ -73,9 +92,16 @@ def test_straight_through_variants_keep_the_value_and_take_k2_s_gradient() -> No
     #   k2's gradient ∂(½d²)/∂logprob = d → grads d/2 = 0.25, -0.5 (k3's own would be
     #   (1 - exp(-d))/2 = 0.1967346701, -0.8591409142)
     #   mse = ½d² = 0.125, 0.5 → 0.3125 with the same gradient; k1+ = d → (0.5 - 1)/2 = -0.25
+    #   k2+ = k2 in value (0.3125) and gradient (k2's own)
     ref = torch.tensor([[-1.5, -0.5]], dtype=torch.float64)
     mask = torch.tensor([[True, True]])
-    want = {"k3+": 0.4124062441, "low_var_kl+": 0.4124062441, "mse": 0.3125, "k1+": -0.25}
+    want = {
+        "k3+": 0.4124062441,
+        "low_var_kl+": 0.4124062441,
+        "mse": 0.3125,
+        "k1+": -0.25,
+        "k2+": 0.3125,
+    }
     for name, value in want.items():
         logprob = torch.tensor([[-1.0, -1.5]], dtype=torch.float64, requires_grad=True)
         loss, m = KL_LOSS_FN.get(name)(logprob, ref, mask, agg=TOKEN_MEAN, kl_coef=1.0)
@@ -96,7 +122,9 @@ def test_straight_through_variants_keep_the_value_and_take_k2_s_gradient() -> No
     close(shaped, (-kl_estimate(lp, ref, "k3")).tolist())
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3", "low_var_kl", "abs", "mse", "k3+", "abs+"])
+@pytest.mark.parametrize(
+    "name", ["k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k3+", "abs+", "k2+"]
+)
 def test_kl_loss_matches_estimator(name: str) -> None:
     gen = torch.Generator().manual_seed(1)
     lp, ref = -torch.rand(3, 5, generator=gen), -torch.rand(3, 5, generator=gen)

@@ -130,6 +130,7 @@ def test_cispo_by_hand() -> None:
     close(loss, 0.6381436904)
     close(m["is_weight_mean"], (1.28 + 1.0 + 0.5) / 3)
     close(m["unmasked_frac"], 1.0)
+    close(m["pg_clipfrac"], 1 / 3)  # only ρ = 1.5 lies outside [0, 1.28]
     close(m["ppo_kl"], -math.log(0.75) / 3)
     loss.backward()
     close(logprob.grad, [[-1.28 / 3, -2 / 3], [0.5 / 3, 0.0]])

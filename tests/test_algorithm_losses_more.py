@@ -94,7 +94,9 @@ def test_geo_mean_by_hand() -> None:
     close(loss, (-r0 + r1) / 2, atol=1e-12)
     loss.backward()
     close(logprob.grad, [[0.0, -r0 / 6, -r0 / 6], [r1 / 4, 0.0, 0.0]], atol=1e-12)
-    close(m["pg_clipfrac"], 2 / 5)  # token 0 of row 0, token 1 of row 1
+    # verl's definitions: d outside [-0.4, 0.4], split by the sign of A, over the 5 masked tokens
+    close(m["pg_clipfrac"], 1 / 5)  # A > 0: token 0 of row 0 (0.5)
+    close(m["pg_clipfrac_lower"], 2 / 5)  # A < 0: both tokens of row 1 (0.5 and -0.6)
 
 
 def test_geo_mean_matches_a_per_sequence_loop() -> None:

@@ -37,6 +37,8 @@ ADVANTAGE_FN: Registry = Registry(
         "remax": "trinity.algorithm.advantages.remax",
         "gpg": "trinity.algorithm.advantages.gpg",
         "passk": "trinity.algorithm.advantages.passk",
+        "grpo_passk": "trinity.algorithm.advantages.best_of_group",
+        "opo": "trinity.algorithm.advantages.opo",
         "on_policy_distill": "trinity.algorithm.advantages.distill",
         "gae": "trinity.algorithm.advantages.gae",
         "ppo": "trinity.algorithm.advantages.gae",

@@ -12,7 +12,10 @@ importance sampling, TIS) or drops (masked importance sampling, MIS) what came f
 
     rollout_is: w ← min(w, C)  (C = rollout_is_threshold)      the loss uses A_t · w_t
     rollout_rs: tokens (token) or whole rows (sequence, geometric) whose w lies outside
-                [rollout_rs_threshold_lower, rollout_rs_threshold] leave the train mask
+                [rollout_rs_threshold_lower, rollout_rs_threshold] leave the train mask, and
+                so the aggregation's token count; a row left with no trained token leaves
+                the sequence count too (`rejected_rows`), so a seq-mean mode averages over
+                the sequences that are trained
 
 With π_old recomputed by the trainer (it always is when a correction is on), the PPO clip on
 π_θ/π_old times the weight π_old/μ is decoupled PPO ("Batch size-invariance for policy
@@ -93,7 +96,8 @@ def rollout_correction(
     Returns:
         (weights [B, T] (0 off the mask) or None, keep [B, T] bool (mask minus the rejected),
         metrics: is_weight_mean, is_truncated_frac, rs_masked_frac, as fractions of trained
-        tokens).
+        tokens; rs_rejected_seq_frac, the fraction of rows with a trained token that lost
+        every one).
     """
     m = mask.bool()
     n = max(int(m.sum()), 1)
@@ -119,7 +123,25 @@ def rollout_correction(
         w = torch.exp(log_weights(old_logprob, rollout_logprob, m, rollout_rs))
         keep = m & (w >= lo) & (w <= hi)
         metrics["rs_masked_frac"] = float((m & ~keep).sum() / n)
+        rows = max(int(m.any(dim=-1).sum()), 1)
+        metrics["rs_rejected_seq_frac"] = float(rejected_rows(m, keep).sum() / rows)
     return weights, keep, metrics
+
+
+def rejected_rows(mask: Tensor, keep: Tensor) -> Tensor:
+    """Rows the correction rejected entirely: a trained token before, none after.
+
+    Such a row is no longer a sequence of the batch: the trainer takes it out of N_seqs, the
+    seq-mean modes' denominator (`trinity.algorithm.aggregation`). A row that never had a
+    trained token (a zero-mask experience) is not "rejected" and keeps counting as before.
+
+    Args:
+        mask: [B, T] bool, trained tokens before the correction.
+        keep: [B, T] bool, after it (`rollout_correction`'s second result).
+    Returns:
+        [B] bool.
+    """
+    return mask.bool().any(dim=-1) & ~keep.bool().any(dim=-1)
 
 
 def mismatch_metrics(

@@ -165,7 +165,12 @@ class PolicyLossInput(_Fields):
         part_aggs: with `expert_mask`, aggregators of the "usual" and the "expert" rows alone,
             each with the whole (mini-)batch's counts of its part, so a loss that treats the
             parts apart stays exact under gradient accumulation.
-        step: the train step (1-based), for losses with a schedule (CHORD's μ).
+        step: the train step (1-based), for losses with a schedule (CHORD's μ) or a seeded draw
+            (Clip-Cov).
+        is_weights: [B, T] the correction's weight w_t, already in `advantages`, or None without
+            a correction. A loss with a term that does not scale with A (DRO's proximal
+            penalty, KL-Cov's) multiplies that term by it, so that every loss weighs its whole
+            per-token loss by w_t: ℓ(A·w, is_weights=w) = w·ℓ(A).
     """
 
     logprob: Tensor
@@ -177,6 +182,12 @@ class PolicyLossInput(_Fields):
     expert_mask: Tensor | None = None
     part_aggs: Mapping[str, Any] = field(default_factory=dict)
     step: int = 1
+    is_weights: Tensor | None = None
+
+    def weigh(self, term: Tensor) -> Tensor:
+        """`term` [B, T] times the correction's weight (unchanged without a correction): for a
+        loss term that does not scale with the advantage."""
+        return term if self.is_weights is None else term * self.is_weights
 
     def core(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(logprob, old_logprob, advantages, action_mask): what every loss reads."""

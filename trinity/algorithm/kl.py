@@ -4,13 +4,14 @@
 Estimators of KL(π_θ ‖ π_ref) from samples of π_θ, per token, with d = logprob - ref_logprob
 (John Schulman, "Approximating KL Divergence", blog post, 2020, http://joschu.net/blog/kl-approx.html):
 
-- ``k1``:                d
+- ``k1`` / ``kl``:         d                    (``kl`` is verl's name for k1)
 - ``k2``:                ½·d²
 - ``k3`` / ``low_var_kl``: exp(-d) + d - 1   (unbiased, ≥ 0, low variance; GRPO's estimator)
 - ``abs``:               |d|
 - ``mse``:               ½·d², verl's other name for ``k2``
-- ``k1+``, ``k3+``, ``low_var_kl+``, ``abs+``: straight-through (verl's ``+`` variants): the
-  estimator's value with k2's gradient, ½d² - sg[½d²] + sg[value]. As a loss, k1 and k3 have the
+- ``k1+``, ``k2+``, ``k3+``, ``low_var_kl+``, ``abs+``: straight-through (verl's ``+`` variants):
+  the estimator's value with k2's gradient, ½d² - sg[½d²] + sg[value] (so ``k2+`` is ``k2``
+  in value and gradient; verl accepts the name). As a loss, k1 and k3 have the
   right expected value but not the right expected gradient of KL(π_θ ‖ π_ref); k2's gradient
   d·∇log π is the one that is (Schulman's post; verl's `kl_penalty`). As a reward penalty (no
   gradient) a ``+`` variant equals its estimator.
@@ -34,7 +35,20 @@ from torch import Tensor
 from trinity.algorithm.aggregation import Aggregator, masked_mean
 from trinity.common.registry import Registry
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+", "low_var_kl+", "abs+")
+KL_TYPES = (
+    "k1",
+    "k2",
+    "k3",
+    "low_var_kl",
+    "abs",
+    "mse",
+    "kl",
+    "k1+",
+    "k2+",
+    "k3+",
+    "low_var_kl+",
+    "abs+",
+)
 
 KL_LOSS_FN: Registry = Registry("kl_loss_fn")
 KL_PENALTY_FN: Registry = Registry("kl_penalty_fn")
@@ -55,7 +69,7 @@ def kl_estimate(logprob: Tensor, ref_logprob: Tensor, kl_type: str) -> Tensor:
         k2 = kl_estimate(logprob, ref_logprob, "k2")
         return k2 - k2.detach() + value.detach()
     d = logprob - ref_logprob
-    if kl_type == "k1":
+    if kl_type in ("k1", "kl"):
         return d
     if kl_type in ("k2", "mse"):
         return 0.5 * d.square()

@@ -201,6 +201,98 @@ PAPERS: dict[str, Paper] = {
         "2108.05828",
         {"algorithm_type": "sppo", "policy_loss_fn_args": {"epsilon": 0.3}},
     ),
+    "opo": Paper(
+        "On-Policy RL with Optimal Reward Baseline",
+        "2505.23585",
+        {"algorithm_type": "grpo", "advantage_fn": "opo", "kl_loss_fn": "none"},
+        "Exactly on-policy: one optimizer update per train batch (leave "
+        "trainer.ppo_mini_batch_size unset, one epoch), so PPO's ratio is 1 and its loss is the "
+        "policy gradient; no KL (kl_loss_fn none) and no entropy bonus (entropy_coef 0, the "
+        "default). verl's adv_estimator opo.",
+    ),
+    "inference_time_passk": Paper(
+        "Optimizing Language Models for Inference Time Objectives using Reinforcement Learning",
+        "2503.19595",
+        {
+            "algorithm_type": "grpo",
+            "advantage_fn": "grpo_passk",
+            "advantage_fn_args": {"std_normalize": True},
+        },
+        "verl's grpo_passk, the k = n case: only each group's best response learns, by its "
+        "margin over the runner-up (divided by the group's std, verl's default). The paper's "
+        "general k and its variance-reduced estimators are not built; for 0/1 rewards and any k "
+        "see PAPERS['passk'] (arXiv:2508.10751).",
+    ),
+    "kl_cov": Paper(
+        "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+        "2505.22617",
+        {
+            "algorithm_type": "grpo",
+            "policy_loss_fn": "kl_cov",
+            "policy_loss_fn_args": {"kl_cov_ratio": 2e-3, "ppo_kl_coef": 1.0},
+            "kl_loss_fn": "none",
+        },
+        "k = 2e-3 is the paper's value for Qwen2.5-7B (2e-4 for 32B, verl's default). The paper "
+        "trains on DAPO's recipe (clip-higher, dynamic sampling, token-mean); the top-k "
+        "covariance is taken per micro-batch, as in verl.",
+    ),
+    "clip_cov": Paper(
+        "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+        "2505.22617",
+        {
+            "algorithm_type": "grpo",
+            "policy_loss_fn": "clip_cov",
+            "policy_loss_fn_args": {
+                "clip_cov_ratio": 2e-4,
+                "clip_cov_lb": 1.0,
+                "clip_cov_ub": 5.0,
+            },
+            "kl_loss_fn": "none",
+        },
+        "The random draw of the cut tokens is seeded by policy_loss_fn_args.seed and the step.",
+    ),
+    "dppo_tv": Paper(
+        "Rethinking the Trust Region in LLM Reinforcement Learning",
+        "2602.04879",
+        {
+            "algorithm_type": "grpo",
+            "advantage_fn_args": {"std_normalize": False},
+            "policy_loss_fn": "dppo_tv",
+            "policy_loss_fn_args": {"clip_range": 0.15, "clip_ratio_c": None, "anchor": "rollout"},
+            "kl_loss_fn": "none",
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+        },
+        "The paper's recipe (verl's example): Dr. GRPO advantages and aggregation, the trust "
+        "region anchored on the engine's logprobs (verl's bypass mode), no weight truncation. "
+        "The Top-K divergence approximation is not built.",
+    ),
+    "dppo_kl": Paper(
+        "Rethinking the Trust Region in LLM Reinforcement Learning",
+        "2602.04879",
+        {
+            "algorithm_type": "grpo",
+            "advantage_fn_args": {"std_normalize": False},
+            "policy_loss_fn": "dppo_kl",
+            "policy_loss_fn_args": {"clip_range": 0.05, "clip_ratio_c": None, "anchor": "rollout"},
+            "kl_loss_fn": "none",
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+        },
+        "As dppo_tv, with the binary KL bounded by 0.05.",
+    ),
+    "dro": Paper(
+        "Offline Regularised Reinforcement Learning for Large Language Models Alignment",
+        "2405.19107",
+        {
+            "algorithm_type": "grpo",
+            "policy_loss_fn": "dro",
+            "policy_loss_fn_args": {"dro_beta": 0.1},
+            "kl_loss_fn": "none",
+        },
+        "verl's dro loss mode: the token-level proximal form -(A log pi - beta/2 (log pi - log "
+        "pi_old)^2) that Kimi k1.5 (arXiv:2501.12599) trains with; the paper's offline, "
+        "value-based DRO with a learned V is not built (the advantages here are the "
+        "advantage fn's). beta has no published default; 0.1 is ours.",
+    ),
     "decoupled_ppo": Paper(
         "Batch size-invariance for policy optimization",
         "2110.13799",

@@ -40,6 +40,11 @@ POLICY_LOSS_FN: Registry = Registry(
         "dpo": "trinity.algorithm.losses.dpo",
         "mix": "trinity.algorithm.losses.mix",
         "mix_chord": "trinity.algorithm.losses.mix",
+        "dro": "trinity.algorithm.losses.dro",
+        "dppo_tv": "trinity.algorithm.losses.dppo",
+        "dppo_kl": "trinity.algorithm.losses.dppo",
+        "clip_cov": "trinity.algorithm.losses.cov",
+        "kl_cov": "trinity.algorithm.losses.cov",
     },
 )
 

@@ -43,6 +43,15 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
     values: torch.Tensor | None = None  # [B, R] the critic's V(s_t) the advantages used
+    rejected: torch.Tensor | None = None  # [B] bool: the correction dropped every trained token
+
+    def num_seqs(self, rows: torch.Tensor | None = None) -> int:
+        """Sequences the aggregation counts (N_seqs): every row (or every row where `rows` [B]
+        bool is True) except those the off-policy correction rejected entirely."""
+        counted = torch.ones(len(self), dtype=torch.bool) if rows is None else rows.bool()
+        if self.rejected is not None:
+            counted = counted & ~self.rejected
+        return int(counted.sum())
 
     @property
     def has_rollout_logprobs(self) -> bool:

@@ -86,7 +86,7 @@ class Critic:
         agg = Aggregator(
             loss_agg_mode,
             num_tokens=float(batch.response_mask.sum()),
-            num_seqs=float(len(batch)),
+            num_seqs=float(batch.num_seqs()),
             norm_length=float(batch.response_mask.shape[1]),
         )
         self.optimizer.zero_grad(set_to_none=True)

@@ -22,7 +22,7 @@ import torch
 
 from trinity.algorithm import Aggregator, resolve_algorithm
 from trinity.algorithm.algorithms import record_flag
-from trinity.algorithm.correction import mismatch_metrics, rollout_correction
+from trinity.algorithm.correction import mismatch_metrics, rejected_rows, rollout_correction
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
@@ -292,6 +292,7 @@ class Trainer:
             rollout_rs_threshold=corr.rollout_rs_threshold,
             rollout_rs_threshold_lower=corr.rollout_rs_threshold_lower,
         )
+        batch.rejected = rejected_rows(batch.response_mask, keep)  # [B], leave N_seqs
         batch.is_weights, batch.response_mask = weights, keep
         return {f"off_policy/{k}": v for k, v in m.items()}
 
@@ -310,12 +311,16 @@ class Trainer:
                 rows = torch.arange(m0, min(m0 + mini, b))
                 mini_batch = batch.select(rows)
                 mask, expert = mini_batch.response_mask, mini_batch.expert_mask
-                agg = self._aggregator(mask, len(mini_batch))
+                agg = self._aggregator(mask, mini_batch.num_seqs())
                 part_aggs = None
                 if expert.any():  # each part over its own counts
                     part_aggs = {
-                        "usual": self._aggregator(mask & ~expert[:, None], int((~expert).sum())),
-                        "expert": self._aggregator(mask & expert[:, None], int(expert.sum())),
+                        "usual": self._aggregator(
+                            mask & ~expert[:, None], mini_batch.num_seqs(~expert)
+                        ),
+                        "expert": self._aggregator(
+                            mask & expert[:, None], mini_batch.num_seqs(expert)
+                        ),
                     }
                 parts = micro_batches(
                     mini_batch,
@@ -371,6 +376,7 @@ class Trainer:
             expert_mask=mb.expert_mask if part_aggs else None,
             part_aggs=part_aggs or {},
             step=self.step + 1,
+            is_weights=mb.is_weights,
         )
         pg_loss, pg_m = a.policy_loss_fn(inp, agg=agg, **a.policy_loss_fn_args)
         loss = pg_loss
@@ -396,7 +402,7 @@ class Trainer:
 
     def _aggregator(self, mask: torch.Tensor, rows: int) -> Aggregator:
         """`loss_agg_mode` with the counts of a whole (mini-)batch: its trained tokens `mask`
-        [B, R] and its `rows`."""
+        [B, R] and its `rows` (`Batch.num_seqs`: rows the correction rejected do not count)."""
         return Aggregator(
             self.algo.loss_agg_mode,
             num_tokens=float(mask.sum()),

@@ -51,7 +51,10 @@ def cispo_policy_loss(
         enable_mask_clip: apply the token mask M.
         mask_clip_range_low, mask_clip_range_high: δ_low, δ_high of M.
     Returns:
-        (loss, {pg_loss, ppo_kl, is_weight_mean, unmasked_frac}).
+        (loss, {pg_loss, pg_clipfrac, ppo_kl, is_weight_mean, unmasked_frac}). pg_clipfrac: the
+        fraction of masked tokens whose IS weight was clipped, r_t outside [1 - ε_low,
+        1 + ε_high] (verl's definition; such a token keeps its gradient, with the clipped
+        weight); unmasked_frac: the fraction with M_t = 1.
     """
     logprob, old_logprob, advantages, action_mask = inp.core()
     log_ratio = (logprob - old_logprob).detach().clamp(-20.0, 20.0)
@@ -66,6 +69,7 @@ def cispo_policy_loss(
     loss = agg(-(weight * keep) * advantages * logprob, action_mask)
     return loss, {
         "pg_loss": float(loss.detach()),
+        "pg_clipfrac": masked_mean((weight != ratio).float(), action_mask),
         "ppo_kl": masked_mean(-log_ratio, action_mask),
         "is_weight_mean": masked_mean(weight, action_mask),
         "unmasked_frac": masked_mean(keep.float(), action_mask),

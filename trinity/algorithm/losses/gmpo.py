@@ -40,7 +40,11 @@ def geo_mean_policy_loss(
         agg: the aggregator (its global sequence count).
         clip_range: ε for both sides, in log-ratio units; clip_range_low / _high override it.
     Returns:
-        (loss, {pg_loss, pg_clipfrac, ppo_kl, seq_ratio_mean}).
+        (loss, {pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, seq_ratio_mean}), verl's
+        definitions: a token is clipped when its log-ratio d_t lies outside [-ε_low, ε_high]
+        (whichever side the min then picks); pg_clipfrac is the fraction of masked tokens that
+        are clipped with A > 0, pg_clipfrac_lower with A < 0; ppo_kl = mean_t -d_t;
+        seq_ratio_mean = mean ρ̄_i over rows with a trained token.
     """
     logprob, old_logprob, advantages, action_mask = inp.core()
     lo = clip_range if clip_range_low is None else clip_range_low
@@ -55,10 +59,11 @@ def geo_mean_policy_loss(
     seq_adv = (advantages * m).sum(dim=-1) / length.clamp(min=1)  # [B]
     seq_loss = torch.where(has, -seq_adv * seq_ratio, torch.zeros_like(seq_ratio))
     loss = agg.seq_mean(seq_loss)
-    clipped = (d_min != d) & m
+    clipped = (d != d.clamp(-lo, hi)) & m  # [B, T] outside the band
     return loss, {
         "pg_loss": float(loss.detach()),
-        "pg_clipfrac": masked_mean(clipped.float(), m),
+        "pg_clipfrac": masked_mean((clipped & (advantages > 0)).float(), m),
+        "pg_clipfrac_lower": masked_mean((clipped & (advantages < 0)).float(), m),
         "ppo_kl": masked_mean(-d.detach(), m),
         "seq_ratio_mean": float(seq_ratio.detach()[has].mean()) if has.any() else 0.0,
     }
