@@ -10,6 +10,7 @@ leased or trained twice, and the run's shared actors are gone.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -249,43 +250,51 @@ def test_sigkill_the_trainer_of_a_split_run_and_start_it_again_alone(
     tmp_path, tiny_model_dir, cluster
 ):
     # the trainer checkpoints every 2 steps; killed after step 3 it comes back alone (the same
-    # command), joins the live run, resumes from step 2, takes back the leases its dead process
-    # held, and the synchronizer accepts its older weights version: nothing lost, nothing trained
-    # twice, the run ends
+    # command), joins the live run, resumes from its newest checkpoint, takes back the leases its
+    # dead process held, and the synchronizer accepts its older weights version: nothing lost,
+    # nothing trained twice, the run ends (20 steps: the run cannot end before the kill lands)
     cfg = config(tmp_path, tiny_model_dir, "kill_trainer")
     run_dir = tmp_path / "ckpt" / "topo" / "kill_trainer"
-    train_args = ("mode=train", "buffer.total_steps=8", "trainer.save_interval=2")
+    train_args = ("mode=train", "buffer.total_steps=20", "trainer.save_interval=2")
     trainer = start(cfg, cluster, *train_args)
-    explorer = start(cfg, cluster, "mode=explore", "buffer.total_steps=8")
+    explorer = start(cfg, cluster, "mode=explore", "buffer.total_steps=20")
     wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer, explorer], 300)
     trainer.kill()  # SIGKILL: no clean-up of any kind
     trainer.communicate()
     again = start(cfg, cluster, *train_args)
-    outs = finish({"train": again, "explore": explorer}, bound_s=300)
-    assert "joining the live run" in outs["train"] and "global_step_2" in outs["train"]
-    assert (run_dir / "global_step_8" / "model.safetensors").exists()
-    assert_clean(counts(cfg), trained=8 * PER_STEP)
+    outs = finish({"train": again, "explore": explorer}, bound_s=400)
+    assert "joining the live run" in outs["train"], outs["train"][-3000:]
+    # from its newest checkpoint: step 2, or a later even step if it got that far before the kill
+    resumed = re.search(r"the trainer resumes from \S*global_step_(\d+)", outs["train"])
+    assert resumed and int(resumed.group(1)) % 2 == 0 < int(resumed.group(1)) < 20, outs["train"]
+    assert (run_dir / "global_step_20" / "model.safetensors").exists()
+    assert_clean(counts(cfg), trained=20 * PER_STEP)
     assert named_actors(cluster, "trinity:topo/kill_trainer") == []
 
 
 def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_model_dir, cluster):
-    # alpha is killed after its second step and started again alone: it continues after its
-    # cursor in the buffer (a step it had not written is done again), beta never notices, and
-    # the trainer trains what both wrote, each experience once
+    # alpha runs first against a buffer that holds 3 steps: it writes steps 1-3 and blocks in
+    # the write of step 4. SIGKILLed there and started again alone, it joins the live run (its
+    # own dead process kept it alive), a dead write still waiting takes nothing (superseded),
+    # and it continues after its cursor. Then beta and the trainer join: the trainer trains what both
+    # wrote, each experience once
     cfg = config(tmp_path, tiny_model_dir, "kill_explorer")
     run_dir = tmp_path / "ckpt" / "topo" / "kill_explorer"
-    alpha_args = ("mode=explore", "explorer.name=alpha", "buffer.total_steps=5")
-    trainer = start(cfg, cluster, "mode=train", "buffer.total_steps=10")
+    cap = f"buffer.trainer_input.experience_buffer.capacity={3 * PER_STEP}"
+    alpha_args = ("mode=explore", "explorer.name=alpha", "buffer.total_steps=5", cap)
     alpha = start(cfg, cluster, *alpha_args)
-    beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=5")
-    wait_for_step(
-        run_dir / "metrics.explorer-alpha.jsonl", "rollout/tasks", 2, [trainer, alpha, beta], 300
-    )
+    wait_for_step(run_dir / "metrics.explorer-alpha.jsonl", "rollout/tasks", 3, [alpha], 300)
+    time.sleep(2)  # into step 4's write, which blocks: the buffer is full
     alpha.kill()
     alpha.communicate()
     again = start(cfg, cluster, *alpha_args)
+    beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=5", cap)
+    trainer = start(cfg, cluster, "mode=train", "buffer.total_steps=10", cap)
     outs = finish({"train": trainer, "alpha": again, "beta": beta}, bound_s=400)
-    assert "continues after explore step" in outs["alpha"]
+    assert "joining the live run" in outs["alpha"], outs["alpha"][-3000:]
+    # after step 3, or 4 when the trainer made room before the new process registered and the
+    # dead process's write of step 4 went through (it is then in the buffer with its cursor)
+    assert re.search(r"continues after explore step [34] ", outs["alpha"]), outs["alpha"][-3000:]
     assert trained_steps(run_dir, ".trainer") == list(range(1, 11))
     assert sorted(set(explored_steps(run_dir, ".explorer-alpha"))) == [1, 2, 3, 4, 5]
     assert_clean(counts(cfg), trained=10 * PER_STEP)
