@@ -141,3 +141,94 @@ def test_keyed_tasks_sample_the_same_whatever_the_batching_and_engine_count(tiny
     )
     assert batched == sharded == alone
     assert len({tuple(map(tuple, r)) for r in batched}) == len(questions)
+
+
+def _no_eos(engine):
+    """Never stop at eos: every row runs to its length budget, so lengths are known exactly."""
+    engine.eos_ids = set()
+    return engine
+
+
+def test_each_prompt_has_its_own_length_budget(tiny_model_dir):
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0)
+    short, long_ = prompt(engine, "1+2="), prompt(engine, "12+34=12+34=12+34=12+34=")
+    assert len(long_) > len(short) + 8
+    # room for 3 tokens after the long prompt; the short one has len(long) - len(short) + 3 > 8
+    engine = _no_eos(HFRolloutEngine(str(tiny_model_dir), seed=0, max_model_len=len(long_) + 3))
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=8)
+    together = engine.generate([short, long_], params, keys=[11, 12])
+    alone = engine.generate([short], params, keys=[11])
+    # short: min(8, max_model_len - len(short)) = 8 tokens (it got 3, the long one's room, when
+    # the budget was the chunk's); long: min(8, 3) = 3
+    assert [len(s.response_ids) for s in together[0]] == [8, 8]
+    assert [len(s.response_ids) for s in together[1]] == [3, 3]
+    assert all(s.finish_reason == "length" for g in together for s in g)
+    # the short prompt's samples do not depend on its batch-mate (keyed sampling)
+    assert [s.response_ids for s in together[0]] == [s.response_ids for s in alone[0]]
+
+
+def test_an_over_long_prompt_fails_only_its_own_task(tiny_model_dir):
+    from trinity.common.rollout import PromptTooLong
+
+    questions = ["1+2=", "99+99=99+99=99+99=99+99=99+99=99+99=", "5+6="]
+    probe = HFRolloutEngine(str(tiny_model_dir), seed=0)
+    lengths = [len(prompt(probe, q)) for q in questions]
+    limit = lengths[1]  # the long prompt fills max_model_len: no room for a response
+    assert max(lengths[0], lengths[2]) + 6 < limit
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=6)
+
+    def client():
+        return BatchingClient(
+            [LocalActor(HFRolloutEngine(str(tiny_model_dir), seed=0, max_model_len=limit))]
+        )
+
+    async def task(c, i):
+        handle = TaskModelHandle(c, c.engines[0]._engine.tokenizer, params, key=500 + i)
+        try:
+            samples = await handle.chat([{"role": "user", "content": questions[i]}])
+        except PromptTooLong as e:
+            return str(e)
+        return [s.response_ids for s in samples]
+
+    async def together():
+        c = client()
+        return await asyncio.gather(*(task(c, i) for i in range(3)))
+
+    async def alone(i):
+        return await task(client(), i)
+
+    batched = asyncio.run(together())
+    assert isinstance(batched[1], str) and f"prompt of {limit} tokens" in batched[1]
+    for i in (0, 2):  # served as if the long prompt were not in their batch
+        assert batched[i] == asyncio.run(alone(i)), i
+        assert len(batched[i]) == 3
+
+
+def test_a_prompt_over_max_prompt_tokens_is_cut_not_sampled_and_masked():
+    from trinity.common.experience import Experience
+    from trinity.explorer.model_client import mask_prompt_truncated
+
+    engine = FakeEngine()
+    handle = TaskModelHandle(
+        BatchingClient([engine]), None, SamplingParams(n=2), key=7, max_prompt_tokens=4
+    )
+
+    async def main():
+        cut = await handle.generate([10, 11, 12, 13, 14, 15])  # 6 tokens > 4
+        whole = await handle.generate([20, 21, 22, 23])  # 4 tokens: sent as is
+        return cut, whole
+
+    cut, whole = asyncio.run(main())
+    assert [n for n, _ in engine.calls] == [1]  # only the prompt that fits reached the engine
+    assert whole == ["20-0", "20-1"]
+    assert len(cut) == 2
+    for s in cut:  # the first 4 tokens, the 5th as a one-token response, logprob 0
+        assert (s.prompt_ids, s.response_ids, s.logprobs) == ([10, 11, 12, 13], [14], [0.0])
+        assert s.finish_reason == "prompt_truncated" and s.info["prompt_tokens"] == 6
+    assert handle.truncated_prompts == [[10, 11, 12, 13]]
+    exps = [
+        Experience(tokens=s.prompt_ids + s.response_ids, prompt_length=4, reward=1.0) for s in cut
+    ] + [Experience(tokens=[20, 21, 22, 23, 9, 9], prompt_length=4, reward=1.0)]
+    assert mask_prompt_truncated(exps, handle.truncated_prompts) == 2
+    assert [e.action_mask.tolist() for e in exps] == [[False], [False], [True, True]]
+    assert [bool(e.info.get("prompt_truncated")) for e in exps] == [True, True, False]

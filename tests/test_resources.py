@@ -68,3 +68,37 @@ def test_a_process_of_a_split_run_reserves_no_cpu_but_keeps_its_threads():
     # mode explore on half of a 2-core cluster: 1 core for its one engine, nothing reserved
     plan = plan_resources(1, 0, trainer=False, engines=1, lockstep=False, reserve_cpus=False)
     assert plan.engine == Share(0.0, 0.0, 1)
+
+
+def test_fractions_fit_on_whole_gpus_so_every_member_can_be_placed():
+    # 3 members on 2 GPUs: 1 / ceil(3 / 2) = 0.5 each (two on one GPU, one on the other);
+    # 0.6667 each would leave no GPU able to hold two and the third waiting forever
+    plan = plan_resources(16, 2, trainer=True, engines=2, lockstep=False)
+    assert (plan.trainer.num_gpus, plan.engine.num_gpus) == (0.5, 0.5)
+    # 5 members on 2 GPUs: 1 / ceil(5 / 2) = 1/3 each, three on one GPU, two on the other
+    plan = plan_resources(16, 2, trainer=True, engines=4, lockstep=False)
+    assert plan.engine.num_gpus == 0.3333
+
+
+def test_gpu_shared_when_trainer_and_engines_hold_fractions():
+    # one GPU for a trainer and an engine: 0.5 each, the two ranks on one device
+    assert plan_resources(16, 1, trainer=True, engines=1, lockstep=False).gpu_shared()
+    assert plan_resources(16, 2, trainer=True, engines=2, lockstep=False).gpu_shared()
+    # a whole GPU each, or no GPU (gloo on CPU has no such limit), or no trainer: not shared
+    assert not plan_resources(16, 2, trainer=True, engines=1, lockstep=False).gpu_shared()
+    assert not plan_resources(16, 0, trainer=True, engines=1, lockstep=False).gpu_shared()
+    assert not plan_resources(16, 1, trainer=False, engines=2, lockstep=False).gpu_shared()
+
+
+def test_nccl_on_a_shared_gpu_sends_by_memory_with_a_note():
+    from trinity.config import resolve
+    from trinity.config.schema import TrinityConfig
+    from trinity.launcher.run import _sync_by_memory
+
+    cfg = TrinityConfig.model_validate({"synchronizer": {"sync_method": "nccl"}})
+    assert resolve(cfg).sync_method == "nccl"
+    plan = plan_resources(16, 1, trainer=True, engines=1, lockstep=True)
+    switched, note = _sync_by_memory(cfg, plan)
+    assert resolve(switched).sync_method == "memory"
+    assert cfg.synchronizer.sync_method == "nccl"  # the user's config is not touched
+    assert "NCCL cannot put two ranks on one device" in note and "0.5 GPU each" in note

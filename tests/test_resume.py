@@ -194,6 +194,10 @@ def test_an_explore_process_settles_the_leases_of_the_run_s_checkpoint(tmp_path,
     lease = asyncio.run(lease_extra())
     recorded = json.loads((ckpt / "buffer_leases.json").read_text())
     (ckpt / "buffer_leases.json").write_text(json.dumps([*recorded, lease]))
+    # as if it had been saved so: the manifest lists the file's new size (else it is torn)
+    manifest = json.loads((ckpt / "checkpoint_manifest.json").read_text())
+    manifest["files"]["buffer_leases.json"] = (ckpt / "buffer_leases.json").stat().st_size
+    (ckpt / "checkpoint_manifest.json").write_text(json.dumps(manifest))
     assert buffer_counts(cfg)["leased"] == 4
 
     explore = run_trinity(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -122,6 +124,62 @@ def test_the_next_snapshot_is_packed_into_a_discarded_one_and_still_arrives_exac
     assert_bit_exact(got[2], _state(103))
 
 
+def test_a_failed_rendezvous_on_the_trainer_side_reaches_the_engines_at_once(tmp_path, monkeypatch):
+    """The trainer's side of a group set-up fails: both engines of the call raise its
+    traceback within seconds (they would wait 30 minutes for rank 0), and the next call builds
+    a new group and arrives exactly."""
+    from trinity.sync import collective
+
+    monkeypatch.setattr(collective, "_BROADCASTER", None)  # a broadcaster of this test's own
+    real_group, failures = collective._group, []
+
+    def group_failing_once(store, world, rank, backend, generation):
+        if not failures:
+            failures.append(generation)
+            raise RuntimeError("injected rendezvous failure")
+        return real_group(store, world, rank, backend, generation)
+
+    monkeypatch.setattr(collective, "_group", group_failing_once)
+    m = sync_method("nccl")
+    payloads = [m.send(_state(v), v, tmp_path) for v in (1, 2)]
+    t0 = time.monotonic()
+    results = _run_engines(payloads, world=2)
+    assert time.monotonic() - t0 < 90  # engine start-up included; the timeout is 1800 s
+    for rank in (0, 1):
+        first, second = results[rank]
+        assert isinstance(first, str), rank
+        assert "the trainer's side failed" in first and "injected rendezvous failure" in first
+        assert "Traceback" in first  # the trainer's traceback, not only its message
+        assert_bit_exact(second, _state(2))
+
+
+def test_a_dead_broadcast_thread_reaches_the_engines_and_the_trainer(tmp_path, monkeypatch):
+    """An error outside a broadcast ends the trainer's serving thread: the engines waiting for
+    it, and those that come later, raise its traceback at once; the trainer's next send too."""
+    from trinity.sync import collective
+
+    monkeypatch.setattr(collective, "_BROADCASTER", None)
+    real_drop = collective._Broadcaster._drop_discarded
+
+    def drop_failing_in_the_thread(self, store):
+        if threading.current_thread().name == "trinity-weight-broadcast":
+            raise RuntimeError("injected failure in the serving thread")
+        return real_drop(self, store)
+
+    monkeypatch.setattr(collective._Broadcaster, "_drop_discarded", drop_failing_in_the_thread)
+    m = sync_method("nccl")
+    payload = m.send(_state(1), 1, tmp_path)
+    for _ in range(2):  # the engines of the call it died on, then engines of a later call
+        t0 = time.monotonic()
+        got = _run_engines([payload], world=2)
+        assert time.monotonic() - t0 < 90
+        for rank in (0, 1):
+            assert isinstance(got[rank][0], str), rank
+            assert "injected failure in the serving thread" in got[rank][0]
+    with pytest.raises(RuntimeError, match=r"(?s)thread of this trainer died.*injected failure"):
+        m.send(_state(2), 2, tmp_path)
+
+
 def test_payload_is_small_and_names_the_store(tmp_path):
     payload = sync_method("nccl").send(_state(7), 7, tmp_path)
     assert len(payload) == 1 and payload[0]["version"] == 7 and payload[0]["port"] > 0
@@ -156,8 +214,5 @@ def test_every_method_moves_weights_bit_exactly(method, tmp_path, ray_local):
     engines = [Engine.remote() for _ in range(2)]
     call = uuid.uuid4().hex
     got = ray.get([e.load.remote(payload, i, 2, call) for i, e in enumerate(engines)])
-    for g in got:
-        # memory sends bfloat16 as float32 (numpy has no bfloat16); the engine's
-        # load_state_dict casts it back, exactly (bf16 -> fp32 -> bf16 is lossless)
-        g = {k: v.to(sent[k].dtype) for k, v in g.items()}
+    for g in got:  # every dtype arrives as itself (bfloat16 too, numpy has none)
         assert_bit_exact(g, sent)

@@ -25,6 +25,14 @@ read; a trainer started again (a continued run) reopens it.
 `explorer_cursor` holds, per explorer, the last explore step written and how many tasks its
 task stream had handed out by then, in the same transaction as that step's experiences: a
 resumed explorer continues after exactly what the buffer holds.
+
+Durability: `synchronous=FULL` (WAL), so a transaction that returned is on disk, and survives a
+power loss, not only a process crash. NORMAL would lose the last transactions on power loss:
+a lease row the trainer then checkpointed (its id is in `buffer_leases.json`) would come back
+pending with its lease id unknown, so the resumed buffer could not settle it and would train it
+twice; a cursor would move back behind experiences the trainer already holds. The cost is one
+fsync per transaction (one per explorer write, one per read, one per ack), measured by
+`benchmarks/buffer_durability.py` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ class SQLiteLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA synchronous=FULL")  # module docstring: durable before visible
         self.conn.executescript(_SCHEMA)
 
     def append(self, experiences: list[Experience], cursor: Cursor | None = None) -> list[int]:

@@ -18,11 +18,14 @@ each side runs alone and uses every free core. `trainer.num_threads` and
 GPU. GPUs are those Ray has free, at most `cluster.gpu_per_node`. The trainer uses one device;
 with one GPU for the trainer and one per engine each gets a whole one, with fewer they share
 them in equal fractions (Ray makes a fractional GPU visible to the actor, which then runs on
-it). No GPU: everything runs on CPU.
+it; `_gpu_shares`). No GPU: everything runs on CPU. Sharing puts two of them on one device,
+where NCCL cannot run a group: `sync_method: nccl` then sends weights by `memory`
+(`ResourcePlan.gpu_shared`, the launcher).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -37,6 +40,16 @@ class Share:
 class ResourcePlan:
     trainer: Share | None
     engine: Share | None  # each of the engines
+
+    def gpu_shared(self) -> bool:
+        """Whether trainer and engines run on GPUs and some of them share one: their fractions
+        mean fewer GPUs than members, so at least two sit on one device (a collective such as
+        NCCL cannot have two ranks there)."""
+        return (
+            self.trainer is not None
+            and self.engine is not None
+            and 0 < min(self.trainer.num_gpus, self.engine.num_gpus) < 1
+        )
 
     def describe(self) -> str:
         parts = []
@@ -92,11 +105,22 @@ def plan_resources(
 
 
 def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]:
-    """(trainer's, each engine's) GPUs: whole ones when there are enough, else equal fractions."""
+    """(trainer's, each engine's) GPUs: whole ones when there are enough, else equal fractions.
+
+    Ray places a fraction below 1 on one GPU, so with several GPUs the fraction is 1 / (members
+    per GPU, rounded up): 3 members on 2 GPUs get 0.5 each (two on one, one on the other), not
+    0.6667, of which no GPU holds two and the third would wait forever. Fewer than one GPU (a
+    process of a split run plans for half the cluster): that part split in equal fractions.
+    """
     users = int(trainer) + engines
     if gpus <= 0 or users == 0:
         return 0.0, 0.0
-    each = 1.0 if gpus >= users else _round(gpus / users)
+    if gpus >= users:
+        each = 1.0
+    elif gpus >= 1:
+        each = _round(1.0 / math.ceil(users / math.floor(gpus)))
+    else:
+        each = _round(gpus / users)
     return (each if trainer else 0.0), (each if engines else 0.0)
 
 

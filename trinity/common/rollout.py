@@ -39,6 +39,11 @@ class SamplingParams:
     max_tokens: int = 64
 
 
+class PromptTooLong(ValueError):
+    """A prompt leaves no room for a response under the engine's `max_model_len`. An engine puts
+    it in that prompt's place in `generate`'s answer: its batch-mates are served all the same."""
+
+
 @dataclass
 class Sample:
     """One sampled continuation of one prompt."""
@@ -46,7 +51,9 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (eos sampled) or "length" (max_tokens reached)
+    # "stop" (eos sampled), "length" (max_tokens or max_model_len reached), "prompt_truncated"
+    # (not sampled: the prompt was over max_prompt_tokens, `TaskModelHandle`)
+    finish_reason: str
     model_version: int
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -66,12 +73,14 @@ class RolloutEngine(Protocol):
         prompts: list[list[int]],
         params: SamplingParams,
         keys: list[int | None] | None = None,
-    ) -> list[list[Sample]]:
+    ) -> list[list[Sample] | PromptTooLong]:
         """`params.n` samples per prompt (token ids in, token ids + logprobs out).
 
         `keys`: a 64-bit sampling key per prompt. A keyed prompt's samples depend on its key, its
         params and the weights alone, never on the rest of the batch (`explorer/sampling.py`);
-        None leaves the draws to the engine's seeded generator.
+        None leaves the draws to the engine's seeded generator. Each prompt's response budget is
+        its own: min(`params.max_tokens`, max_model_len - its length). A prompt with no room
+        gets a `PromptTooLong` in its place, and the others are sampled as if it were not there.
         """
         ...
 

@@ -265,7 +265,10 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("model.model_path", "engines and trainer load it"),
     acted("model.critic_model_path", "the critic's start model (algorithm_type ppo)"),
     acted("model.max_model_len", "engine length limit"),
-    acted("model.max_prompt_tokens", "SFT prompt truncation"),
+    acted(
+        "model.max_prompt_tokens",
+        "rollout prompts cut to it (enable_prompt_truncation) and SFT prompt truncation",
+    ),
     acted("model.max_response_tokens", "rollout length limit"),
     acted("model.temperature", "rollout sampling"),
     acted("model.top_p", "rollout sampling"),
@@ -273,10 +276,10 @@ KEY_STATES: tuple[KeyState, ...] = (
     acted("model.custom_chat_template", "tokenizer chat template"),
     not_built("model.lora_configs", "LoRA"),
     acted("model.enable_thinking", "chat templates of rollout and SFT prompts"),
-    not_applicable(
+    acted(
         "model.enable_prompt_truncation",
-        "rollout prompts are not truncated here: one too long for max_model_len is an error "
-        "(as with false); SFT truncates to max_prompt_tokens",
+        "TaskModelHandle: a rollout prompt over max_prompt_tokens is cut and its experiences "
+        "get a zero action mask (rollout/prompt_truncated)",
     ),
     not_built("model.logprobs", "top-k logprobs per token", inert=(0,)),
     not_built("model.external_model", "rollouts from an externally served model"),

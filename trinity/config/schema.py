@@ -262,8 +262,10 @@ class ModelConfig(ConfigSection):
     )
     enable_prompt_truncation: bool = Field(
         True,
-        description="Truncate prompts longer than max_prompt_tokens (false = such a prompt is "
-        "an error).",
+        description="A rollout prompt longer than max_prompt_tokens is cut to it and not "
+        "sampled: its experiences train nothing (zero action mask, counted in "
+        "rollout/prompt_truncated). false = prompts are sent whole; one with no room under "
+        "max_model_len fails its own task.",
     )
     logprobs: int = Field(
         0, ge=0, description="Top alternatives whose logprobs are returned per token; 0 = none."

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from trinity.common.rollout import ENGINE, Peers, Sample, SamplingParams
+from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
 
-__all__ = ["HFRolloutEngine", "Sample", "SamplingParams"]
+__all__ = ["HFRolloutEngine", "PromptTooLong", "Sample", "SamplingParams"]
 
 
 @ENGINE.register("transformers")
@@ -84,21 +84,41 @@ class HFRolloutEngine:
         prompts: list[list[int]],
         params: SamplingParams,
         keys: list[int | None] | None = None,
-    ) -> list[list[Sample]]:
+    ) -> list[list[Sample] | PromptTooLong]:
         """Sample `params.n` continuations for each prompt. Returns one list per prompt.
 
         `keys`: a 64-bit sampling key per prompt (`sampling.keyed_uniforms`); None (for all, or
-        for one prompt) draws the key from the engine's seeded generator.
+        for one prompt) draws the key from the engine's seeded generator. Each prompt's budget
+        is its own (`RolloutEngine.generate`); a prompt with no room under `max_model_len` gets a
+        `PromptTooLong` in its place and is left out before the others are batched, so they
+        are sampled exactly as without it.
         """
         keys = list(keys) if keys is not None else [None] * len(prompts)
         if len(keys) != len(prompts):
             raise ValueError(f"{len(keys)} sampling keys for {len(prompts)} prompts")
+        out: list[list[Sample] | PromptTooLong] = [
+            PromptTooLong(
+                f"prompt of {len(p)} tokens leaves no room for a response under "
+                f"max_model_len={self.max_model_len}"
+            )
+            for p in prompts
+        ]
+        fits = [i for i, p in enumerate(prompts) if self._budget(len(p), params.max_tokens) > 0]
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
-        out: list[list[Sample]] = []
-        for start in range(0, len(prompts), per_chunk):
-            chunk = slice(start, start + per_chunk)
-            out.extend(self._generate_batch(prompts[chunk], params, keys[chunk]))
+        for start in range(0, len(fits), per_chunk):
+            chunk = fits[start : start + per_chunk]
+            got = self._generate_batch(
+                [prompts[i] for i in chunk], params, [keys[i] for i in chunk]
+            )
+            for i, samples in zip(chunk, got, strict=True):
+                out[i] = samples
         return out
+
+    def _budget(self, prompt_len: int, max_tokens: int) -> int:
+        """New tokens a prompt of `prompt_len` may get: its own room under max_model_len."""
+        if self.max_model_len is None:
+            return max_tokens
+        return min(max_tokens, self.max_model_len - prompt_len)
 
     def _row_keys(self, keys: list[int | None], n: int) -> np.ndarray:
         """[len(keys) * n] uint64: sample j of prompt i is keyed splitmix64(splitmix64(key_i) + j)."""
@@ -115,21 +135,19 @@ class HFRolloutEngine:
     ) -> list[list[Sample]]:
         """Prefill each prompt once, fan its KV cache out to `n` rows, decode until all stop.
 
-        1. left-pad the prompts; positions count real tokens only
+        1. left-pad the prompts; positions count real tokens only; each row's token budget
         2. prefill the B distinct prompts, then repeat each row's cache `n` times
-        3. decode: raw-policy logprob of the drawn token, drop rows that sampled eos
+        3. decode: raw-policy logprob of the drawn token, drop rows that sampled eos or used up
+           their own budget
         4. cut each row at its first eos (kept: it is a trained token)
         """
         t0 = time.perf_counter()
         # 1.  # [B, P]
         width = max(len(p) for p in prompts)
-        max_new = params.max_tokens
-        if self.max_model_len is not None:
-            max_new = min(max_new, self.max_model_len - width)
-            if max_new <= 0:
-                raise ValueError(
-                    f"prompt of {width} tokens leaves no room under max_model_len={self.max_model_len}"
-                )
+        budgets = [self._budget(len(p), params.max_tokens) for p in prompts]
+        if min(budgets) <= 0:  # `generate` leaves such prompts out
+            raise PromptTooLong(f"a prompt leaves no room under max_model_len={self.max_model_len}")
+        max_new = max(budgets)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -160,7 +178,9 @@ class HFRolloutEngine:
         alive = torch.arange(rows, device=self.device)  # original row of each live row
         tokens = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
-        lengths = torch.full((rows,), max_new, dtype=torch.long, device=self.device)
+        # [B*n]: row r of prompt r // n stops after its prompt's budget at the latest
+        budget = torch.tensor(budgets, dtype=torch.long, device=self.device).repeat_interleave(n)
+        lengths = budget.clone()
         stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
         stop_ids = torch.tensor(sorted(self.eos_ids), device=self.device)
         row_keys = self._row_keys(keys, n)  # [b], follows `alive`
@@ -176,10 +196,11 @@ class HFRolloutEngine:
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             tokens[alive, t] = tok
             logprobs[alive, t] = raw.gather(-1, tok[:, None]).squeeze(-1)
-            done = torch.isin(tok, stop_ids)
+            eos = torch.isin(tok, stop_ids)
+            done = eos | (budget[alive] == t + 1)  # [b]
             if bool(done.any()):
                 lengths[alive[done]] = t + 1
-                stopped[alive[done]] = True
+                stopped[alive[eos]] = True
                 keep = torch.nonzero(~done).squeeze(-1)
                 if keep.numel() == 0:
                     break

@@ -28,7 +28,7 @@ from trinity.common.resources import Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
-from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.sampling import stable_key
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.schedule import (
@@ -566,7 +566,7 @@ class Explorer:
         assert self.client is not None
         ecfg = self.cfg.explorer
         limit = asyncio.Semaphore(max(1, ecfg.runner_per_model * len(self.engines)))
-        counts = {"retries": 0, "timeouts": 0}
+        counts = {"retries": 0, "timeouts": 0, "prompt_truncated": 0}
 
         async def one(i: int, task: Task) -> list[Experience] | WorkflowFailed:
             async with limit:
@@ -590,6 +590,8 @@ class Explorer:
             "failed_tasks": float(len(failed)),
             "retries": float(counts["retries"]),
             "timeouts": float(counts["timeouts"]),
+            # experiences built on a prompt cut to max_prompt_tokens: zero action mask
+            "prompt_truncated": float(counts["prompt_truncated"]),
         }
         kept = [(i, r) for i, r in enumerate(results) if not isinstance(r, WorkflowFailed)]
         return kept, stats
@@ -601,6 +603,8 @@ class Explorer:
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
         workflow_cls = WORKFLOW.get(name)
         errors = []
+        m = self.cfg.model
+        cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
@@ -610,10 +614,16 @@ class Explorer:
                 params,
                 chat_template_kwargs(self.cfg),
                 key=None if key is None else stable_key(key, attempt),
+                max_prompt_tokens=cut_to,
             )
             try:
                 workflow = workflow_cls(**task.workflow_args)
-                return await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
+                exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
+                if handle.truncated_prompts:
+                    counts["prompt_truncated"] += mask_prompt_truncated(
+                        exps, handle.truncated_prompts
+                    )
+                return exps
             except TimeoutError:
                 counts["timeouts"] += 1
                 errors.append(f"try {attempt + 1}: timed out after {ecfg.max_timeout}s")

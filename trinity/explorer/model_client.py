@@ -21,9 +21,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from trinity.common.rollout import Peers, Sample, SamplingParams
+from trinity.common.experience import Experience
+from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.sampling import stable_key
 
 
@@ -166,16 +168,28 @@ class BatchingClient:
                         r.answer.set_exception(e)
                 continue
             for r, samples in zip(shard, results, strict=True):
-                if not r.answer.done():
+                if r.answer.done():
+                    continue
+                if isinstance(samples, PromptTooLong):  # this request's alone
+                    r.answer.set_exception(samples)
+                else:
                     r.answer.set_result(samples)
 
     async def _generate(
         self, i: int, shard: list[_Request], params: SamplingParams
-    ) -> list[list[Sample]]:
+    ) -> list[list[Sample] | PromptTooLong]:
         prompts, keys = [r.prompt for r in shard], [r.key for r in shard]
 
-        async def served_with(engine: Any, result: list[list[Sample]]) -> int:
-            return min(s.model_version for samples in result for s in samples)
+        async def served_with(engine: Any, result: list[list[Sample] | PromptTooLong]) -> int:
+            versions = [
+                s.model_version
+                for samples in result
+                if not isinstance(samples, PromptTooLong)
+                for s in samples
+            ]
+            if not versions:  # nothing was sampled: ask the engine what it holds
+                return await engine.weights_version.remote()
+            return min(versions)
 
         return await self._on_engine(
             i, lambda e: e.generate.remote(prompts, params, keys), served_with
@@ -229,6 +243,13 @@ class TaskModelHandle:
     `key` (a `stable_key` of the run's seed, the step, the task and the try): the k-th generate
     call of the workflow is sampled with key (key, k), so a task's samples are the same however
     its requests were batched; None leaves them to the engines' generators.
+
+    `max_prompt_tokens` (`model.enable_prompt_truncation`, as Trinity-RFT): a prompt longer than
+    this is not sampled. Each of its `n` samples is the prompt cut to `max_prompt_tokens` tokens
+    plus the next prompt token as a one-token response (logprob 0, finish_reason
+    "prompt_truncated"); the cut prompts are kept in `truncated_prompts`, and the explorer zeroes
+    the action mask of every experience built on one (`mask_prompt_truncated`). None: prompts are
+    sent whole, and one with no room under max_model_len fails its own task (`PromptTooLong`).
     """
 
     def __init__(
@@ -238,6 +259,7 @@ class TaskModelHandle:
         defaults: SamplingParams,
         chat_template_kwargs: dict[str, Any] | None = None,
         key: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self._client = client
         self.tokenizer = tokenizer
@@ -245,6 +267,8 @@ class TaskModelHandle:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._key = key
         self._calls = 0  # generate calls made, in the workflow's order
+        self.max_prompt_tokens = max_prompt_tokens
+        self.truncated_prompts: list[list[int]] = []
 
     def _next_key(self) -> int | None:
         self._calls += 1
@@ -269,11 +293,29 @@ class TaskModelHandle:
             return_dict=False,
             **self.chat_template_kwargs,
         )
-        return await self._client.generate(list(ids), self._params(sampling), self._next_key())
+        return await self._sample(list(ids), self._params(sampling))
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self._client.generate(ids, self._params(sampling), self._next_key())
+        return await self._sample(ids, self._params(sampling))
+
+    async def _sample(self, ids: list[int], params: SamplingParams) -> list[Sample]:
+        key = self._next_key()  # taken either way: later calls keep their keys
+        m = self.max_prompt_tokens
+        if m is None or len(ids) <= m:
+            return await self._client.generate(ids, params, key)
+        self.truncated_prompts.append(ids[:m])
+        return [
+            Sample(
+                prompt_ids=ids[:m],
+                response_ids=ids[m : m + 1],
+                logprobs=[0.0],
+                finish_reason="prompt_truncated",
+                model_version=self.model_version,
+                info={"prompt_tokens": len(ids)},
+            )
+            for _ in range(params.n)
+        ]
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self._client.logprobs(tokens)
@@ -283,3 +325,19 @@ class TaskModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def mask_prompt_truncated(experiences: list[Experience], prompts: list[list[int]]) -> int:
+    """Zero the action mask of every experience whose tokens begin with one of the cut `prompts`
+    (`TaskModelHandle.truncated_prompts`): one built on a truncated prompt, single-turn or a
+    multi-turn trajectory whose later prompt was cut (it extends the same tokens). They are
+    trained on nothing and marked `info["prompt_truncated"]`. Returns how many were masked."""
+    masked = 0
+    for e in experiences:
+        tokens = e.tokens.tolist()
+        if any(tokens[: len(p)] == p for p in prompts):
+            assert e.action_mask is not None  # filled by Experience.__post_init__
+            e.action_mask = torch.zeros_like(e.action_mask)
+            e.info["prompt_truncated"] = True
+            masked += 1
+    return masked

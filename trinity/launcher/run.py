@@ -310,6 +310,23 @@ def run_stage(
         # 1.
         rcfg = resolve(cfg)
         style = cfg.synchronizer.sync_style
+        # trainer and engines alternate in on-policy lockstep, and in a train stage from a
+        # dataset (whose engines only evaluate before and after training)
+        lockstep = (mode == "train" and not reads_queue) or (
+            mode == "both"
+            and style == "fixed"
+            and rcfg.sync_interval == 1
+            and rcfg.sync_offset == 0
+        )
+        # a process of a split run: another process computes beside it on the same cluster
+        split = mode == "explore" or reads_queue
+        nodes = nodes or []
+        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split, nodes)
+        monitor.console.print(plan.describe(), soft_wrap=True)
+        if rcfg.sync_method == "nccl" and plan.gpu_shared():
+            cfg, note = _sync_by_memory(cfg, plan)
+            rcfg = resolve(cfg)
+            monitor.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains, style)
         if shared:  # an explorer in another process may be loading the previous version
             keep = max(keep, 2)
@@ -335,19 +352,6 @@ def run_stage(
             # checkpoint trained (an explore process may come back before the train process)
             settled = trained_leases(resume)
             buffer = start(storage, f"buffer/{buf_name}", path, capacity, settled, share=shared)
-        # trainer and engines alternate in on-policy lockstep, and in a train stage from a
-        # dataset (whose engines only evaluate before and after training)
-        lockstep = (mode == "train" and not reads_queue) or (
-            mode == "both"
-            and style == "fixed"
-            and rcfg.sync_interval == 1
-            and rcfg.sync_offset == 0
-        )
-        # a process of a split run: another process computes beside it on the same cluster
-        split = mode == "explore" or reads_queue
-        nodes = nodes or []
-        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split, nodes)
-        monitor.console.print(plan.describe(), soft_wrap=True)
         if nodes:
             engines = cfg.explorer.rollout_model.engine_num if explores or evaluates else 0
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
@@ -487,6 +491,24 @@ def run_bench(
         eval_end={k: v for k, v in rows[-1].items() if k.endswith("/accuracy")},
         seconds=time.perf_counter() - t0,
     )
+
+
+def _sync_by_memory(cfg: Any, plan: ResourcePlan) -> tuple[Any, str]:
+    """`cfg` with `synchronizer.sync_method: memory`, and the note that says why.
+
+    NCCL cannot put two ranks of one group on one device, and a plan that gives the trainer and
+    the engines fractions of a GPU puts at least two of them on one (there are fewer GPUs than
+    members). Trinity-RFT switches to `memory` in the same case (its colocate mode). Decided
+    here, not in `resolve()`: it depends on the GPUs Ray has free when the stage starts.
+    """
+    assert plan.trainer is not None and plan.engine is not None
+    sync = cfg.synchronizer.model_copy(update={"sync_method": "memory"})
+    note = (
+        f"synchronizer.sync_method nccl: trainer and engines share GPUs ({plan.trainer.num_gpus:g} "
+        f"GPU each) and NCCL cannot put two ranks on one device: weights go by memory "
+        "(the object store), as Trinity-RFT does when they are colocated"
+    )
+    return cfg.model_copy(update={"synchronizer": sync}), note
 
 
 def _resource_plan(

@@ -2,7 +2,9 @@
 
 NCCL when the trainer's weights are on a GPU, gloo (the same code) when they are on the CPU, so the
 method runs, and is tested, on a CPU machine too. As in Trinity-RFT it needs the trainer and the
-engines in one run (`mode: both`); `resolve()` sends weights by `checkpoint` in the split modes.
+engines in one run (`mode: both`); `resolve()` sends weights by `checkpoint` in the split modes,
+and the launcher by `memory` when trainer and engines share a GPU (NCCL cannot put two ranks on
+one device; `ResourcePlan.gpu_shared`).
 
 How a sync goes (the trainer never waits for the explorer, and no weight bytes pass through Ray):
 
@@ -27,13 +29,23 @@ into its weights since). Fresh CPU memory costs a page fault per page on first w
 the two allocations most of a sync's time (3.1-3.5x a plain copy; on a GPU the caching allocator
 already reuses memory, so there is nothing to keep).
 
+Failures reach both sides at once instead of a 30-minute timeout. A failed group set-up or
+broadcast on the trainer's side posts `abort/<call>` with its traceback: the engines of that call
+(which run their side of the collective in a thread and watch for it) raise it, and the next call
+builds a new group. Any other error ends the serving thread: its traceback goes to `broken` in the
+store, so every engine waiting for a go-ahead (now or later) raises it, and the trainer's next
+`send` raises it too.
+
 One explorer at a time, as upstream: two explorers' calls would each need a group of their own.
 """
 
 from __future__ import annotations
 
 import datetime
+import sys
 import threading
+import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +59,8 @@ from trinity.sync.method import SYNC_METHOD, Peers
 BUCKET_BYTES = 256 << 20  # one broadcast moves at most this many bytes
 ALIGN = 16  # every tensor starts at a multiple of this many bytes in its bucket
 TIMEOUT = datetime.timedelta(minutes=30)  # a member that never joins a group or a broadcast
+POLL = datetime.timedelta(seconds=1)  # how often an engine that waits looks for a failure
+BROKEN = "broken"  # store key: the serving thread died; its traceback
 
 
 @dataclass(frozen=True)
@@ -163,7 +177,15 @@ class _Broadcaster:
         self.snapshots: dict[int, list[torch.Tensor]] = {}
         self.spare: list[torch.Tensor] | None = None  # the last discarded snapshot, for reuse
         self.lock = threading.Lock()
+        self.error: str | None = None  # the serving thread's traceback, once it died
         threading.Thread(target=self._serve, name="trinity-weight-broadcast", daemon=True).start()
+
+    def raise_if_broken(self) -> None:
+        """Raise the serving thread's error, if it died (the trainer's side of the report)."""
+        with self.lock:
+            error = self.error
+        if error is not None:
+            raise RuntimeError(f"the weight-broadcast thread of this trainer died:\n{error}")
 
     def reusable(self, layout: Layout, device: torch.device) -> list[torch.Tensor] | None:
         """A discarded snapshot to pack the next one into, if one fits `layout` on `device`."""
@@ -177,7 +199,24 @@ class _Broadcaster:
             self.snapshots[version] = buckets
 
     def _serve(self) -> None:
-        store = dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=TIMEOUT)
+        """Serve broadcast requests for the life of the process; an error that ends it is
+        reported (module docstring) instead of leaving every later sync to time out."""
+        store: Any = None
+        state: dict[str, str | None] = {"call": None}  # the call being served, if any
+        try:
+            store = dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=TIMEOUT)
+            self._serve_requests(store, state)
+        except BaseException:
+            error = traceback.format_exc()
+            with self.lock:
+                self.error = error
+            print(f"trinity weight broadcast: serving thread died:\n{error}", file=sys.stderr)
+            report = store if store is not None else self.store
+            report.set(BROKEN, error)
+            if state["call"] is not None:  # the engines of the call in progress
+                report.set(f"go/{state['call']}", f"error:the trainer failed:\n{error}")
+
+    def _serve_requests(self, store: Any, state: dict[str, str | None]) -> None:
         group, members, generation = None, None, 0
         answered: list[str] = []
         k = 1
@@ -188,6 +227,7 @@ class _Broadcaster:
             except dist.DistStoreError:  # nobody asked for TIMEOUT: keep serving
                 continue
             call, version, world = store.get(key).decode().split(":")
+            state["call"] = call
             version, world = int(version), int(world)
             self._drop_discarded(store)
             with self.lock:
@@ -208,14 +248,20 @@ class _Broadcaster:
                     if group is None:
                         group = _group(store, world + 1, 0, backend, generation)
                     _broadcast(group, buckets)
-                except Exception:  # an engine died mid-broadcast (it raises there): the group
-                    group, members = None, None  # is spent, the next call builds a new one
+                except Exception:  # the group is spent: the next call builds a new one
+                    group, members = None, None
+                    error = traceback.format_exc()
+                    print(f"trinity weight broadcast v{version}: {error}", file=sys.stderr)
+                    store.set(f"abort/{call}", error)  # the engines of this call raise it
+            state["call"] = None
             store.delete_key(key)
             for r in range(world):
                 store.delete_key(f"member/{call}/{r}")
-            answered.append(f"go/{call}")
+            answered.append(call)
             if len(answered) > 2:  # every engine has read it by now: it joined a later call
-                store.delete_key(answered.pop(0))
+                old = answered.pop(0)
+                store.delete_key(f"go/{old}")
+                store.delete_key(f"abort/{old}")
             k += 1
 
     def _drop_discarded(self, store: Any) -> None:
@@ -230,7 +276,11 @@ class _Receiver:
     """An engine process's half for one trainer store: its identity and its current group."""
 
     def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
         self.store = dist.TCPStore(host, port, is_master=False, timeout=TIMEOUT)
+        # a second connection to look for failures while the collective's set-up blocks in a
+        # `wait` on the first (a connection serialises its calls)
+        self.watch = dist.TCPStore(host, port, is_master=False, timeout=TIMEOUT)
         self.uid = uuid.uuid4().hex
         self.group: tuple[int, Any] | None = None  # (generation, group)
         self.buckets: list[torch.Tensor] | None = None  # the last call's, copied out since
@@ -241,7 +291,7 @@ class _Receiver:
         if peers.rank == 0:
             index = self.store.add("requests", 1)
             self.store.set(f"request/{index}", f"{call}:{version}:{peers.world}")
-        self.store.wait([f"go/{call}"])
+        self._wait_for_go(call, version)
         status, _, detail = self.store.get(f"go/{call}").decode().partition(":")
         if status != "ok":
             raise RuntimeError(f"weight broadcast v{version}: {detail}")
@@ -250,11 +300,65 @@ class _Receiver:
         fits = _fits(self.buckets, layout, device)
         buckets = self.buckets if fits and self.buckets is not None else _buckets(layout, device)
         self.buckets = buckets if device is None else None
-        if self.group is None or self.group[0] != generation:
-            group = _group(self.store, peers.world + 1, peers.rank + 1, backend, generation)
-            self.group = (generation, group)
-        _broadcast(self.group[1], buckets)
+
+        def join_and_broadcast() -> None:
+            if self.group is None or self.group[0] != generation:
+                group = _group(self.store, peers.world + 1, peers.rank + 1, backend, generation)
+                self.group = (generation, group)
+            _broadcast(self.group[1], buckets)
+
+        try:
+            self._watched(join_and_broadcast, call, version)
+        except BaseException:
+            # the group is spent; the buckets and the store connection may still be in use by
+            # a thread left waiting (an abort): the next call starts from fresh ones
+            self.group, self.buckets = None, None
+            self.store = dist.TCPStore(*self.address, is_master=False, timeout=TIMEOUT)
+            raise
         return buckets
+
+    def _wait_for_go(self, call: str, version: int) -> None:
+        """Wait for the trainer's answer to `call`, in slices, raising its thread's death."""
+        deadline = time.monotonic() + TIMEOUT.total_seconds()
+        while True:
+            try:
+                self.store.wait([f"go/{call}"], POLL)
+                return
+            except dist.DistStoreError:  # a slice passed with no answer
+                if self.store.check([BROKEN]):
+                    raise RuntimeError(
+                        f"weight broadcast v{version}: the trainer's broadcast thread died:\n"
+                        + self.store.get(BROKEN).decode()
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise
+
+    def _watched(self, fn: Any, call: str, version: int) -> None:
+        """Run `fn` (this engine's side of the collective) in a thread, raising at once when the
+        trainer aborts the call (its side failed: `fn` would wait out TIMEOUT) or its serving
+        thread dies. On an abort the thread is left to time out; the group is not reused."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:
+                errors.append(e)
+
+        worker = threading.Thread(target=run, name="trinity-weight-receive", daemon=True)
+        worker.start()
+        while True:
+            worker.join(POLL.total_seconds())
+            if not worker.is_alive():
+                break
+            for key in (f"abort/{call}", BROKEN):
+                if self.watch.check([key]):
+                    raise RuntimeError(
+                        f"weight broadcast v{version}: the trainer's side failed:\n"
+                        + self.watch.get(key).decode()
+                    )
+        if errors:
+            raise errors[0]
 
 
 _BROADCASTER: _Broadcaster | None = None
@@ -269,6 +373,7 @@ class CollectiveSync:
         with _SETUP:
             if _BROADCASTER is None:
                 _BROADCASTER = _Broadcaster()
+        _BROADCASTER.raise_if_broken()
         layout = Layout.of(state)
         device = next(iter(state.values())).device if state else torch.device("cpu")
         reused = _BROADCASTER.reusable(layout, device)
