@@ -136,14 +136,14 @@ def test_bad_value_of_a_renamed_key_is_reported_under_the_current_name(tmp_path:
 
 def test_references_are_typed_chained_and_embedded() -> None:
     data = {
-        "a": {"n": 4, "m": "${a.n}", "text": "n=${a.n}"},
+        "a": {"n": 4, "m": "${a.n}", "text": "n=${a.n}", "rel": "${.n}"},
         "b": {"list": [1, {"x": "${a.m}"}], "y": "${b.list[1].x}", "tree": "${a}"},
     }
-    out, problems = interpolate(data, env={})
+    out, problems = interpolate(data)
     assert problems == []
-    assert out["a"]["m"] == 4 and out["a"]["text"] == "n=4"
+    assert out["a"]["m"] == 4 and out["a"]["text"] == "n=4" and out["a"]["rel"] == 4
     assert out["b"]["list"][1]["x"] == 4 and out["b"]["y"] == 4
-    assert out["b"]["tree"] == {"n": 4, "m": 4, "text": "n=4"}
+    assert out["b"]["tree"] == {"n": 4, "m": 4, "text": "n=4", "rel": 4}
     assert data["a"]["m"] == "${a.n}"  # not modified
 
 
@@ -154,17 +154,21 @@ def test_reference_cycles_and_missing_targets_are_problems() -> None:
         "c": {"d": "${a}"},
         "e": "${nowhere.x}",
         "f": {"g": "${f}"},
-        "h": "${.rel}",
-        "i": "${oc.select:a}",
+        "h": "${oops",
+        "i": "${nope:a}",
+        "j": "${oc.select:nowhere,7}",
     }
-    _, problems = interpolate(data, env={})
+    out, problems = interpolate(data)
     by_path = {p.path: p.message for p in problems}
+    # every bad one at once, each at its key path; a fine one (j) is still resolved
     assert set(by_path) == {"a", "b", "c.d", "e", "f.g", "h", "i"}
-    assert by_path["a"] == "interpolation cycle: a -> b -> c.d -> a"
-    assert "nowhere is not set" in by_path["e"]
-    assert "cycle" in by_path["f.g"]
-    assert "relative interpolation" in by_path["h"]
-    assert "unsupported interpolation" in by_path["i"]
+    assert "Recursive interpolation detected" in by_path["a"]
+    assert "key 'nowhere.x' not found" in by_path["e"]
+    assert "parent node" in by_path["f.g"]
+    assert by_path["h"].startswith("cannot resolve '${oops'")
+    assert "Unsupported interpolation type nope" in by_path["i"]
+    assert out["h"] == "${oops"  # left as written
+    assert out["j"] == 7  # oc.select falls back to its default for a missing key
 
 
 def test_reference_problem_in_a_file_has_its_key_path(tmp_path: Path) -> None:

@@ -3,9 +3,10 @@
     cfg = load_config("examples/quickstart/gsm8k.yaml", ["algorithm.optimizer.lr=2e-6"])
     for stage_cfg in stage_configs(cfg): ...
 
-Steps of `load_config`: 1. read YAML, 2. apply overrides, 3. interpolate `${oc.env:...}` and
-`${other.key}` references, 4. validate everything including stages, 5. raise one `ConfigError`
-listing every problem.
+Steps of `load_config`: 1. read YAML (OmegaConf's loader), 2. merge the dotlist overrides,
+3. resolve `${...}` interpolations with OmegaConf, 4. validate everything including stages and
+lift `trainer.trainer_config` (verl) values into our keys, 5. raise one `ConfigError` listing
+every problem.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrinityConfi
 
     Steps:
         1. read the YAML file (missing file, bad YAML, duplicate keys are errors);
-        2. apply `overrides` (`a.b.c=value`, list items by index), checked against the schema;
-        3. resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` and `${other.key}` references;
+        2. merge `overrides` (`a.b.c=value`, list items by index), checked against the schema;
+        3. resolve `${oc.env:VAR,default}`, `${other.key}` and other OmegaConf interpolations;
         4. read deprecated spellings as current names (notes kept on the config), then
            validate all fields, cross-field rules and every stage;
         5. raise one `ConfigError` with every problem, or return the config.

@@ -2,9 +2,11 @@
 eval_tasksets.0.path=data/test`. List items may also be written as error reports print them:
 `stages[1].buffer.total_steps=40`.
 
-The value is typed like a YAML scalar (`4` -> int, `true` -> bool, `null` -> None, `[a, b]` ->
-list). Each key is checked against the schema before anything is set, so an override with a typo
-is reported with a suggestion instead of being silently added. List items must already exist.
+The value is typed and merged as OmegaConf's dotlist does (`4` -> int, `on` -> True, `null` ->
+None, `[a, b]` -> list; a mapping merges into a mapping, `OmegaConf.update(merge=True)`), before
+interpolation, so `${...}` references see the overridden value. Each key is first checked
+against the schema, so an override with a typo is reported with a suggestion instead of being
+silently added; list items must already exist.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from trinity.config.problems import (
     locate_field,
     suggest,
 )
-from trinity.config.yaml_io import parse_scalar
+from trinity.config.yaml_io import deep_merge, parse_scalar
 
 
 def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem | None:
@@ -48,15 +50,13 @@ def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem |
     return None
 
 
-def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
-    """Set `value` at `parts` inside `node`, creating missing mappings on the way."""
+def _check_path(node: Any, parts: list[str], text: str) -> Problem | None:
+    """A problem if `parts` indexes past a list's end or into a single value; the mappings that
+    are missing on the way are created by the merge."""
     done: list[str | int] = []
-    for i, part in enumerate(parts):
+    for part in parts[:-1] if parts else []:
         where = format_path(done) or "<top level>"
-        key: str | int = part
         if isinstance(node, list):
-            if not part.isdigit():
-                return Problem(where, f"cannot apply override {text!r}: expected a list index")
             key = int(part)
             if key >= len(node):
                 items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
@@ -64,21 +64,27 @@ def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
                     format_path([*done, key]),
                     f"override {text!r}: index out of range (the list has {items})",
                 )
-        elif not isinstance(node, dict):
+            node, done = node[key], [*done, key]
+        elif isinstance(node, dict):
+            node, done = node.get(part), [*done, part]
+        elif node is not None:
             return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
-        done.append(key)
-        if i == len(parts) - 1:
-            node[key] = value
-            return None
-        child = node.get(key) if isinstance(node, dict) else node[key]
-        if child is None:
-            if parts[i + 1].isdigit():
-                return Problem(
-                    format_path([*done, int(parts[i + 1])]),
-                    f"override {text!r}: index out of range (the list is empty)",
-                )
-            child = node[key] = {}
-        node = child
+        if node is None:
+            break
+    last = parts[-1]
+    if isinstance(node, list) and int(last) >= len(node):
+        items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
+        return Problem(
+            format_path([*done, int(last)]),
+            f"override {text!r}: index out of range (the list has {items})",
+        )
+    if node is None and any(p.isdigit() for p in parts[len(done) :]):
+        index = next(int(p) for p in parts[len(done) :] if p.isdigit())
+        at = parts[: parts.index(str(index), len(done)) + 1]
+        loc = [int(p) if p.isdigit() else p for p in at]
+        return Problem(
+            format_path(loc), f"override {text!r}: index out of range (the list is empty)"
+        )
     return None
 
 
@@ -92,12 +98,24 @@ def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Proble
     problem = _check_keys(parts, text, root)
     if problem is not None:
         return problem
-    trial = copy.deepcopy(data)
-    problem = _set(trial, parts, parse_scalar(value_text), text)
-    if problem is None:
-        data.clear()
-        data.update(trial)
-    return problem
+    problem = _check_path(data, parts, text)
+    if problem is not None:
+        return problem
+    node: Any = data
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[int(part)]
+        else:
+            if not isinstance(node.get(part), dict | list):
+                node[part] = {}
+            node = node[part]
+    key: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    value = parse_scalar(value_text)
+    old = node[key] if isinstance(node, list) else node.get(key)
+    if isinstance(value, dict) and isinstance(old, dict):  # OmegaConf.update(merge=True)
+        value = deep_merge(old, value)
+    node[key] = value
+    return None
 
 
 def apply_overrides(

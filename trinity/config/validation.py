@@ -18,6 +18,7 @@ from trinity.config.aliases import apply_renames
 from trinity.config.checks import Loc, check_config
 from trinity.config.problems import Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
+from trinity.config.yaml_io import deep_merge
 
 _NOT_MERGED = ("stages", "stage_name")
 
@@ -69,17 +70,6 @@ def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Pr
             return None, problems
         return None, problems + check_config(partial, skip=removed)
     return cfg, check_config(cfg)
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """A new dict: `override` merged into `base`; mappings merge, everything else replaces."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def validate_stages(
