@@ -19,7 +19,6 @@ import yaml
 
 from trinity.config.overrides import apply_overrides
 from trinity.config.problems import ConfigError
-from trinity.config.resolved import effective_config
 from trinity.config.schema import TrinityConfig
 from trinity.config.validation import validate_all, validate_stages
 from trinity.config.yaml_io import interpolate, read_yaml
@@ -39,9 +38,9 @@ def validate_config(data: Mapping[str, Any], source: str | None = None) -> Trini
         raise ConfigError(
             f"the top level must be a mapping of sections, got {type(data).__name__}", source
         )
-    cfg, problems = validate_all(data)
+    cfg, problems, partial, removed = validate_all(data)
     if problems or cfg is None:
-        raise ConfigError(problems, source)
+        raise ConfigError(problems, source, partial, removed)
     return cfg
 
 
@@ -56,8 +55,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrinityConfi
            validate all fields, cross-field rules and every stage;
         5. raise one `ConfigError` with every problem, or return the config.
 
-    The returned config holds exactly the user's values plus defaults; see `resolve()` for the
-    derived numbers.
+    The returned config is the effective one: the user's values plus defaults, with the verl
+    keys of `trainer.trainer_config` lifted into our unset keys (once, here: every consumer reads
+    the same values); see `resolve()` for the derived numbers.
 
     Raises:
         ConfigError: listing every problem found, with key paths.
@@ -72,11 +72,11 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrinityConfi
     problems += interp_problems
     unresolved = {p.path for p in interp_problems}
     # 4. validation; a value whose interpolation failed is not also reported as the wrong type
-    cfg, found = validate_all(raw)
+    cfg, found, partial, removed = validate_all(raw)
     problems += [p for p in found if p.path not in unresolved]
     # 5. report
     if problems or cfg is None:
-        raise ConfigError(problems, source)
+        raise ConfigError(problems, source, partial, removed)
     return cfg
 
 
@@ -92,7 +92,7 @@ def stage_configs(cfg: TrinityConfig) -> list[TrinityConfig]:
     """
     if not cfg.stages:
         return [cfg]
-    base = cfg.model_dump(exclude_unset=True, exclude={"stages", "stage_name"})
+    base = {k: v for k, v in cfg.written.items() if k not in ("stages", "stage_name")}
     stages = [stage.model_dump(exclude_unset=True) for stage in cfg.stages]
     configs, problems = validate_stages(base, stages)
     if problems:
@@ -103,11 +103,10 @@ def stage_configs(cfg: TrinityConfig) -> list[TrinityConfig]:
 def dump_config(cfg: TrinityConfig) -> str:
     """The config with every default filled in, as YAML (loadable again by `load_config`).
 
-    Values that `trainer.trainer_config` (verl) gives to our unset keys are written at our keys,
-    so the dump loads again without the two disagreeing. Stages are printed as written (only
+    The config is the effective one (`trainer.trainer_config` values already at our keys), so
+    the dump loads again without the two disagreeing. Stages are printed as written (only
     their overrides); `stage_name` only when set.
     """
-    cfg = effective_config(cfg)
     data: dict[str, Any] = {}
     for name in TrinityConfig.model_fields:
         if name == "stage_name" and not cfg.stage_name:

@@ -42,14 +42,25 @@ class ConfigError(Exception):
     Args:
         problems: the problems, or one message for a file-level problem (missing file, bad YAML).
         source: the config file the problems are in, if any.
+        partial: the config without the values that failed the schema (defaults in their
+            place), for the pre-flight pass over the parts that are valid; None if none.
+        removed: the key paths taken out of `partial`.
     """
 
-    def __init__(self, problems: Sequence[Problem] | str, source: str | None = None) -> None:
+    def __init__(
+        self,
+        problems: Sequence[Problem] | str,
+        source: str | None = None,
+        partial: Any = None,
+        removed: Sequence[tuple[str | int, ...]] = (),
+    ) -> None:
         if isinstance(problems, str):
             problems = [Problem("", problems)]
         self.problems: list[Problem] = list(problems)
         self.source = source
-        super().__init__(self.problems, source)
+        self.partial = partial
+        self.removed = list(removed)
+        super().__init__(self.problems, source, partial, self.removed)
 
     def __str__(self) -> str:
         if len(self.problems) == 1 and not self.problems[0].path:  # a file-level problem

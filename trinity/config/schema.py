@@ -414,8 +414,12 @@ class TrainerConfig(ConfigSection):
         "keys that mean something here map to our fields (see trainer_config.py).",
     )
     enable_preview: bool = Field(True, description="Show sample rollouts in the wandb monitor.")
-    save_interval: int = Field(
-        0, ge=0, description="Checkpoint every this many train steps; 0 = only at the end."
+    save_interval: int | None = Field(
+        None,
+        ge=0,
+        description="Checkpoint (and ack the buffer) every this many train steps; None = a "
+        "tenth of the run, ceil(total_steps / 10), so a crash costs at most a tenth of it; "
+        "0 = only at the end (Trinity-RFT's default).",
     )
     total_steps: int | None = Field(
         None, ge=1, description="Train steps to run; None = buffer.total_steps or derived."
@@ -599,12 +603,22 @@ class TrinityConfig(ConfigSection):
     )
 
     _rename_notes: tuple[str, ...] = PrivateAttr(default=())
+    _written: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def rename_notes(self) -> tuple[str, ...]:
         """One line per deprecated key or value the loaded file used (read as its new name)."""
         return self._rename_notes
 
-    def set_rename_notes(self, notes: list[str]) -> None:
-        """Record the rename notes of the file this config was loaded from (loader only)."""
+    @property
+    def written(self) -> dict[str, Any]:
+        """The config as the user wrote it (renames applied, verl keys not lifted): what
+        stages merge onto. Without a source, the explicitly set values."""
+        if self._written is not None:
+            return self._written
+        return self.model_dump(exclude_unset=True)
+
+    def set_source(self, notes: list[str], written: dict[str, Any] | None) -> None:
+        """Record the rename notes and the data of the file this config was loaded from."""
         self._rename_notes = tuple(notes)
+        self._written = written

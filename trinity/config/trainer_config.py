@@ -161,5 +161,5 @@ def effective_config(cfg: BaseModel) -> Any:
             node = node.setdefault(part, {})
         node[last] = value
     out = type(cfg).model_validate(data)
-    out.set_rename_notes(list(cfg.rename_notes))  # type: ignore[attr-defined]
+    out.__pydantic_private__ = dict(cfg.__pydantic_private__ or {})
     return out

@@ -18,6 +18,7 @@ from trinity.config.aliases import apply_renames
 from trinity.config.checks import Loc, check_config
 from trinity.config.problems import Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
+from trinity.config.trainer_config import effective_config, trainer_config_problems
 from trinity.config.yaml_io import deep_merge
 
 _NOT_MERGED = ("stages", "stage_name")
@@ -50,12 +51,24 @@ def _prune(data: Mapping[str, Any], locs: Sequence[Loc]) -> tuple[dict[str, Any]
     return out, removed
 
 
-def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
-    """Validate one config dict (stages only checked for shape).
+def _effective(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> tuple[TrinityConfig, list[Problem]]:
+    """The verl `trainer_config` values lifted into our keys (checked against what the user
+    wrote first), then the cross-field checks on that effective config."""
+    problems = trainer_config_problems(cfg)
+    cfg = effective_config(cfg)
+    return cfg, problems + check_config(cfg, skip=skip)
+
+
+def validate_raw(
+    data: Mapping[str, Any],
+) -> tuple[TrinityConfig | None, list[Problem], TrinityConfig | None, list[Loc]]:
+    """Validate one config dict (stages only checked for shape) into its effective config.
 
     Returns:
-        The config (None if pydantic rejected it) and every problem found. A config is returned
-        with problems when only the cross-field checks failed.
+        The effective config (None if pydantic rejected it), every problem found, the partial
+        config (the effective config of `data` without the values pydantic rejected, defaults in
+        their place; None if even that fails) and the key paths taken out for it. A config is
+        returned with problems when only the cross-field checks failed.
     """
     try:
         cfg = TrinityConfig.model_validate(data)
@@ -67,9 +80,11 @@ def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Pr
         try:
             partial = TrinityConfig.model_validate(pruned)
         except ValidationError:
-            return None, problems
-        return None, problems + check_config(partial, skip=removed)
-    return cfg, check_config(cfg)
+            return None, problems, None, removed
+        partial, found = _effective(partial, skip=removed)
+        return None, problems + found, partial, removed
+    cfg, found = _effective(cfg)
+    return cfg, found, cfg, []
 
 
 def validate_stages(
@@ -99,26 +114,28 @@ def validate_stages(
         merged = deep_merge(base_only, overrides)
         name = stage.get("stage_name")
         merged["stage_name"] = name if isinstance(name, str) else ""
-        cfg, found = validate_raw(merged)
+        cfg, found, _, _ = validate_raw(merged)
         found = [p.with_prefix(f"stages[{i}]") for p in found if (p.path, p.message) not in seen]
         configs.append(cfg if not found else None)
         problems += found
     return configs, problems
 
 
-def validate_all(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
-    """Validate a config dict and all its stages; returns the config and every problem.
+def validate_all(
+    data: Mapping[str, Any],
+) -> tuple[TrinityConfig | None, list[Problem], TrinityConfig | None, list[Loc]]:
+    """Validate a config dict and all its stages (see `validate_raw` for what is returned).
 
     Deprecated spellings are read as their current names first (`aliases.py`); the notes saying
-    so are kept on the returned config (`TrinityConfig.rename_notes`).
+    so, and the data as written (for `stage_configs`), are kept on the returned config.
     """
     data, problems, notes = apply_renames(dict(data), TrinityConfig)
-    cfg, found = validate_raw(data)
+    cfg, found, partial, removed = validate_raw(data)
     problems += found
-    if cfg is not None:
-        cfg.set_rename_notes(notes)
+    for c in {id(x): x for x in (cfg, partial) if x is not None}.values():
+        c.set_source(notes, data)
     stages = data.get("stages")
     if isinstance(stages, list) and stages:
         _, stage_problems = validate_stages(data, stages, known=problems)
         problems += stage_problems
-    return cfg, problems
+    return cfg, problems, partial, removed
