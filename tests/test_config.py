@@ -572,3 +572,26 @@ def test_dump_round_trips(tmp_path: Path) -> None:
     again = load_config(write(tmp_path, text, name="dumped.yaml"))
     assert again.model_dump() == cfg.model_dump()
     assert [c.algorithm.algorithm_type for c in stage_configs(again)] == ["sft", "gspo"]
+
+
+def test_save_interval_defaults_to_a_tenth_of_the_run() -> None:
+    base = {"model": {"model_path": "m"}, "buffer": {"explorer_input": {"taskset": {"path": "t"}}}}
+
+    def resolved(buffer: dict, trainer: dict | None = None):
+        data = {**base, "buffer": {**base["buffer"], **buffer}, "trainer": trainer or {}}
+        return resolve(validate_config(data))
+
+    # ceil(40 / 10) = 4; ceil(35 / 10) = ceil(3.5) = 4; ceil(5 / 10) = 1
+    assert resolved({"total_steps": 40}).save_interval == 4
+    assert resolved({"total_steps": 35}).save_interval == 4
+    assert resolved({"total_steps": 5}).save_interval == 1
+    # steps planned at run time: derived there from the planned count, ceil(95 / 10) = 10
+    auto = resolved({})
+    assert auto.save_interval is None and auto.save_interval_for(95) == 10
+    # explicit values win; 0 = only at the end (Trinity-RFT's meaning)
+    assert resolved({"total_steps": 40}, {"save_interval": 3}).save_interval_for(40) == 3
+    end = resolved({"total_steps": 40}, {"save_interval": 0})
+    assert end.save_interval_for(40) == 0
+    table = format_batch_table(resolved({"total_steps": 40}))
+    assert "train steps per checkpoint" in table and "ceil(40 / 10)" in table
+    assert "end only" in format_batch_table(end)
