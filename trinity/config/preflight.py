@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
 
+Loc = tuple[str | int, ...]
 MAX_ROWS_SHOWN = 10  # bad rows listed per dataset; the rest are counted
 
 
@@ -49,14 +51,21 @@ class PreflightReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def preflight(cfg: TrinityConfig) -> PreflightReport:
+def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     """Check `cfg` (from `load_config`) and each of its stages; see the module docstring.
 
     A problem that the base config and a stage share is reported once, under the base's path.
+
+    Args:
+        cfg: a loaded config, or the partial config of one that failed the schema
+            (`ConfigError.partial`): every part whose schema is valid is checked, so one report
+            holds every problem.
+        skip: key paths that failed the schema (`ConfigError.removed`); the steps reading
+            them are left out (their stand-in defaults would give knock-on problems).
     """
     data_cache: dict[str, _Loaded] = {}
-    report = _check_one(cfg, data_cache)
-    if cfg.stages:
+    report = _check_one(cfg, data_cache, skip)
+    if cfg.stages and not skip:  # a config that failed the schema has its stages reported
         seen = {(p.path, p.message) for p in report.problems}
         for i, stage in enumerate(stage_configs(cfg)):
             found = _check_one(stage, data_cache)
@@ -78,21 +87,38 @@ def preflight(cfg: TrinityConfig) -> PreflightReport:
     return report
 
 
-def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightReport:
-    """Steps 1-5 of the module docstring on one (stage) config."""
+def _blocked(skip: Sequence[Loc], *paths: str) -> bool:
+    """True when one of the dotted `paths` lies inside a skipped key path or holds one."""
+    for path in paths:
+        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
+        if any(loc[: len(s)] == s[: len(loc)] for s in skip):
+            return True
+    return False
+
+
+def _check_one(
+    cfg: TrinityConfig, data_cache: dict[str, _Loaded], skip: Sequence[Loc] = ()
+) -> PreflightReport:
+    """Steps 1-5 of the module docstring on one (stage) config, leaving out the steps that
+    read a key path in `skip`."""
     report = PreflightReport()
     # 1.
     report.problems += not_built_problems(cfg)
     report.notes += not_applicable_notes(cfg)
     # 2. and 3.
     auxiliary = list(cfg.buffer.trainer_input.auxiliary_buffers or {})
-    report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
-    report.problems += _staleness_problems(cfg)
+    if not _blocked(skip, "algorithm", "buffer.trainer_input.auxiliary_buffers"):
+        report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
+    if not _blocked(skip, "algorithm", "synchronizer"):
+        report.problems += _staleness_problems(cfg)
     # 4.
-    report.problems += _model_problems(cfg)
+    report.problems += [p for p in _model_problems(cfg) if not _blocked(skip, p.path)]
     # 2., 3. and 5. for what the explorer and the trainer read
     inp = cfg.buffer.explorer_input
-    storages = _explorer_storages(cfg)
+    storages = [s for s in _explorer_storages(cfg) if not _blocked(skip, s[0])]
+    defaults = [f"buffer.explorer_input.default_{k}" for k in ("workflow_type", "reward_fn_type")]
+    if _blocked(skip, *defaults, "buffer.explorer_input.default_eval_workflow_type", "seed"):
+        storages = []
     if storages:
         report.problems += _explorer_default_problems(inp)
     for path, storage, is_eval in storages:
@@ -113,17 +139,9 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         }
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
-    if trains_from_queue(cfg):
-        # fed by `mode: explore` processes of the same run: nothing to read now, and no size
-        if cfg.buffer.total_steps is None and cfg.trainer.total_steps is None:
-            report.problems.append(
-                Problem(
-                    "buffer.total_steps",
-                    "mode train reading a queue (filled by mode explore processes) needs a "
-                    "step count: the trainer cannot size a queue that is still being written",
-                )
-            )
-    elif cfg.mode == "train" and buf is not None:
+    # a queue (mode train fed by `mode: explore` processes) holds nothing to read now
+    blocked = _blocked(skip, "mode", "algorithm", "buffer.trainer_input.experience_buffer", "seed")
+    if cfg.mode == "train" and buf is not None and not trains_from_queue(cfg) and not blocked:
         path = "buffer.trainer_input.experience_buffer"
         problems = _generator_problems(path, buf) if buf.storage_type == "synthetic" else []
         report.problems += problems

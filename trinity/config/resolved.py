@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
 # (value, why) chosen for each "best available here" key when it is unset
@@ -47,7 +48,8 @@ class ResolvedConfig:
     use_dynamic_bsz: bool  # micro-batches packed by tokens instead of a fixed size
     max_token_len_per_micro_batch: int | None  # tokens per micro-batch per GPU (dynamic mode)
     grad_accum_steps: int | None  # micro-batches per train step; None = dynamic (token packing)
-    total_steps: int | None  # None = from taskset size × total_epochs at run time
+    total_steps: int | None  # None = from taskset size × total_epochs at run time, or (mode
+    # train reading a queue) until every writer has closed the buffer
     total_steps_source: str  # the key total_steps came from, "" when None
     save_interval: int | None  # train steps per checkpoint; 0 = only at the end; None = a
     # tenth of the steps planned at run time (`save_interval_for`)
@@ -120,6 +122,8 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
     elif cfg.trainer.total_steps is not None:
         total, total_source = cfg.trainer.total_steps, "trainer.total_steps"
+    elif trains_from_queue(cfg):
+        total, total_source = None, "until every writer has closed the buffer (mode train, queue)"
     else:
         total, total_source = None, ""
     save = save_interval_of(cfg.trainer.save_interval, total)
@@ -203,6 +207,8 @@ def format_batch_table(r: ResolvedConfig) -> str:
     steps = (
         ("total steps", str(r.total_steps), r.total_steps_source)
         if r.total_steps is not None
+        else ("total steps", "open", r.total_steps_source)
+        if r.total_steps_source
         else ("total steps", "auto", "from taskset size × buffer.total_epochs at run time")
     )
     rows = [

@@ -604,6 +604,7 @@ class TrinityConfig(ConfigSection):
 
     _rename_notes: tuple[str, ...] = PrivateAttr(default=())
     _written: dict[str, Any] | None = PrivateAttr(default=None)
+    _compat_notes: tuple[str, ...] = PrivateAttr(default=())
 
     @property
     def rename_notes(self) -> tuple[str, ...]:
@@ -617,6 +618,15 @@ class TrinityConfig(ConfigSection):
         if self._written is not None:
             return self._written
         return self.model_dump(exclude_unset=True)
+
+    @property
+    def compat_notes(self) -> tuple[str, ...]:
+        """One line per Trinity-RFT value the effective config leaves out (derived or unread)."""
+        return self._compat_notes
+
+    def add_compat_notes(self, notes: list[str]) -> None:
+        """Record notes about values the load left out of the effective config (loader only)."""
+        self._compat_notes = (*self._compat_notes, *notes)
 
     def set_source(self, notes: list[str], written: dict[str, Any] | None) -> None:
         """Record the rename notes and the data of the file this config was loaded from."""

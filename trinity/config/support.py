@@ -177,7 +177,7 @@ def _own_notes(cfg: TrinityConfig) -> list[str]:
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)
     ]
-    return notes
+    return notes + list(cfg.compat_notes)
 
 
 def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:

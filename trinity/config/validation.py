@@ -51,11 +51,52 @@ def _prune(data: Mapping[str, Any], locs: Sequence[Loc]) -> tuple[dict[str, Any]
     return out, removed
 
 
+def _unread_args(cfg: TrinityConfig) -> TrinityConfig:
+    """`cfg` without the Trinity-RFT piece arguments nothing here reads, each with a note:
+
+    - the `<piece>_args` of a piece set to 'none' (Trinity-RFT ignores them too, e.g.
+      `kl_loss_fn_args.kl_coef` under `kl_loss_fn: none`);
+    - a policy loss's derived arguments (its `derived_args`, e.g. mix_chord's
+      `train_batch_size_usual`), which Trinity-RFT fills itself and the trainer derives here.
+    """
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, PIECES
+
+    algo = cfg.algorithm
+    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
+    if name not in ALGORITHM.names():
+        return cfg  # reported by the pre-flight pass
+    spec = ALGORITHM.get(name)
+    updates: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for piece, (registry, _) in PIECES.items():
+        args, chosen = getattr(algo, f"{piece}_args"), getattr(algo, piece) or getattr(spec, piece)
+        at = f"algorithm.{piece}_args"
+        if args and chosen == "none":
+            updates[f"{piece}_args"] = {}
+            notes += [f"{at}.{k}: not applicable here ({piece} is 'none': unread)" for k in args]
+        elif args and chosen is not None and chosen in registry:
+            derived = getattr(registry.get(chosen), "derived_args", ())
+            if any(k in derived for k in args):
+                updates[f"{piece}_args"] = {k: v for k, v in args.items() if k not in derived}
+                notes += [
+                    f"{at}.{k}: derived here from the batch settings (Trinity-RFT fills it "
+                    "too); the value written is not read"
+                    for k in args
+                    if k in derived
+                ]
+    if not updates:
+        return cfg
+    out = cfg.model_copy(update={"algorithm": algo.model_copy(update=updates)})
+    out.add_compat_notes(notes)
+    return out
+
+
 def _effective(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> tuple[TrinityConfig, list[Problem]]:
-    """The verl `trainer_config` values lifted into our keys (checked against what the user
-    wrote first), then the cross-field checks on that effective config."""
+    """The effective config: the verl `trainer_config` values lifted into our keys (checked
+    against what the user wrote first) and unread Trinity-RFT arguments taken out (with notes);
+    then the cross-field checks on it."""
     problems = trainer_config_problems(cfg)
-    cfg = effective_config(cfg)
+    cfg = _unread_args(effective_config(cfg))
     return cfg, problems + check_config(cfg, skip=skip)
 
 
