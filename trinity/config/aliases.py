@@ -17,13 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trinity.config.problems import Problem, _strip, child_annotation, format_path
+from trinity.config.base import child_annotation, strip
+from trinity.config.problems import Problem, format_path
 
 Loc = tuple[str | int, ...]
 
 
 def _section(annotation: Any) -> type[BaseModel] | None:
-    ann = _strip(annotation)
+    ann = strip(annotation)
     return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
 
 

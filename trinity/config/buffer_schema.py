@@ -10,11 +10,11 @@ Example: `buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from trinity.config.base import ConfigSection, TopK
+from trinity.config.base import ConfigSection, Inside, NotApplicable, NotBuilt, Refused, TopK
 
 
 class FormatConfig(ConfigSection):
@@ -39,13 +39,13 @@ class FormatConfig(ConfigSection):
     system_prompt: str | None = Field(
         None, description="System message prepended to every prompt; None = no system message."
     )
-    reply_prefix: str | None = Field(
-        None, description="Text the assistant reply is forced to start with; None = nothing."
+    reply_prefix: Annotated[str | None, NotBuilt("forcing the reply to start with a prefix")] = (
+        Field(None, description="Text the assistant reply is forced to start with; None = nothing.")
     )
-    image_key: str | None = Field(
+    image_key: Annotated[str | None, NotBuilt("multi-modal data (images)")] = Field(
         None, description="Column holding images (multi-modal models); None = no images."
     )
-    video_key: str | None = Field(
+    video_key: Annotated[str | None, NotBuilt("multi-modal data (videos)")] = Field(
         None, description="Column holding videos (multi-modal models); None = no videos."
     )
 
@@ -66,7 +66,7 @@ class RolloutArgs(ConfigSection):
     n: int | None = Field(
         None, ge=1, description="Samples per task; None = algorithm.repeat_times."
     )
-    logprobs: int | None = Field(
+    logprobs: Annotated[int | None, NotBuilt("top-k logprobs per token", inert=(None, 0))] = Field(
         None,
         ge=0,
         description="Top alternatives whose logprobs are returned per token; "
@@ -166,7 +166,9 @@ class StorageConfig(ConfigSection):
     total_epochs: int | None = Field(
         None, ge=1, description="Passes over this set; None = buffer.total_epochs."
     )
-    enable_progress_bar: bool = Field(False, description="Show a progress bar while loading.")
+    enable_progress_bar: Annotated[bool, NotApplicable("no progress bar while loading here")] = (
+        Field(False, description="Show a progress bar while loading.")
+    )
     skip_bad_rows: bool = Field(
         False,
         description="Count and skip malformed rows (invalid JSON, missing or mistyped prompt or "
@@ -174,16 +176,60 @@ class StorageConfig(ConfigSection):
     )
 
 
+_PAIR_ONLY = "DPO preference column, read from buffer.trainer_input.experience_buffer only"
+_NO_ROLLOUT = "a rollout setting; the trainer's experience buffer is not rolled out"
+_TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tasks
+    "storage_type": Refused(("queue", "sql"), "tasksets from a queue or SQL table"),
+    "format.chosen_key": NotApplicable(_PAIR_ONLY),
+    "format.rejected_key": NotApplicable(_PAIR_ONLY),
+    "capacity": NotApplicable("queue size; a taskset is read from its source"),
+    "max_read_timeout": NotApplicable("queue read timeout; not a queue"),
+    "replay_buffer": NotApplicable("experience replay; tasks are not replayed"),
+    "total_epochs": NotApplicable(
+        "buffer.total_epochs counts passes (Trinity-RFT also sets this from it)"
+    ),
+    "schema_type": NotApplicable("the task schema is fixed here"),
+}
+_TASKSETS = _TASKSET | {
+    "data_selector": NotApplicable(
+        "only the first taskset's selector orders the mixed tasks; later ones are unused",
+        after_first=True,
+    )
+}
+_EVAL_TASKSETS = _TASKSET | {
+    "repeat_times": NotBuilt(
+        "several samples per eval task via repeat_times (rollout_args.n does it)", inert=(None, 1)
+    ),
+    "data_selector": NotApplicable("eval sets are run whole, in file order"),
+}
+_EXPERIENCE_BUFFER: dict[str, Any] = {
+    "storage_type": Refused(("sql",), "SQL experience storage"),
+    "replay_buffer": NotBuilt("experience replay (priority reuse of experiences)"),
+    "schema_type": NotApplicable("the experience schema follows algorithm_type"),
+    **{
+        key: NotApplicable(_NO_ROLLOUT)
+        for key in (
+            "rollout_args",
+            "workflow_args",
+            "reward_fn_args",
+            "default_workflow_type",
+            "default_reward_fn_type",
+            "repeat_times",
+        )
+    },
+}
+
+
 class ExplorerInput(ConfigSection):
     """Task sources of the explorer: training tasksets and evaluation sets."""
 
-    taskset: StorageConfig | None = Field(
+    taskset: Annotated[StorageConfig | None, Inside(_TASKSET)] = Field(
         None, description="The training taskset (or use `tasksets` for several)."
     )
-    tasksets: list[StorageConfig] = Field(
+    tasksets: Annotated[list[StorageConfig], Inside(_TASKSETS)] = Field(
         default_factory=list, description="Several training tasksets, mixed in order."
     )
-    eval_tasksets: list[StorageConfig] = Field(
+    eval_tasksets: Annotated[list[StorageConfig], Inside(_EVAL_TASKSETS)] = Field(
         default_factory=list,
         description="Evaluation sets, run every explorer.eval_interval explore steps.",
     )
@@ -201,7 +247,7 @@ class ExplorerInput(ConfigSection):
 class TrainerInput(ConfigSection):
     """Experience sources of the trainer."""
 
-    experience_buffer: StorageConfig | None = Field(
+    experience_buffer: Annotated[StorageConfig | None, Inside(_EXPERIENCE_BUFFER)] = Field(
         None,
         description="Where the trainer reads experiences; required for mode 'train'. In mode "
         "'both' an in-memory queue is used when unset.",

@@ -18,15 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trinity.config.problems import (
-    NotAContainer,
-    Problem,
-    UnknownKey,
-    child_annotation,
-    format_path,
-    locate_field,
-    suggest,
-)
+from trinity.config.base import NotAContainer, UnknownKey, child_annotation, locate_field
+from trinity.config.problems import Problem, format_path, suggest
 from trinity.config.yaml_io import deep_merge, parse_scalar
 
 

@@ -12,7 +12,7 @@ batch sizes or paths); derived numbers are computed by `trinity.config.resolve()
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     Field,
@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from trinity.config.base import ConfigSection, Dtype, TopK
+from trinity.config.base import ConfigSection, Dtype, Inside, NotApplicable, NotBuilt, Refused, TopK
 from trinity.config.buffer_schema import BufferConfig
 from trinity.config.engine_schema import InferenceModelConfig
 from trinity.config.side_schema import (
@@ -32,6 +32,23 @@ from trinity.config.side_schema import (
     ServiceConfig,
     TinkerConfig,
 )
+
+_WANDB = "for wandb/mlflow/swanlab monitors, which are not built"
+_LIMITS = NotApplicable("set from model.* (Trinity-RFT overwrites these on the rollout model too)")
+_ROLLOUT_MODEL = {
+    "model_path": NotApplicable("the rollout model is model.model_path (or the last stage's)"),
+    "max_model_len": _LIMITS,
+    "max_prompt_tokens": _LIMITS,
+    "max_response_tokens": _LIMITS,
+}
+
+
+def _reads_a_teacher(cfg: Any) -> bool:
+    """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    return name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
 
 
 class OptimizerConfig(ConfigSection):
@@ -53,7 +70,10 @@ class OptimizerConfig(ConfigSection):
         "constant",
         description="Schedule after warm-up: constant, cosine or linear decay (was warmup_style).",
     )
-    optimizer_type: Literal["adam", "adamw"] = Field(
+    optimizer_type: Annotated[
+        Literal["adam", "adamw"],
+        NotApplicable("always AdamW here ('adam' and 'adamw' both name it)"),
+    ] = Field(
         "adamw",
         description="Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with "
         "decoupled weight_decay.",
@@ -252,7 +272,7 @@ class ModelConfig(ConfigSection):
     custom_chat_template: str | None = Field(
         None, description="Jinja chat template replacing the tokenizer's; None = tokenizer's."
     )
-    lora_configs: list[dict[str, Any]] | None = Field(
+    lora_configs: Annotated[list[dict[str, Any]] | None, NotBuilt("LoRA")] = Field(
         None, description="LoRA adapter settings (rank, alpha, target modules); None = full FT."
     )
     enable_thinking: bool | None = Field(
@@ -260,20 +280,27 @@ class ModelConfig(ConfigSection):
         description="Chat-template switch of reasoning models (Qwen3): true/false is passed to "
         "the template as enable_thinking; None = the template's own default.",
     )
-    enable_prompt_truncation: bool = Field(
+    enable_prompt_truncation: Annotated[
+        bool,
+        NotApplicable(
+            "rollout prompts are not truncated here: one too long for max_model_len is an error (as with false); SFT truncates to max_prompt_tokens"
+        ),
+    ] = Field(
         True,
         description="Truncate prompts longer than max_prompt_tokens (false = such a prompt is "
         "an error).",
     )
-    logprobs: int = Field(
+    logprobs: Annotated[int, NotBuilt("top-k logprobs per token", inert=(0,))] = Field(
         0, ge=0, description="Top alternatives whose logprobs are returned per token; 0 = none."
     )
-    external_model: dict[str, Any] | None = Field(
+    external_model: Annotated[
+        dict[str, Any] | None, NotBuilt("rollouts from an externally served model")
+    ] = Field(
         None,
         description="An externally served model (an API endpoint) used for rollouts instead of "
         "local engines; None = local engines.",
     )
-    tinker: TinkerConfig = Field(
+    tinker: Annotated[TinkerConfig, NotBuilt("the Tinker training backend")] = Field(
         default_factory=TinkerConfig, description="Tinker (remote training service) backend."
     )
 
@@ -302,7 +329,9 @@ class ClusterConfig(ConfigSection):
 class ExplorerConfig(ConfigSection):
     """The explorer: runs workflows on tasks to produce experiences."""
 
-    name: str = Field("explorer", description="Actor name.")
+    name: Annotated[str, NotApplicable("Ray actor name; actors are unnamed here")] = Field(
+        "explorer", description="Actor name."
+    )
     runner_per_model: int = Field(
         8, ge=1, description="Concurrent workflow runners per engine replica."
     )
@@ -322,16 +351,25 @@ class ExplorerConfig(ConfigSection):
         100, ge=0, description="Evaluate every this many explore steps; 0 = never."
     )
     eval_on_startup: bool = Field(True, description="Evaluate before the first explore step.")
-    rollout_model: InferenceModelConfig = Field(
+    rollout_model: Annotated[InferenceModelConfig, Inside(_ROLLOUT_MODEL)] = Field(
         default_factory=InferenceModelConfig, description="Engines serving the policy."
     )
-    auxiliary_models: list[InferenceModelConfig] = Field(
-        default_factory=list, description="Extra engines (e.g. a judge model) for workflows."
+    auxiliary_models: Annotated[
+        list[InferenceModelConfig],
+        NotBuilt(
+            "auxiliary models (extra engines for workflows); algorithm_type on_policy_distill reads the first one's model_path as its teacher",
+            unless=_reads_a_teacher,
+        ),
+    ] = Field(default_factory=list, description="Extra engines (e.g. a judge model) for workflows.")
+    env_vars: Annotated[dict[str, str], NotBuilt("environment variables for workflow runners")] = (
+        Field(default_factory=dict, description="Environment variables set in workflow runners.")
     )
-    env_vars: dict[str, str] = Field(
-        default_factory=dict, description="Environment variables set in workflow runners."
-    )
-    max_repeat_times_per_runner: int | None = Field(
+    max_repeat_times_per_runner: Annotated[
+        int | None,
+        NotApplicable(
+            "all samples of a task run in one workflow call here; splitting them over runners changes scheduling, not results"
+        ),
+    ] = Field(
         None,
         ge=1,
         description="Split a task's repeat_times samples over runners, at most this many per "
@@ -394,26 +432,41 @@ class CriticConfig(ConfigSection):
 class TrainerConfig(ConfigSection):
     """The trainer: turns experiences into gradient steps."""
 
-    name: str = Field("trainer", description="Actor name.")
-    trainer_type: Literal["verl", "tinker"] | None = Field(
+    name: Annotated[str, NotApplicable("Ray actor name; actors are unnamed here")] = Field(
+        "trainer", description="Actor name."
+    )
+    trainer_type: Annotated[
+        Literal["verl", "tinker"] | None,
+        NotApplicable(
+            "the built-in PyTorch trainer trains, not verl; the trainer_config keys that mean something here are read"
+        ),
+        Refused(("tinker",), "the Tinker training backend"),
+    ] = Field(
         None,
         description="Trinity-RFT's training backend: 'verl' or 'tinker' (a remote service); "
         "None = the built-in PyTorch trainer. Not the same key as trainer_strategy.",
     )
-    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] | None = Field(
+    trainer_strategy: Annotated[
+        Literal["torch", "fsdp", "fsdp2"] | None,
+        Refused(("fsdp", "fsdp2"), "multi-rank training; use torch"),
+    ] = Field(
         None,
         description="'torch' = single process on one device; 'fsdp'/'fsdp2' = sharded data "
         "parallel; None = the best available here ('torch', see resolve()).",
     )
-    ulysses_sequence_parallel_size: int = Field(
-        1, ge=1, description="Devices one sequence is split over (Ulysses sequence parallel)."
+    ulysses_sequence_parallel_size: Annotated[int, NotBuilt("sequence parallelism", inert=(1,))] = (
+        Field(
+            1, ge=1, description="Devices one sequence is split over (Ulysses sequence parallel)."
+        )
     )
     trainer_config: dict[str, Any] = Field(
         default_factory=dict,
         description="An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the "
         "keys that mean something here map to our fields (see trainer_config.py).",
     )
-    enable_preview: bool = Field(True, description="Show sample rollouts in the wandb monitor.")
+    enable_preview: Annotated[bool, NotApplicable(f"rollout preview {_WANDB}")] = Field(
+        True, description="Show sample rollouts in the wandb monitor."
+    )
     save_interval: int | None = Field(
         None,
         ge=0,
@@ -477,13 +530,21 @@ _MONITOR_TYPES: tuple[str, ...] = get_args(MonitorType)
 class MonitorConfig(ConfigSection):
     """Where metrics go."""
 
-    monitor_type: MonitorType | list[MonitorType] = Field(
+    monitor_type: Annotated[
+        MonitorType | list[MonitorType],
+        Refused(
+            ("wandb", "mlflow", "swanlab"),
+            "wandb/mlflow/swanlab monitors; use tensorboard, jsonl or console",
+        ),
+    ] = Field(
         "tensorboard", description=f"One backend or a list of them: {', '.join(_MONITOR_TYPES)}."
     )
-    monitor_args: dict[str, Any] = Field(
+    monitor_args: Annotated[dict[str, Any], NotApplicable(f"backend arguments {_WANDB}")] = Field(
         default_factory=dict, description="Backend keyword arguments (e.g. wandb entity)."
     )
-    enable_console: bool = Field(True, description="Also print a metrics line per step.")
+    enable_console: Annotated[bool, NotApplicable("not read here; use monitor_type console")] = (
+        Field(True, description="Also print a metrics line per step.")
+    )
 
     @field_validator("monitor_type", mode="wrap")
     @classmethod
@@ -550,13 +611,17 @@ class StageConfig(ConfigSection):
 class TrinityConfig(ConfigSection):
     """A whole run. Everything it writes lives under `<checkpoint_root_dir>/<project>/<name>/`."""
 
-    mode: Mode = Field(
-        "both",
-        description="'both' = explorer and trainer together; 'explore' / 'train' = one side; "
-        "'bench' = evaluate only; 'serve' = serve the model.",
+    mode: Annotated[Mode, Refused(("serve",), "mode serve (the OpenAI-compatible endpoint)")] = (
+        Field(
+            "both",
+            description="'both' = explorer and trainer together; 'explore' / 'train' = one side; "
+            "'bench' = evaluate only; 'serve' = serve the model.",
+        )
     )
     project: str = Field("trinity", description="Project name (a folder under checkpoints).")
-    group: str = Field("", description="Run group, for monitors that group runs.")
+    group: Annotated[str, NotApplicable(f"run group {_WANDB}")] = Field(
+        "", description="Run group, for monitors that group runs."
+    )
     name: str = Field("run", description="Run name (a folder under the project).")
     checkpoint_root_dir: str = Field(
         "./checkpoints", description="Root folder of everything runs write."
@@ -590,8 +655,13 @@ class TrinityConfig(ConfigSection):
     service: ServiceConfig = Field(
         default_factory=ServiceConfig, description="Outside services (Data-Juicer)."
     )
-    log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
-    schema_type: str | None = Field(
+    log: Annotated[
+        LogConfig,
+        NotApplicable("log files and levels are not configurable here; output goes to the console"),
+    ] = Field(default_factory=LogConfig, description="Logging.")
+    schema_type: Annotated[
+        str | None, NotApplicable("the experience schema follows algorithm.algorithm_type")
+    ] = Field(
         None,
         description="Experience schema of the run (e.g. 'experience', 'dpo', 'sft'); None = "
         "the algorithm's own.",

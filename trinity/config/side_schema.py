@@ -8,11 +8,11 @@ not built yet when set to anything but their defaults).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from trinity.config.base import ConfigSection
+from trinity.config.base import ConfigSection, NotApplicable, NotBuilt
 from trinity.config.buffer_schema import StorageConfig
 
 
@@ -38,7 +38,7 @@ class OperatorConfig(ConfigSection):
 class ExperiencePipelineConfig(ConfigSection):
     """Operators applied to rollout experiences before the trainer sees them."""
 
-    operators: list[OperatorConfig] = Field(
+    operators: Annotated[list[OperatorConfig], NotBuilt("experience pipeline operators")] = Field(
         default_factory=list, description="Operators, applied in order."
     )
     save_input: bool = Field(True, description="Also save the experiences before the operators.")
@@ -80,10 +80,15 @@ class TaskPipelineConfig(ConfigSection):
 class DataProcessorConfig(ConfigSection):
     """Data pipelines: one for tasks (before exploring), one for experiences (before training)."""
 
-    task_pipeline: TaskPipelineConfig | None = Field(
-        None, description="Pipeline over raw tasks; None = none."
-    )
-    experience_pipeline: ExperiencePipelineConfig | None = Field(
+    task_pipeline: Annotated[
+        TaskPipelineConfig | None, NotBuilt("task pipelines (Data-Juicer)")
+    ] = Field(None, description="Pipeline over raw tasks; None = none.")
+    experience_pipeline: Annotated[
+        ExperiencePipelineConfig | None,
+        NotApplicable(
+            "the experience pipeline is a pass-through here (no operators): nothing is saved or read"
+        ),
+    ] = Field(
         default_factory=ExperiencePipelineConfig,
         description="Pipeline over rollout experiences (no operators = pass-through).",
     )
@@ -100,8 +105,8 @@ class DataJuicerServiceConfig(ConfigSection):
 class ServiceConfig(ConfigSection):
     """Outside services the run talks to."""
 
-    data_juicer: DataJuicerServiceConfig | None = Field(
-        None, description="The Data-Juicer service; None = not used."
+    data_juicer: Annotated[DataJuicerServiceConfig | None, NotBuilt("the Data-Juicer service")] = (
+        Field(None, description="The Data-Juicer service; None = not used.")
     )
 
 
