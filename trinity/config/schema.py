@@ -19,6 +19,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    create_model,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -576,38 +577,6 @@ class MonitorConfig(ConfigSection):
 Mode = Literal["both", "explore", "train", "bench", "serve"]
 
 
-class StageConfig(ConfigSection):
-    """One stage of a multi-stage run: a name plus overrides deep-merged onto the base config.
-
-    Values are kept raw here; the merged config is validated as a whole (see `stages.py`).
-    """
-
-    stage_name: str = Field(..., min_length=1, description="Name of the stage (required).")
-    mode: Any = Field(None, description="Override of the top-level `mode`.")
-    project: Any = Field(None, description="Override of the top-level `project`.")
-    group: Any = Field(None, description="Override of the top-level `group`.")
-    name: Any = Field(None, description="Override of the top-level `name`.")
-    checkpoint_root_dir: Any = Field(
-        None, description="Override of the top-level `checkpoint_root_dir`."
-    )
-    continue_from_checkpoint: Any = Field(
-        None, description="Override of the top-level `continue_from_checkpoint`."
-    )
-    seed: Any = Field(None, description="Override of the top-level `seed`.")
-    algorithm: Any = Field(None, description="Overrides deep-merged onto `algorithm`.")
-    model: Any = Field(None, description="Overrides deep-merged onto `model`.")
-    cluster: Any = Field(None, description="Overrides deep-merged onto `cluster`.")
-    buffer: Any = Field(None, description="Overrides deep-merged onto `buffer`.")
-    explorer: Any = Field(None, description="Overrides deep-merged onto `explorer`.")
-    synchronizer: Any = Field(None, description="Overrides deep-merged onto `synchronizer`.")
-    trainer: Any = Field(None, description="Overrides deep-merged onto `trainer`.")
-    monitor: Any = Field(None, description="Overrides deep-merged onto `monitor`.")
-    data_processor: Any = Field(None, description="Overrides deep-merged onto `data_processor`.")
-    service: Any = Field(None, description="Overrides deep-merged onto `service`.")
-    log: Any = Field(None, description="Overrides deep-merged onto `log`.")
-    schema_type: Any = Field(None, description="Override of the top-level `schema_type`.")
-
-
 class TrinityConfig(ConfigSection):
     """A whole run. Everything it writes lives under `<checkpoint_root_dir>/<project>/<name>/`."""
 
@@ -702,3 +671,19 @@ class TrinityConfig(ConfigSection):
         """Record the rename notes and the data of the file this config was loaded from."""
         self._rename_notes = tuple(notes)
         self._written = written
+
+
+StageConfig = create_model(  # derived from TrinityConfig: one field per overridable key
+    "StageConfig",
+    __base__=ConfigSection,
+    __doc__="One stage of a multi-stage run: a name plus overrides deep-merged onto the base "
+    "config. Values are kept raw here; the merged config is validated as a whole "
+    "(`validation.validate_stages`).",
+    stage_name=(str, Field(..., min_length=1, description="Name of the stage (required).")),
+    **{
+        name: (Any, Field(None, description=f"Override deep-merged onto the top-level `{name}`."))
+        for name in TrinityConfig.model_fields
+        if name not in ("stages", "stage_name")
+    },
+)
+TrinityConfig.model_rebuild()
