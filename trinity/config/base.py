@@ -34,13 +34,15 @@ DEFAULT: Any = object()  # inert value of a not-built key: the schema default
 
 
 class ConfigSection(BaseModel):
-    """A strict config section: unknown keys are errors and every field carries a description."""
+    """A strict config section: unknown keys are errors and every field carries a description
+    (the docstring under it)."""
 
     model_config = ConfigDict(
         extra="forbid",
         coerce_numbers_to_str=True,
         protected_namespaces=(),
         validate_default=False,
+        use_attribute_docstrings=True,
     )
 
     renamed_keys: ClassVar[dict[str, str]] = {}
