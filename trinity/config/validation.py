@@ -18,7 +18,7 @@ from trinity.config.aliases import apply_renames
 from trinity.config.checks import Loc, check_config
 from trinity.config.problems import Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
-from trinity.config.trainer_config import effective_config, trainer_config_problems
+from trinity.config.trainer_config import lift_verl_keys
 from trinity.config.yaml_io import deep_merge
 
 _NOT_MERGED = ("stages", "stage_name")
@@ -95,8 +95,8 @@ def _effective(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> tuple[TrinityCon
     """The effective config: the verl `trainer_config` values lifted into our keys (checked
     against what the user wrote first) and unread Trinity-RFT arguments taken out (with notes);
     then the cross-field checks on it."""
-    problems = trainer_config_problems(cfg)
-    cfg = _unread_args(effective_config(cfg))
+    cfg, problems = lift_verl_keys(cfg)
+    cfg = _unread_args(cfg)
     return cfg, problems + check_config(cfg, skip=skip)
 
 
