@@ -43,41 +43,30 @@ def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem |
     return None
 
 
-def _check_path(node: Any, parts: list[str], text: str) -> Problem | None:
-    """A problem if `parts` indexes past a list's end or into a single value; the mappings that
-    are missing on the way are created by the merge."""
+def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
+    """Merge `value` at `parts` into `node` (in place), creating missing mappings on the way."""
     done: list[str | int] = []
-    for part in parts[:-1] if parts else []:
-        where = format_path(done) or "<top level>"
-        if isinstance(node, list):
+    for i, part in enumerate(parts):
+        if isinstance(node, dict):
+            key: str | int = part
+        elif isinstance(node, list):  # the schema check made sure `part` is an index
             key = int(part)
             if key >= len(node):
-                items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
                 return Problem(
                     format_path([*done, key]),
-                    f"override {text!r}: index out of range (the list has {items})",
+                    f"override {text!r}: index out of range (the list has {len(node)} items)",
                 )
-            node, done = node[key], [*done, key]
-        elif isinstance(node, dict):
-            node, done = node.get(part), [*done, part]
-        elif node is not None:
+        else:
+            where = format_path(done) or "<top level>"
             return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
-        if node is None:
-            break
-    last = parts[-1]
-    if isinstance(node, list) and int(last) >= len(node):
-        items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
-        return Problem(
-            format_path([*done, int(last)]),
-            f"override {text!r}: index out of range (the list has {items})",
-        )
-    if node is None and any(p.isdigit() for p in parts[len(done) :]):
-        index = next(int(p) for p in parts[len(done) :] if p.isdigit())
-        at = parts[: parts.index(str(index), len(done)) + 1]
-        loc = [int(p) if p.isdigit() else p for p in at]
-        return Problem(
-            format_path(loc), f"override {text!r}: index out of range (the list is empty)"
-        )
+        done.append(key)
+        old = node[key] if isinstance(node, list) else node.get(key)
+        if i == len(parts) - 1:  # as OmegaConf.update(merge=True): a mapping merges
+            merge = isinstance(value, dict) and isinstance(old, dict)
+            node[key] = deep_merge(old, value) if merge else value
+        elif old is None:
+            node[key] = old = [] if parts[i + 1].isdigit() else {}
+        node = old
     return None
 
 
@@ -91,24 +80,12 @@ def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Proble
     problem = _check_keys(parts, text, root)
     if problem is not None:
         return problem
-    problem = _check_path(data, parts, text)
-    if problem is not None:
-        return problem
-    node: Any = data
-    for part in parts[:-1]:
-        if isinstance(node, list):
-            node = node[int(part)]
-        else:
-            if not isinstance(node.get(part), dict | list):
-                node[part] = {}
-            node = node[part]
-    key: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
-    value = parse_scalar(value_text)
-    old = node[key] if isinstance(node, list) else node.get(key)
-    if isinstance(value, dict) and isinstance(old, dict):  # OmegaConf.update(merge=True)
-        value = deep_merge(old, value)
-    node[key] = value
-    return None
+    trial = copy.deepcopy(data)
+    problem = _set(trial, parts, parse_scalar(value_text), text)
+    if problem is None:
+        data.clear()
+        data.update(trial)
+    return problem
 
 
 def apply_overrides(

@@ -148,30 +148,28 @@ def interpolate(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
     (typed fields convert it). A value that failed is left as written.
     """
     out = copy.deepcopy(data)
-    problems: list[Problem] = []
-    found = _interpolated(out)
+    found, failed = _interpolated(out), {}
     for loc, text in found:  # bad syntax fails OmegaConf.create: take those out first
         try:
             OmegaConf.create({"value": text})
         except OmegaConfBaseException as exc:
-            problems.append(Problem(format_path(loc), f"cannot resolve {text!r}: {_why(exc)}"))
+            failed[loc] = exc
             _set(out, loc, None)
     tree = OmegaConf.create(out)
-    resolved: list[tuple[Loc, Any]] = []
-    for loc, text in found:
-        if any(p.path == format_path(loc) for p in problems):
-            continue
+    values = {}
+    for loc, _ in found:
         try:
-            value = OmegaConf.select(tree, ".".join(map(str, loc)), throw_on_missing=True)
-            if isinstance(value, DictConfig | ListConfig):
-                value = OmegaConf.to_container(value, resolve=True)
+            if loc not in failed:
+                value = OmegaConf.select(tree, ".".join(map(str, loc)), throw_on_missing=True)
+                plain = isinstance(value, DictConfig | ListConfig)
+                values[loc] = OmegaConf.to_container(value, resolve=True) if plain else value
         except OmegaConfBaseException as exc:
-            problems.append(Problem(format_path(loc), f"cannot resolve {text!r}: {_why(exc)}"))
-            continue
-        resolved.append((loc, value))
-    for loc, value in resolved:
-        _set(out, loc, value)
-    for p in problems:  # a failed value stays as written
-        text = next(t for loc, t in found if format_path(loc) == p.path)
-        _set(out, next(loc for loc, _ in found if format_path(loc) == p.path), text)
+            failed[loc] = exc
+    for loc, text in found:  # a failed value stays as written
+        _set(out, loc, text if loc in failed else values[loc])
+    problems = [
+        Problem(format_path(loc), f"cannot resolve {text!r}: {_why(failed[loc])}")
+        for loc, text in found
+        if loc in failed
+    ]
     return out, problems
