@@ -308,3 +308,24 @@ def test_train_from_a_queue_needs_no_step_count(no_ray):
     assert preflight(cfg).problems == []
     r = resolve(cfg)
     assert r.total_steps is None and "until every writer has closed" in r.total_steps_source
+
+
+def test_staged_config_with_problems_everywhere_is_one_report(tmp_path, no_ray):
+    cfg = tmp_path / "staged.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        "algorithm: {algorithm_type: grpoo}\n"
+        "stages:\n"
+        "  - {stage_name: a, algorithm: {repeat_times: 0}}\n"
+        "  - {stage_name: b, trainer: {trainer_strategy: fsdp2}}\n"
+    )
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = [ln.strip() for ln in r.output.splitlines() if ln.startswith("  ")]
+    # base (cross-field and pre-flight), an invalid stage, and a valid stage's refusal; once each
+    assert sorted(ln.split(":")[0] for ln in lines) == [
+        "algorithm.algorithm_type",
+        "buffer.explorer_input.taskset",
+        "stages[0].algorithm.repeat_times",
+        "stages[1].trainer.trainer_strategy",
+    ]

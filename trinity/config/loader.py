@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from trinity.config.overrides import apply_overrides
-from trinity.config.problems import ConfigError
+from trinity.config.problems import ConfigError, Problem
 from trinity.config.schema import TrinityConfig
 from trinity.config.validation import validate_all, validate_stages
 from trinity.config.yaml_io import interpolate, read_yaml
@@ -92,12 +92,21 @@ def stage_configs(cfg: TrinityConfig) -> list[TrinityConfig]:
     """
     if not cfg.stages:
         return [cfg]
-    base = {k: v for k, v in cfg.written.items() if k not in ("stages", "stage_name")}
-    stages = [stage.model_dump(exclude_unset=True) for stage in cfg.stages]
-    configs, problems = validate_stages(base, stages)
+    configs, problems = _merged_stages(cfg)
     if problems:
         raise ConfigError(problems)
     return [c for c in configs if c is not None]
+
+
+def valid_stages(cfg: TrinityConfig) -> list[tuple[int, TrinityConfig]]:
+    """(index, config) of each stage whose merged config is valid: what pre-flight checks of a
+    config that failed `load_config` (the invalid stages' problems are reported there)."""
+    return [(i, c) for i, c in enumerate(_merged_stages(cfg)[0]) if c is not None]
+
+
+def _merged_stages(cfg: TrinityConfig) -> tuple[list[TrinityConfig | None], list[Problem]]:
+    base = {k: v for k, v in cfg.written.items() if k not in ("stages", "stage_name")}
+    return validate_stages(base, [stage.model_dump(exclude_unset=True) for stage in cfg.stages])
 
 
 def dump_config(cfg: TrinityConfig) -> str:

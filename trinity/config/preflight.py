@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
-from trinity.config.loader import stage_configs
+from trinity.config.loader import valid_stages
 from trinity.config.problems import Problem, suggest
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
@@ -65,18 +65,20 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     """
     data_cache: dict[str, _Loaded] = {}
     report = _check_one(cfg, data_cache, skip)
-    if cfg.stages and not skip:  # a config that failed the schema has its stages reported
+    if cfg.stages:  # the stages that are invalid are reported by load_config
         seen = {(p.path, p.message) for p in report.problems}
-        for i, stage in enumerate(stage_configs(cfg)):
+        stages = valid_stages(cfg)
+        for i, stage in stages:
             found = _check_one(stage, data_cache)
-            report.problems += [
-                p.with_prefix(f"stages[{i}]")
-                for p in found.problems
-                if (p.path, p.message) not in seen
-            ]
+            for p in found.problems:  # shared with the base, or said of this stage already
+                here = p.with_prefix(f"stages[{i}]")
+                if {(p.path, p.message), (here.path, here.message)}.isdisjoint(seen):
+                    report.problems.append(here)
+                    seen.add((here.path, here.message))
             report.notes += [n for n in found.notes if n not in report.notes]
             report.skipped += [f"stages[{i}].{s}" for s in found.skipped if s not in report.skipped]
-        if cfg.mode == "bench" and not stage_configs(cfg)[-1].buffer.explorer_input.eval_tasksets:
+        last = stages[-1] if stages and stages[-1][0] == len(cfg.stages) - 1 else None
+        if cfg.mode == "bench" and last and not last[1].buffer.explorer_input.eval_tasksets:
             report.problems.append(
                 Problem(
                     f"stages[{len(cfg.stages) - 1}].buffer.explorer_input.eval_tasksets",

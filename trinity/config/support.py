@@ -174,10 +174,10 @@ def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:
     found = list(own(cfg))
     if not cfg.stages:
         return found
-    from trinity.config.loader import stage_configs
+    from trinity.config.loader import valid_stages
 
     seen = {str(x) for x in found}
-    for i, stage_cfg in enumerate(stage_configs(cfg)):
+    for i, stage_cfg in valid_stages(cfg):
         for item in own(stage_cfg):
             if str(item) in seen:
                 continue

@@ -139,7 +139,7 @@ def validate_stages(
         known: problems already reported for the base; not repeated for every stage.
 
     Returns:
-        One config per stage (None where that stage has problems) and the stages' problems.
+        One config per stage (None where its schema failed) and the stages' problems.
     """
     base_only = {k: v for k, v in base.items() if k not in _NOT_MERGED}
     seen = {(p.path, p.message) for p in known}
@@ -157,7 +157,7 @@ def validate_stages(
         merged["stage_name"] = name if isinstance(name, str) else ""
         cfg, found, _, _ = validate_raw(merged)
         found = [p.with_prefix(f"stages[{i}]") for p in found if (p.path, p.message) not in seen]
-        configs.append(cfg if not found else None)
+        configs.append(cfg)  # None only where the schema failed
         problems += found
     return configs, problems
 
