@@ -68,22 +68,27 @@ def test_default_constructible() -> None:
     assert cfg.buffer.batch_size == 1 and cfg.monitor.monitor_type == "tensorboard"
 
 
-def test_yaml_12_scalars(tmp_path: Path) -> None:
-    # PyYAML's YAML 1.1 reads `1e-6` as a string and `no` as False; we follow YAML 1.2.
+def test_yaml_scalars_follow_omegaconf(tmp_path: Path) -> None:
+    # OmegaConf's loader, as Trinity-RFT's: `1e-6` is a float (PyYAML alone reads a string) and
+    # YAML 1.1 booleans hold (`on` is True); a quoted "no" stays text.
     path = write(
         tmp_path,
         MINIMAL
         + """
-name: no
+name: "no"
 algorithm:
   optimizer: {lr: 1e-6}
-  advantage_fn_args: {eps: 1e-6, flag: on}
+  advantage_fn_args: {eps: 1e-6, flag: on, date: 2024-01-02}
 """,
     )
     cfg = load_config(path)
     assert cfg.name == "no"
     assert cfg.algorithm.optimizer.lr == 1e-6
-    assert cfg.algorithm.advantage_fn_args == {"eps": 1e-6, "flag": "on"}
+    # no timestamps either: a date stays text
+    assert cfg.algorithm.advantage_fn_args == {"eps": 1e-6, "flag": True, "date": "2024-01-02"}
+    # an unquoted `no` is the boolean false, which is not a run name
+    probs = problems_of(write(tmp_path, MINIMAL + "name: no\n", name="b.yaml"))
+    assert probs["name"].message == "expected a string, got False (bool)"
 
 
 def test_every_field_has_a_description() -> None:
@@ -327,8 +332,8 @@ def test_env_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert cfg.model.model_path == "my/model"
     assert cfg.checkpoint_root_dir == "/tmp/ck/runs"
     assert cfg.algorithm.repeat_times == 4
-    # typed default: 4 is an int where the type is free; a quoted default stays a string
-    assert cfg.algorithm.advantage_fn_args == {"n": 4, "s": "4"}
+    # oc.env gives text, as in OmegaConf: a typed field converts it, a free mapping keeps it
+    assert cfg.algorithm.advantage_fn_args == {"n": "4", "s": "4"}
 
 
 def test_env_interpolation_missing_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,8 +344,11 @@ def test_env_interpolation_missing_var(tmp_path: Path, monkeypatch: pytest.Monke
     )
     probs = problems_of(path)
     assert set(probs) == {"algorithm.repeat_times", "group"}
-    assert "TRINITY_TEST_UNSET is not set" in probs["algorithm.repeat_times"].message
-    assert "foo is not set" in probs["group"].message  # a reference to a missing key
+    assert (
+        "Environment variable 'TRINITY_TEST_UNSET' not found"
+        in probs["algorithm.repeat_times"].message
+    )
+    assert "key 'foo.bar' not found" in probs["group"].message  # a reference to a missing key
 
 
 # --- overrides -------------------------------------------------------------------------------
@@ -514,7 +522,7 @@ def test_stage_merge(tmp_path: Path) -> None:
     assert second.algorithm.algorithm_type == "gspo"
     assert second.algorithm.repeat_times == 4  # kept from the base by the deep merge
     assert second.model.model_path == cfg.model.model_path
-    assert second.trainer.save_interval == 10 and first.trainer.save_interval == 0
+    assert second.trainer.save_interval == 10 and first.trainer.save_interval is None
     assert second.name == cfg.name and second.stages == []
     assert cfg.algorithm.algorithm_type == "grpo"  # base unchanged
     assert stage_configs(first) == [first]
@@ -562,5 +570,28 @@ def test_dump_round_trips(tmp_path: Path) -> None:
     text = dump_config(cfg)
     assert "micro_batch_size_per_gpu: 8" in text and "stage_name: rl" in text
     again = load_config(write(tmp_path, text, name="dumped.yaml"))
-    assert again == cfg
+    assert again.model_dump() == cfg.model_dump()
     assert [c.algorithm.algorithm_type for c in stage_configs(again)] == ["sft", "gspo"]
+
+
+def test_save_interval_defaults_to_a_tenth_of_the_run() -> None:
+    base = {"model": {"model_path": "m"}, "buffer": {"explorer_input": {"taskset": {"path": "t"}}}}
+
+    def resolved(buffer: dict, trainer: dict | None = None):
+        data = {**base, "buffer": {**base["buffer"], **buffer}, "trainer": trainer or {}}
+        return resolve(validate_config(data))
+
+    # ceil(40 / 10) = 4; ceil(35 / 10) = ceil(3.5) = 4; ceil(5 / 10) = 1
+    assert resolved({"total_steps": 40}).save_interval == 4
+    assert resolved({"total_steps": 35}).save_interval == 4
+    assert resolved({"total_steps": 5}).save_interval == 1
+    # steps planned at run time: derived there from the planned count, ceil(95 / 10) = 10
+    auto = resolved({})
+    assert auto.save_interval is None and auto.save_interval_for(95) == 10
+    # explicit values win; 0 = only at the end (Trinity-RFT's meaning)
+    assert resolved({"total_steps": 40}, {"save_interval": 3}).save_interval_for(40) == 3
+    end = resolved({"total_steps": 40}, {"save_interval": 0})
+    assert end.save_interval_for(40) == 0
+    table = format_batch_table(resolved({"total_steps": 40}))
+    assert "train steps per checkpoint" in table and "ceil(40 / 10)" in table
+    assert "end only" in format_batch_table(end)

@@ -15,8 +15,8 @@ from trinity.config import (
     format_batch_table,
     load_config,
     resolve,
+    validate_config,
 )
-from trinity.config.resolved import effective_config
 from trinity.config.support import not_applicable_notes
 from trinity.config.yaml_io import interpolate
 
@@ -63,7 +63,7 @@ def test_corpus_config_validates(path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_corpus_config_dumps_and_loads_again(path: Path, tmp_path: Path) -> None:
     cfg = load_config(path)
     again = load_config(write(tmp_path, dump_config(cfg)))
-    assert effective_config(again).model_dump() == effective_config(cfg).model_dump()
+    assert again.model_dump() == cfg.model_dump()
 
 
 def test_corpus_references_and_trainer_config_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,11 +74,11 @@ def test_corpus_references_and_trainer_config_resolve(monkeypatch: pytest.Monkey
     actor = cfg.trainer.trainer_config["actor_rollout_ref"]["actor"]
     assert actor["ppo_max_token_len_per_gpu"] == 16384  # typed, from ${trainer.max_token_len...}
     assert actor["optim"]["lr"] == 1e-6
-    eff = effective_config(cfg)
-    assert eff.trainer.micro_batch_size_per_gpu == 4
-    assert eff.algorithm.policy_loss_fn_args == {"clip_range_high": 0.28}
-    assert eff.algorithm.entropy_loss_fn_args == {"entropy_coef": 0.001}
-    assert cfg.trainer.micro_batch_size_per_gpu == 8  # the loaded config is untouched
+    # lifted once, at load: every consumer reads the verl values at our keys
+    assert cfg.trainer.micro_batch_size_per_gpu == 4
+    assert cfg.algorithm.policy_loss_fn_args == {"clip_range_high": 0.28}
+    assert cfg.algorithm.entropy_loss_fn_args == {"entropy_coef": 0.001}
+    assert cfg.written["trainer"].get("micro_batch_size_per_gpu") is None  # as written
 
 
 # --- deprecated names --------------------------------------------------------------------------
@@ -136,14 +136,14 @@ def test_bad_value_of_a_renamed_key_is_reported_under_the_current_name(tmp_path:
 
 def test_references_are_typed_chained_and_embedded() -> None:
     data = {
-        "a": {"n": 4, "m": "${a.n}", "text": "n=${a.n}"},
+        "a": {"n": 4, "m": "${a.n}", "text": "n=${a.n}", "rel": "${.n}"},
         "b": {"list": [1, {"x": "${a.m}"}], "y": "${b.list[1].x}", "tree": "${a}"},
     }
-    out, problems = interpolate(data, env={})
+    out, problems = interpolate(data)
     assert problems == []
-    assert out["a"]["m"] == 4 and out["a"]["text"] == "n=4"
+    assert out["a"]["m"] == 4 and out["a"]["text"] == "n=4" and out["a"]["rel"] == 4
     assert out["b"]["list"][1]["x"] == 4 and out["b"]["y"] == 4
-    assert out["b"]["tree"] == {"n": 4, "m": 4, "text": "n=4"}
+    assert out["b"]["tree"] == {"n": 4, "m": 4, "text": "n=4", "rel": 4}
     assert data["a"]["m"] == "${a.n}"  # not modified
 
 
@@ -154,17 +154,21 @@ def test_reference_cycles_and_missing_targets_are_problems() -> None:
         "c": {"d": "${a}"},
         "e": "${nowhere.x}",
         "f": {"g": "${f}"},
-        "h": "${.rel}",
-        "i": "${oc.select:a}",
+        "h": "${oops",
+        "i": "${nope:a}",
+        "j": "${oc.select:nowhere,7}",
     }
-    _, problems = interpolate(data, env={})
+    out, problems = interpolate(data)
     by_path = {p.path: p.message for p in problems}
+    # every bad one at once, each at its key path; a fine one (j) is still resolved
     assert set(by_path) == {"a", "b", "c.d", "e", "f.g", "h", "i"}
-    assert by_path["a"] == "interpolation cycle: a -> b -> c.d -> a"
-    assert "nowhere is not set" in by_path["e"]
-    assert "cycle" in by_path["f.g"]
-    assert "relative interpolation" in by_path["h"]
-    assert "unsupported interpolation" in by_path["i"]
+    assert "Recursive interpolation detected" in by_path["a"]
+    assert "key 'nowhere.x' not found" in by_path["e"]
+    assert "parent node" in by_path["f.g"]
+    assert by_path["h"].startswith("cannot resolve '${oops'")
+    assert "Unsupported interpolation type nope" in by_path["i"]
+    assert out["h"] == "${oops"  # left as written
+    assert out["j"] == 7  # oc.select falls back to its default for a missing key
 
 
 def test_reference_problem_in_a_file_has_its_key_path(tmp_path: Path) -> None:
@@ -202,8 +206,10 @@ def test_trainer_config_disagreement_and_bad_values_are_problems(tmp_path: Path)
 
 
 def test_trainer_config_fills_unset_keys_only() -> None:
-    cfg = TrinityConfig.model_validate(
+    base = {"model": {"model_path": "m"}, "buffer": {"explorer_input": {"taskset": {"path": "t"}}}}
+    cfg = validate_config(
         {
+            **base,
             "trainer": {
                 "ppo_epochs": 2,
                 "trainer_config": {
@@ -216,15 +222,14 @@ def test_trainer_config_fills_unset_keys_only() -> None:
                         }
                     }
                 },
-            }
+            },
         }
     )
     r = resolve(cfg)
     assert (r.ppo_epochs, r.ppo_mini_batch_size, r.use_dynamic_bsz) == (2, 16, False)
-    eff = effective_config(cfg)
-    assert eff.algorithm.optimizer.lr_scheduler_type == "cosine"
-    assert eff.algorithm.optimizer.lr == 3e-6
-    assert effective_config(TrinityConfig()) == TrinityConfig()
+    assert cfg.algorithm.optimizer.lr_scheduler_type == "cosine"
+    assert cfg.algorithm.optimizer.lr == 3e-6
+    assert validate_config(base).trainer == TrinityConfig().trainer
 
 
 # --- best available here -----------------------------------------------------------------------
@@ -239,3 +244,55 @@ def test_unset_choices_resolve_to_the_best_available_and_say_why() -> None:
     cfg = TrinityConfig.model_validate({"synchronizer": {"sync_method": "checkpoint"}})
     r = resolve(cfg)
     assert (r.sync_method, r.sync_method_source) == ("checkpoint", "synchronizer.sync_method")
+
+
+# --- the verl keys are lifted once, at load ----------------------------------------------------
+
+
+def test_verl_keys_are_lifted_at_load_for_every_consumer(tmp_path: Path) -> None:
+    text = MINIMAL + textwrap.dedent(
+        """
+        trainer:
+          trainer_config:
+            trainer: {save_freq: 7}
+            actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 2}}
+        """
+    )
+    cfg = load_config(write(tmp_path, text))
+    # the runner reads cfg.trainer.save_interval; the trainer cfg.trainer.micro_batch_size_per_gpu
+    assert cfg.trainer.save_interval == 7
+    assert cfg.trainer.micro_batch_size_per_gpu == 2
+    assert resolve(cfg).save_interval == 7
+    assert "save_interval: 7" in dump_config(cfg)
+
+
+def test_cross_field_checks_see_the_verl_values(tmp_path: Path) -> None:
+    text = MINIMAL + textwrap.dedent(
+        """
+        trainer:
+          trainer_config:
+            actor_rollout_ref: {actor: {loss_agg_mode: seq-mean-token-sum-norm}}
+        """
+    )
+    probs = problems_of(write(tmp_path, text))
+    assert "seq-mean-token-sum-norm" in probs["model.max_response_tokens"]
+    fixed = text.replace("model_path: m", "model_path: m\n  max_response_tokens: 64")
+    assert load_config(write(tmp_path, fixed)).algorithm.loss_agg_mode == "seq-mean-token-sum-norm"
+
+
+def test_a_stage_may_change_a_verl_value_of_the_base(tmp_path: Path) -> None:
+    text = MINIMAL + textwrap.dedent(
+        """
+        trainer:
+          trainer_config: {actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}}}
+        stages:
+          - stage_name: a
+          - stage_name: b
+            trainer:
+              trainer_config: {actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 2}}}
+        """
+    )
+    from trinity.config import stage_configs
+
+    stages = stage_configs(load_config(write(tmp_path, text)))
+    assert [s.trainer.micro_batch_size_per_gpu for s in stages] == [4, 2]

@@ -226,3 +226,106 @@ def test_readers_collect_bad_rows_instead_of_raising(tmp_path):
         {"q": "6", "a": "7"},
     ]
     assert bad == [f"{csv}:3: row has more cells than the header has columns"]
+
+
+# -- every problem at once, Trinity-RFT's non-features (issue 18, findings 12 and 13) ------------
+
+
+def test_schema_problems_do_not_hide_preflight_problems(no_ray):
+    result = CliRunner().invoke(
+        app, ["validate", "--config", str(CORPUS / "everything_at_once.yaml")]
+    )
+    assert result.exit_code == 2
+    assert "4 problems" in result.output  # one report: schema, cross-field and pre-flight
+    assert "unknown algorithm_type 'grpoo'" in result.output
+    assert "no such folder '/nonexistent/trinity-test-model'" in result.output
+
+
+def test_reward_fn_task_fields_are_required_with_file_and_line(no_ray):
+    cfg = load_config(CORPUS / "reward_fn_task_fields_missing.yaml")
+    messages = [p.message for p in preflight(cfg).problems]
+    assert any(
+        m.startswith("tests/data/broken_configs/data/countdown_no_fields.jsonl:1: row has no "
+                     "'numbers', 'target', which reward fn 'countdown_reward' reads")
+        for m in messages
+    ), messages  # fmt: skip
+    assert any("countdown_no_fields.jsonl:2: row has no 'target'," in m for m in messages)
+
+
+def test_trinity_rft_derived_and_unread_args_are_accepted_with_a_note():
+    from trinity.config.preflight import _algorithm_problems
+
+    cfg = load_config(ROOT / "tests/data/trinity_configs/mix_chord.yaml")
+    assert _algorithm_problems(cfg.algorithm, ["sft_dataset"]) == []
+    # the effective config holds what the trainer reads; the derived keys are noted, not read
+    assert "train_batch_size_usual" not in cfg.algorithm.policy_loss_fn_args
+    assert cfg.algorithm.policy_loss_fn_args["mu_peak"] == 0.5
+    assert cfg.algorithm.kl_loss_fn_args == {}
+    notes = preflight(cfg).notes
+    assert (
+        "algorithm.policy_loss_fn_args.train_batch_size_usual: derived here from the batch "
+        "settings (Trinity-RFT fills it too); the value written is not read"
+    ) in notes
+    assert (
+        "algorithm.kl_loss_fn_args.kl_coef: not applicable here (kl_loss_fn is 'none': unread)"
+        in notes
+    )
+
+
+def test_kl_args_under_kl_loss_fn_none_are_accepted(tmp_path, no_ray):
+    cfg = tmp_path / "kl.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        "algorithm: {algorithm_type: grpo, kl_loss_fn: none, kl_loss_fn_args: {kl_coef: 0.001}}\n"
+        "buffer:\n  explorer_input:\n    taskset: {storage_type: synthetic, path: arithmetic, "
+        "format: {prompt_key: question, response_key: answer}}\n"
+    )
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert "algorithm.kl_loss_fn_args.kl_coef: not applicable here" in r.output
+
+
+def test_message_list_under_prompt_key_is_read_as_messages(tmp_path, no_ray):
+    rows = tmp_path / "chat.jsonl"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
+    rows.write_text(json.dumps({"prompt": chat, "answer": "2"}) + "\n")
+    cfg = tmp_path / "chat.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        f"buffer:\n  explorer_input:\n    taskset: {{path: {rows}, "
+        "format: {prompt_key: prompt, response_key: answer}}\n"
+    )
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    [task] = load_taskset(load_config(cfg).buffer.explorer_input.taskset)
+    assert task.messages == chat and task.prompt is None
+
+
+def test_train_from_a_queue_needs_no_step_count(no_ray):
+    from trinity.config import resolve
+
+    cfg = load_config(ROOT / "tests/data/trinity_configs/train_from_queue_until_closed.yaml")
+    assert preflight(cfg).problems == []
+    r = resolve(cfg)
+    assert r.total_steps is None and "until every writer has closed" in r.total_steps_source
+
+
+def test_staged_config_with_problems_everywhere_is_one_report(tmp_path, no_ray):
+    cfg = tmp_path / "staged.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        "algorithm: {algorithm_type: grpoo}\n"
+        "stages:\n"
+        "  - {stage_name: a, algorithm: {repeat_times: 0}}\n"
+        "  - {stage_name: b, trainer: {trainer_strategy: fsdp2}}\n"
+    )
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = [ln.strip() for ln in r.output.splitlines() if ln.startswith("  ")]
+    # base (cross-field and pre-flight), an invalid stage, and a valid stage's refusal; once each
+    assert sorted(ln.split(":")[0] for ln in lines) == [
+        "algorithm.algorithm_type",
+        "buffer.explorer_input.taskset",
+        "stages[0].algorithm.repeat_times",
+        "stages[1].trainer.trainer_strategy",
+    ]

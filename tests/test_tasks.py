@@ -122,7 +122,7 @@ def test_load_taskset_plaintext_and_settings(tmp_path):
         rollout_args=SimpleNamespace(temperature=0.7, top_p=None, top_k=None, max_tokens=8, n=None),
         workflow_args={"w": 1},
         reward_fn_args={"format_score": 0.2},
-        default_reward_fn_type="countdown_reward",
+        default_reward_fn_type="arithmetic_reward",
         repeat_times=4,
     )
     tasks = load_taskset(
@@ -134,7 +134,7 @@ def test_load_taskset_plaintext_and_settings(tmp_path):
     assert t.to_messages() == [{"role": "user", "content": "2+3="}]
     assert t.raw == ROWS[1] and t.taskset_name == "ts" and t.is_eval
     assert t.workflow_type == "math_workflow"  # explorer-wide default
-    assert t.reward_fn_type == "countdown_reward"  # the taskset's own default wins
+    assert t.reward_fn_type == "arithmetic_reward"  # the taskset's own default wins
     assert t.rollout_args == {"temperature": 0.7, "max_tokens": 8}
     assert (t.workflow_args, t.reward_fn_args, t.repeat_times) == (
         {"w": 1},

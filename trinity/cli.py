@@ -76,7 +76,8 @@ def _load_plugins(plugin_dirs: list[Path] | None) -> None:
 
 
 def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | None = None):
-    """The one check pass of `validate` and `run`: plugins, schema (`load_config`), pre-flight.
+    """The one check pass of `validate` and `run`: plugins, schema (`load_config`), pre-flight
+    (on the parts whose schema is valid even when others are not, so one report holds all).
 
     Prints the "not applicable here" notes and the rows that will be skipped (stderr); exits 2
     with every problem and its key path when there is any. Starts nothing, writes nothing.
@@ -85,11 +86,18 @@ def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | 
     from trinity.config import ConfigError, load_config
     from trinity.config.preflight import preflight
 
+    problems: list = []
     try:
         cfg = load_config(config, overrides or [])
         report = preflight(cfg)
     except ConfigError as e:
-        raise _config_error(str(e)) from None
+        if e.partial is None:  # the file itself (missing, bad YAML) or nothing valid to check
+            raise _config_error(str(e)) from None
+        # pre-flight on every part whose schema is valid: one report holds every problem
+        problems = list(e.problems)
+        report = preflight(e.partial, skip=e.removed)
+        known = {(p.path, p.message) for p in problems}
+        report.problems = [p for p in report.problems if (p.path, p.message) not in known]
     if report.notes:
         err.print("not applicable here:")
         for note in report.notes:
@@ -98,8 +106,8 @@ def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | 
         err.print("bad rows to skip:")
         for line in report.skipped:
             err.print(f"  {line}", markup=False, soft_wrap=True)
-    if report.problems:
-        raise _config_error(str(ConfigError(report.problems, str(config))))
+    if problems or report.problems:
+        raise _config_error(str(ConfigError(problems + report.problems, str(config))))
     return cfg
 
 

@@ -17,19 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trinity.config.problems import Problem, _strip, child_annotation, format_path
+from trinity.config.base import child_annotation, strip
+from trinity.config.problems import Problem, format_path
 
 Loc = tuple[str | int, ...]
 
 
-def _section(annotation: Any) -> type[BaseModel] | None:
-    ann = _strip(annotation)
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-
-
-def apply_renames(
-    data: Any, root: type[BaseModel], _loc: Loc = ()
-) -> tuple[Any, list[Problem], list[str]]:
+def apply_renames(data: Any, root: Any, _loc: Loc = ()) -> tuple[Any, list[Problem], list[str]]:
     """A copy of `data` with deprecated keys and values renamed.
 
     Args:
@@ -42,62 +36,37 @@ def apply_renames(
     """
     problems: list[Problem] = []
     notes: list[str] = []
-    section = _section(root)
-    if isinstance(data, dict) and section is not None:
-        out: dict[Any, Any] = {}
-        renamed = getattr(section, "renamed_keys", {})
-        for key, value in data.items():
-            new = renamed.get(key) if isinstance(key, str) else None
-            if new is not None:
-                if new in data:
-                    problems.append(
-                        Problem(
-                            format_path((*_loc, key)),
-                            f"deprecated name of '{new}', which is also set; keep only '{new}'",
-                        )
+    if not isinstance(data, dict | list):
+        return data, problems, notes
+    ann = strip(root)
+    section = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    renamed: dict[str, str] = getattr(section, "renamed_keys", {})
+    values: dict[str, dict[str, str]] = getattr(section, "renamed_values", {})
+    out: dict[Any, Any] = {}
+    for key, value in data.items() if isinstance(data, dict) else enumerate(data):
+        new = renamed.get(key) if isinstance(key, str) else None
+        if new is not None:
+            where = format_path((*_loc, key))
+            if new in data:
+                problems.append(
+                    Problem(
+                        where, f"deprecated name of '{new}', which is also set; keep only '{new}'"
                     )
-                    continue
-                notes.append(f"{format_path((*_loc, key))}: deprecated name, read as '{new}'")
-                key = new
-            try:
-                child = child_annotation(section, key)
-            except LookupError:  # an unknown key: validation reports it
-                out[key] = value
-                continue
-            if key == "stages" and section.__name__ == "TrinityConfig":
-                child = list[section]  # type: ignore[valid-type]  # stage items: top-level keys
-            value_map = getattr(section, "renamed_values", {}).get(key, {})
-            if isinstance(value, str) and value in value_map:
-                notes.append(
-                    f"{format_path((*_loc, key))}: {value!r} is deprecated, read as "
-                    f"{value_map[value]!r}"
                 )
-                value = value_map[value]
-            out[key], found, said = apply_renames(value, child, (*_loc, key))
-            problems += found
-            notes += said
-        return out, problems, notes
-    if isinstance(data, list):
-        items: list[Any] = []
-        for i, item in enumerate(data):
-            try:
-                child = child_annotation(root, i)
-            except LookupError:
-                child = Any
-            new_item, found, said = apply_renames(item, child, (*_loc, i))
-            items.append(new_item)
-            problems += found
-            notes += said
-        return items, problems, notes
-    if isinstance(data, dict):  # a free mapping (dict[str, Section] or Any)
-        out = {}
-        for key, value in data.items():
-            try:
-                child = child_annotation(root, key)
-            except LookupError:
-                child = Any
-            out[key], found, said = apply_renames(value, child, (*_loc, key))
-            problems += found
-            notes += said
-        return out, problems, notes
-    return data, problems, notes
+                continue
+            notes.append(f"{where}: deprecated name, read as '{new}'")
+            key = new
+        if isinstance(value, str) and value in values.get(key, {}):
+            new_value = values[key][value]
+            notes.append(
+                f"{format_path((*_loc, key))}: {value!r} is deprecated, read as {new_value!r}"
+            )
+            value = new_value
+        try:  # stage items hold top-level keys
+            child = list[ann] if key == "stages" and not _loc else child_annotation(root, key)
+        except LookupError:  # an unknown key: validation reports it
+            child = Any
+        out[key], found, said = apply_renames(value, child, (*_loc, key))
+        problems += found
+        notes += said
+    return (out if isinstance(data, dict) else list(out.values())), problems, notes

@@ -1,28 +1,48 @@
-"""The base class every config section derives from, and the small shared value types.
+"""The base of every config section, the key states declared on its fields, and the one walker
+over the schema.
 
 Every section rejects unknown keys (`extra="forbid"`), so a typo is an error with a suggestion
 instead of a silently ignored setting. Numbers given where a string is expected (`name: 2024`) are
 accepted as strings, because YAML and `${oc.env:...}` interpolation type them eagerly.
+
+Key states are field metadata: a field with no marker is acted upon; otherwise
+
+    lora_configs: Annotated[list | None, NotBuilt("LoRA")]        # refused unless inert
+    use_v1: Annotated[bool, NotApplicable("vLLM engine knob")]    # noted when set
+    mode: Annotated[Mode, Refused(("serve",), "mode serve")]      # these values are refused
+    taskset: Annotated[StorageConfig | None, Inside({"capacity": NotApplicable(...)})]
+
+A section's marker covers the fields under it; `Inside` gives the fields of a section reused in
+several places (a taskset vs. the experience buffer) their states at this place. What is done
+with the states is in `support.py`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 """Floating-point type of weights and activations; "auto" keeps the checkpoint's own dtype."""
 
+DEFAULT: Any = object()  # inert value of a not-built key: the schema default
+
 
 class ConfigSection(BaseModel):
-    """A strict config section: unknown keys are errors and every field carries a description."""
+    """A strict config section: unknown keys are errors and every field carries a description
+    (the docstring under it)."""
 
     model_config = ConfigDict(
         extra="forbid",
         coerce_numbers_to_str=True,
         protected_namespaces=(),
         validate_default=False,
+        use_attribute_docstrings=True,
     )
 
     renamed_keys: ClassVar[dict[str, str]] = {}
@@ -40,3 +60,162 @@ def _check_top_k(value: int) -> int:
 
 TopK = Annotated[int, AfterValidator(_check_top_k)]
 """A top-k sampling cutoff: -1 (disabled) or a positive number of tokens."""
+
+
+# --- key states -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NotBuilt:
+    """Accepted because Trinity-RFT configs use it, but `feature` is missing here: a value other
+    than `inert` (a tuple of values; default: the schema default) is refused, unless
+    `unless(config)` says the config uses the part that is built."""
+
+    feature: str
+    inert: Any = DEFAULT
+    unless: Callable[[Any], bool] | None = None
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """No effect in this build, for `reason`; noted when set. `after_first`: acted upon for the
+    first item of its list, not applicable for the later ones."""
+
+    reason: str
+    after_first: bool = False
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Values of the key that name a feature not built here (`feature`): refused."""
+
+    values: tuple[Any, ...]
+    feature: str
+
+
+@dataclass(frozen=True)
+class Inside:
+    """States of fields below this one (dotted paths relative to it), at this place only."""
+
+    states: dict[str, Any] = field(default_factory=dict)
+
+
+Marker = NotBuilt | NotApplicable | Refused
+
+
+# --- the schema walker ----------------------------------------------------------------------
+
+
+class UnknownKey(LookupError):
+    """A key that the schema does not allow at this place; `.allowed` lists what would be."""
+
+    def __init__(self, key: str | int, allowed: Sequence[str]) -> None:
+        super().__init__(key)
+        self.key = key
+        self.allowed = list(allowed)
+
+
+class NotAContainer(LookupError):
+    """A key was asked for inside a scalar, or a list was indexed with a non-number."""
+
+
+def strip(annotation: Any) -> Any:
+    """Remove `Annotated[...]` and `X | None` wrappers; a true union of several types -> Any."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return Any
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def section_below(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """(the section reached through Optional / list / dict, the '[*]' suffixes on the way)."""
+    ann, suffix = strip(annotation), ""
+    while True:
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return ann, suffix
+        args = get_args(ann)
+        if get_origin(ann) in (list, dict) and args:
+            ann, suffix = strip(args[-1]), suffix + "[*]"
+            continue
+        return None, suffix
+
+
+def child_annotation(annotation: Any, key: str | int) -> Any:
+    """The annotation of `key` inside a value typed `annotation`; `Any` where keys are free.
+
+    Raises:
+        UnknownKey: `annotation` is a config section without a field `key`.
+        NotAContainer: `annotation` is a scalar, or a list indexed by a non-number.
+    """
+    ann = strip(annotation)
+    if ann is Any:
+        return Any
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        renamed = getattr(ann, "renamed_keys", {}).get(key)  # a deprecated spelling
+        name = renamed if renamed is not None else key
+        if isinstance(name, str) and name in ann.model_fields:
+            return ann.model_fields[name].annotation
+        raise UnknownKey(key, list(ann.model_fields))
+    origin, args = get_origin(ann), get_args(ann)
+    if origin in (list, tuple) or ann in (list, tuple):
+        if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+            return args[0] if args else Any
+        raise NotAContainer(f"expected a list index, got {key!r}")
+    if origin is dict or ann is dict:
+        return args[1] if len(args) == 2 else Any
+    raise NotAContainer("not a section: it holds a single value")
+
+
+def annotation_at(root: type[BaseModel], loc: Sequence[str | int]) -> Any:
+    """The annotation found by walking `loc` down from `root`; None if the path is unknown."""
+    ann: Any = root
+    try:
+        for key in loc:
+            ann = child_annotation(ann, key)
+    except LookupError:
+        return None
+    return ann
+
+
+def walk(
+    root: type[BaseModel], prefix: str = "", inside: dict[str, Any] | None = None
+) -> Iterator[tuple[str, FieldInfo, tuple[Marker, ...]]]:
+    """(path, field, state markers) of every field under `root`, depth first; items of lists and
+    mappings are written `[*]`. The markers are those `Inside` gives the path here, else the
+    field's own."""
+    inside = inside or {}
+    for name, info in root.model_fields.items():
+        path = f"{prefix}.{name}" if prefix else name
+        own = tuple(m for m in info.metadata if isinstance(m, Marker))
+        marks = inside.get(name, own)
+        yield path, info, marks if isinstance(marks, tuple) else (marks,)
+        section, suffix = section_below(info.annotation)
+        if section is not None:
+            below = {k.split(".", 1)[1]: v for k, v in inside.items() if k.startswith(name + ".")}
+            for m in info.metadata:
+                below |= m.states if isinstance(m, Inside) else {}
+            yield from walk(section, path + suffix, below)
+
+
+def locate_field(root: type[BaseModel], name: str) -> str | None:
+    """The shortest dotted path under `root` to a field called `name` (None if none or tied).
+
+    Used to suggest `algorithm.optimizer` for an `optimizer:` written at the top level.
+    """
+    paths = [p.replace("[*]", "") for p, _, _ in walk(root) if p.rsplit(".", 1)[-1] == name]
+    depth = min((p.count(".") for p in paths), default=None)
+    shortest = [p for p in paths if p.count(".") == depth]
+    return shortest[0] if len(shortest) == 1 else None
+
+
+def literal_values(annotation: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a `Literal[...]` (optionally wrapped), else None."""
+    ann = strip(annotation)
+    return get_args(ann) if get_origin(ann) is Literal else None

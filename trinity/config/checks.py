@@ -12,8 +12,8 @@ from collections.abc import Callable, Collection, Iterator
 from numbers import Real
 
 from trinity.config.problems import Problem
+from trinity.config.resolved import samples_per_task
 from trinity.config.schema import TrinityConfig
-from trinity.config.trainer_config import trainer_config_problems
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
 Loc = tuple[str | int, ...]
@@ -263,11 +263,6 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
             )
 
 
-@_check("trainer", "algorithm")
-def _trainer_config_agrees(cfg: TrinityConfig) -> Iterator[Problem]:
-    yield from trainer_config_problems(cfg)
-
-
 @_check("explorer.auxiliary_models")
 def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import ALGORITHM, ALIASES
@@ -283,4 +278,102 @@ def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
         if not aux.model_path:
             yield Problem(
                 f"explorer.auxiliary_models[{i}].model_path", "required for an auxiliary model"
+            )
+
+
+# advantage fns that score each sample on its own: a train step may split a task's samples
+_PER_SAMPLE_ADVANTAGES = frozenset(
+    {"gae", "ppo", "reinforce", "reinforceplusplus", "on_policy_distill", "none"}
+)
+
+
+def _uses_groups(cfg: TrinityConfig) -> bool:
+    """The algorithm trains on rollouts and normalises each task's samples as a group."""
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    if name not in ALGORITHM.names():
+        return False  # an unknown algorithm is reported by the pre-flight pass
+    spec = ALGORITHM.get(name)
+    advantage = cfg.algorithm.advantage_fn or spec.advantage_fn
+    return spec.use_rollout and advantage is not None and advantage not in _PER_SAMPLE_ADVANTAGES
+
+
+@_check(
+    "mode",
+    "algorithm",
+    "buffer.batch_size",
+    "buffer.train_batch_size",
+    "buffer.explorer_input",
+    "buffer.trainer_input.experience_buffer",
+    "synchronizer.sync_style",
+)
+def _batches_run_exactly(cfg: TrinityConfig) -> Iterator[Problem]:
+    """Batch sizes whose steps cannot run exactly are refused (finding 2). With
+
+        g = samples per task (a taskset's rollout_args.n, else its repeat_times, else
+            algorithm.repeat_times; one value per training taskset),
+        E = buffer.batch_size × g, experiences per explore step (DAPO's filter_groups refills
+            the groups it drops, so a step still holds E), and
+        T = buffer.train_batch_size, experiences per train step (0 = derived: E),
+
+    1. mode both with sync_style fixed: T == E. The fixed schedule pairs one explore step with
+       one train step: T > E waits for experiences that come only after the next weight sync
+       (a stall until max_read_timeout), T < E leaves E - T experiences of every step behind.
+       With tasksets of different g, E varies from step to step: refused unless they agree.
+    2. every mode that trains on rollouts (both, or train reading a queue) when the algorithm
+       normalises a task's samples as a group (its advantage fn is not per-sample) and g > 1:
+       T is a multiple of every g, so no group is split across two train steps.
+
+    Multi-stage runs: each stage is checked as its own merged config; a base with stages only
+    through its stages (it does not run as written).
+    """
+    if cfg.stages:
+        return
+    queue = cfg.buffer.trainer_input.experience_buffer
+    trains_rollouts = cfg.mode == "both" or (
+        cfg.mode == "train" and queue is not None and queue.storage_type == "queue"
+    )
+    if not trains_rollouts:
+        return
+    groups = samples_per_task(cfg)
+    tasks, written = cfg.buffer.batch_size, cfg.buffer.train_batch_size
+    where = "buffer.train_batch_size"
+    if cfg.mode == "both" and cfg.synchronizer.sync_style == "fixed":
+        if len(groups) > 1:
+            yield Problem(
+                "buffer.explorer_input.tasksets",
+                f"the training tasksets draw different samples per task ({groups}), so an "
+                "explore step's experience count varies, which sync_style 'fixed' cannot pair "
+                "with one train step: give them one repeat_times, or use sync_style "
+                "'trainer_driven'",
+            )
+            return
+        per_step = tasks * groups[0]
+        if written and written != per_step:
+            effect = (
+                "the trainer would wait for experiences that come only after the next weight "
+                "sync (a stall until max_read_timeout)"
+                if written > per_step
+                else f"{per_step - written} experiences of every explore step would be left behind"
+            )
+            yield Problem(
+                where,
+                f"{written} experiences per train step, but an explore step makes "
+                f"batch_size × samples per task = {tasks} × {groups[0]} = {per_step}, and "
+                f"sync_style 'fixed' trains one explore step per train step: {effect}; set it "
+                f"to {per_step} or remove it (0 = derived)",
+            )
+            return
+    if not _uses_groups(cfg):
+        return
+    size = written or tasks * groups[0]
+    for g in groups:
+        if g > 1 and size % g:
+            what = f"{size} experiences per train step" + ("" if written else " (derived)")
+            yield Problem(
+                where,
+                f"{what} is not a multiple of the {g} samples per task, so "
+                f"{cfg.algorithm.algorithm_type!r}'s groups would be split across train steps; "
+                f"use a multiple of {g} (e.g. {size // g * g or g} or {(size // g + 1) * g})",
             )

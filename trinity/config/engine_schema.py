@@ -7,79 +7,71 @@ are accepted with its defaults so that its configs load; `support.py` says which
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from trinity.config.base import ConfigSection, Dtype
+from trinity.config.base import ConfigSection, Dtype, NotApplicable, NotBuilt, Refused
+
+_VLLM = NotApplicable("vLLM engine knob; the transformers engine serves rollouts")
+_OPENAI = NotApplicable(
+    "OpenAI-compatible endpoint setting; the endpoint is not built (enable_openai_api)"
+)
 
 
 class InferenceModelConfig(ConfigSection):
     """An inference engine pool serving rollouts."""
 
-    model_path: str | None = Field(
-        None, description="Model to serve; None = model.model_path (rollout model)."
-    )
-    engine_type: Literal["transformers", "vllm"] | None = Field(
-        None,
-        description="Inference backend; None = the best available here (see resolve(): "
-        "'transformers', since the vLLM engine is not built).",
-    )
-    engine_num: int = Field(1, ge=1, description="Number of engine replicas.")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine replica.")
-    dtype: Dtype = Field("auto", description="Weight dtype of the engine.")
-    seed: int | None = Field(
-        None,
-        description="Sampling seed of the engine (replica i uses seed + i); None = the global seed.",
-    )
-    enable_openai_api: bool = Field(
-        False, description="Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."
-    )
-    max_batch_size: int = Field(
-        256, ge=1, description="Sequences per generate call (unit: sequences)."
-    )
-    num_threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch CPU threads of each engine replica; None = its share of the free "
-        "cores (trinity.common.resources).",
-    )
-    max_restarts: int = Field(
-        3,
-        ge=0,
-        description="Times Ray restarts a crashed engine replica (its process died: OOM kill, "
-        "segfault); the explorer reloads the weights it held and resends its requests. "
-        "0: a crash ends the run.",
-    )
-    use_v1: bool = Field(True, description="vLLM: use the V1 engine.")
-    enforce_eager: bool = Field(True, description="vLLM: no CUDA graphs (eager mode).")
-    enable_prefix_caching: bool = Field(False, description="vLLM: reuse KV cache of prefixes.")
-    enable_chunked_prefill: bool = Field(False, description="vLLM: split long prefills.")
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
-    )
-    enable_log_requests: bool = Field(False, description="vLLM: log every request.")
-    enable_history: bool = Field(
-        False, description="Record every request and response of this model for the workflow."
-    )
-    enable_auto_tool_choice: bool = Field(
-        False, description="OpenAI API: let the model decide to call tools."
-    )
-    tool_call_parser: str | None = Field(
-        None, description="OpenAI API: parser of tool calls in the output, e.g. 'hermes'."
-    )
-    reasoning_parser: str | None = Field(
-        None, description="OpenAI API: parser of the reasoning part, e.g. 'deepseek_r1'."
-    )
-    max_model_len: int | None = Field(
-        None, ge=1, description="Prompt + response tokens; None = model.max_model_len."
-    )
-    max_prompt_tokens: int | None = Field(
-        None, ge=1, description="Prompt token limit; None = model.max_prompt_tokens."
-    )
-    max_response_tokens: int | None = Field(
-        None, ge=1, description="Response token limit; None = model.max_response_tokens."
-    )
-    enable_thinking: bool | None = Field(
-        None, description="Chat-template reasoning switch; None = model.enable_thinking."
-    )
+    model_path: str | None = None
+    """Model to serve; None = model.model_path (rollout model)."""
+    engine_type: Annotated[
+        Literal["transformers", "vllm"] | None, Refused(("vllm",), "the vLLM engine")
+    ] = None
+    """Inference backend; None = the best available here (see resolve(): 'transformers', since the
+    vLLM engine is not built)."""
+    engine_num: int = Field(1, ge=1)
+    """Number of engine replicas."""
+    tensor_parallel_size: Annotated[int, NotBuilt("tensor-parallel inference")] = Field(1, ge=1)
+    """GPUs per engine replica."""
+    dtype: Dtype = "auto"
+    """Weight dtype of the engine."""
+    seed: int | None = None
+    """Sampling seed of the engine (replica i uses seed + i); None = the global seed."""
+    enable_openai_api: Annotated[bool, NotBuilt("the OpenAI-compatible endpoint")] = False
+    """Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."""
+    max_batch_size: int = Field(256, ge=1)
+    """Sequences per generate call (unit: sequences)."""
+    num_threads: int | None = Field(None, ge=1)
+    """torch CPU threads of each engine replica; None = its share of the free cores
+    (trinity.common.resources)."""
+    max_restarts: int = Field(3, ge=0)
+    """Times Ray restarts a crashed engine replica (its process died: OOM kill, segfault); the
+    explorer reloads the weights it held and resends its requests. 0: a crash ends the run."""
+    use_v1: Annotated[bool, _VLLM] = True
+    """vLLM: use the V1 engine."""
+    enforce_eager: Annotated[bool, _VLLM] = True
+    """vLLM: no CUDA graphs (eager mode)."""
+    enable_prefix_caching: Annotated[bool, _VLLM] = False
+    """vLLM: reuse KV cache of prefixes."""
+    enable_chunked_prefill: Annotated[bool, _VLLM] = False
+    """vLLM: split long prefills."""
+    gpu_memory_utilization: Annotated[float, _VLLM] = Field(0.9, gt=0, le=1)
+    """vLLM: fraction of GPU memory the engine may take."""
+    enable_log_requests: Annotated[bool, _VLLM] = False
+    """vLLM: log every request."""
+    enable_history: Annotated[bool, NotBuilt("recording model calls for workflows")] = False
+    """Record every request and response of this model for the workflow."""
+    enable_auto_tool_choice: Annotated[bool, _OPENAI] = False
+    """OpenAI API: let the model decide to call tools."""
+    tool_call_parser: Annotated[str | None, _OPENAI] = None
+    """OpenAI API: parser of tool calls in the output, e.g. 'hermes'."""
+    reasoning_parser: Annotated[str | None, _OPENAI] = None
+    """OpenAI API: parser of the reasoning part, e.g. 'deepseek_r1'."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Prompt + response tokens; None = model.max_model_len."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Prompt token limit; None = model.max_prompt_tokens."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """Response token limit; None = model.max_response_tokens."""
+    enable_thinking: bool | None = None
+    """Chat-template reasoning switch; None = model.enable_thinking."""

@@ -2,9 +2,11 @@
 eval_tasksets.0.path=data/test`. List items may also be written as error reports print them:
 `stages[1].buffer.total_steps=40`.
 
-The value is typed like a YAML scalar (`4` -> int, `true` -> bool, `null` -> None, `[a, b]` ->
-list). Each key is checked against the schema before anything is set, so an override with a typo
-is reported with a suggestion instead of being silently added. List items must already exist.
+The value is typed and merged as OmegaConf's dotlist does (`4` -> int, `on` -> True, `null` ->
+None, `[a, b]` -> list; a mapping merges into a mapping, `OmegaConf.update(merge=True)`), before
+interpolation, so `${...}` references see the overridden value. Each key is first checked
+against the schema, so an override with a typo is reported with a suggestion instead of being
+silently added; list items must already exist.
 """
 
 from __future__ import annotations
@@ -16,16 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trinity.config.problems import (
-    NotAContainer,
-    Problem,
-    UnknownKey,
-    child_annotation,
-    format_path,
-    locate_field,
-    suggest,
-)
-from trinity.config.yaml_io import parse_scalar
+from trinity.config.base import NotAContainer, UnknownKey, child_annotation, locate_field
+from trinity.config.problems import Problem, format_path, suggest
+from trinity.config.yaml_io import deep_merge, parse_scalar
 
 
 def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem | None:
@@ -49,36 +44,29 @@ def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem |
 
 
 def _set(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
-    """Set `value` at `parts` inside `node`, creating missing mappings on the way."""
+    """Merge `value` at `parts` into `node` (in place), creating missing mappings on the way."""
     done: list[str | int] = []
     for i, part in enumerate(parts):
-        where = format_path(done) or "<top level>"
-        key: str | int = part
-        if isinstance(node, list):
-            if not part.isdigit():
-                return Problem(where, f"cannot apply override {text!r}: expected a list index")
+        if isinstance(node, dict):
+            key: str | int = part
+        elif isinstance(node, list):  # the schema check made sure `part` is an index
             key = int(part)
             if key >= len(node):
-                items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
                 return Problem(
                     format_path([*done, key]),
-                    f"override {text!r}: index out of range (the list has {items})",
+                    f"override {text!r}: index out of range (the list has {len(node)} items)",
                 )
-        elif not isinstance(node, dict):
+        else:
+            where = format_path(done) or "<top level>"
             return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
         done.append(key)
-        if i == len(parts) - 1:
-            node[key] = value
-            return None
-        child = node.get(key) if isinstance(node, dict) else node[key]
-        if child is None:
-            if parts[i + 1].isdigit():
-                return Problem(
-                    format_path([*done, int(parts[i + 1])]),
-                    f"override {text!r}: index out of range (the list is empty)",
-                )
-            child = node[key] = {}
-        node = child
+        old = node[key] if isinstance(node, list) else node.get(key)
+        if i == len(parts) - 1:  # as OmegaConf.update(merge=True): a mapping merges
+            merge = isinstance(value, dict) and isinstance(old, dict)
+            node[key] = deep_merge(old, value) if merge else value
+        elif old is None:
+            node[key] = old = [] if parts[i + 1].isdigit() else {}
+        node = old
     return None
 
 

@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
-from trinity.config.loader import stage_configs
+from trinity.config.loader import valid_stages
 from trinity.config.problems import Problem, suggest
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
 from trinity.trainer.optim import no_budget_problem
 
+Loc = tuple[str | int, ...]
 MAX_ROWS_SHOWN = 10  # bad rows listed per dataset; the rest are counted
 
 
@@ -50,25 +52,34 @@ class PreflightReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def preflight(cfg: TrinityConfig) -> PreflightReport:
+def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     """Check `cfg` (from `load_config`) and each of its stages; see the module docstring.
 
     A problem that the base config and a stage share is reported once, under the base's path.
+
+    Args:
+        cfg: a loaded config, or the partial config of one that failed the schema
+            (`ConfigError.partial`): every part whose schema is valid is checked, so one report
+            holds every problem.
+        skip: key paths that failed the schema (`ConfigError.removed`); the steps reading
+            them are left out (their stand-in defaults would give knock-on problems).
     """
     data_cache: dict[str, _Loaded] = {}
-    report = _check_one(cfg, data_cache)
-    if cfg.stages:
+    report = _check_one(cfg, data_cache, skip)
+    if cfg.stages:  # the stages that are invalid are reported by load_config
         seen = {(p.path, p.message) for p in report.problems}
-        for i, stage in enumerate(stage_configs(cfg)):
+        stages = valid_stages(cfg)
+        for i, stage in stages:
             found = _check_one(stage, data_cache)
-            report.problems += [
-                p.with_prefix(f"stages[{i}]")
-                for p in found.problems
-                if (p.path, p.message) not in seen
-            ]
+            for p in found.problems:  # shared with the base, or said of this stage already
+                here = p.with_prefix(f"stages[{i}]")
+                if {(p.path, p.message), (here.path, here.message)}.isdisjoint(seen):
+                    report.problems.append(here)
+                    seen.add((here.path, here.message))
             report.notes += [n for n in found.notes if n not in report.notes]
             report.skipped += [f"stages[{i}].{s}" for s in found.skipped if s not in report.skipped]
-        if cfg.mode == "bench" and not stage_configs(cfg)[-1].buffer.explorer_input.eval_tasksets:
+        last = stages[-1] if stages and stages[-1][0] == len(cfg.stages) - 1 else None
+        if cfg.mode == "bench" and last and not last[1].buffer.explorer_input.eval_tasksets:
             report.problems.append(
                 Problem(
                     f"stages[{len(cfg.stages) - 1}].buffer.explorer_input.eval_tasksets",
@@ -79,21 +90,38 @@ def preflight(cfg: TrinityConfig) -> PreflightReport:
     return report
 
 
-def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightReport:
-    """Steps 1-5 of the module docstring on one (stage) config."""
+def _blocked(skip: Sequence[Loc], *paths: str) -> bool:
+    """True when one of the dotted `paths` lies inside a skipped key path or holds one."""
+    for path in paths:
+        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
+        if any(loc[: len(s)] == s[: len(loc)] for s in skip):
+            return True
+    return False
+
+
+def _check_one(
+    cfg: TrinityConfig, data_cache: dict[str, _Loaded], skip: Sequence[Loc] = ()
+) -> PreflightReport:
+    """Steps 1-5 of the module docstring on one (stage) config, leaving out the steps that
+    read a key path in `skip`."""
     report = PreflightReport()
     # 1.
     report.problems += not_built_problems(cfg)
     report.notes += not_applicable_notes(cfg)
     # 2. and 3.
     auxiliary = list(cfg.buffer.trainer_input.auxiliary_buffers or {})
-    report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
-    report.problems += _staleness_problems(cfg)
+    if not _blocked(skip, "algorithm", "buffer.trainer_input.auxiliary_buffers"):
+        report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
+    if not _blocked(skip, "algorithm", "synchronizer"):
+        report.problems += _staleness_problems(cfg)
     # 4.
-    report.problems += _model_problems(cfg)
+    report.problems += [p for p in _model_problems(cfg) if not _blocked(skip, p.path)]
     # 2., 3. and 5. for what the explorer and the trainer read
     inp = cfg.buffer.explorer_input
-    storages = _explorer_storages(cfg)
+    storages = [s for s in _explorer_storages(cfg) if not _blocked(skip, s[0])]
+    defaults = [f"buffer.explorer_input.default_{k}" for k in ("workflow_type", "reward_fn_type")]
+    if _blocked(skip, *defaults, "buffer.explorer_input.default_eval_workflow_type", "seed"):
+        storages = []
     if storages:
         report.problems += _explorer_default_problems(inp)
     for path, storage, is_eval in storages:
@@ -114,16 +142,17 @@ def _check_one(cfg: TrinityConfig, data_cache: dict[str, _Loaded]) -> PreflightR
         }
         _check_data(path, storage, kwargs, data_cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
-    if trains_from_queue(cfg):
-        # fed by `mode: explore` processes of the same run: nothing to read now, and no size;
-        # without a step budget it trains until every explorer has finished, and the lr
-        # schedule must be one that needs no budget
+    # a queue (mode train fed by `mode: explore` processes) holds nothing to read now
+    blocked = _blocked(skip, "mode", "algorithm", "buffer.trainer_input.experience_buffer", "seed")
+    if trains_from_queue(cfg) and not _blocked(skip, "buffer", "trainer", "algorithm"):
+        # fed by `mode: explore` processes of the same run: without a step budget it trains
+        # until every explorer has finished, and the lr schedule must need no budget
         no_budget = cfg.buffer.total_steps is None and cfg.trainer.total_steps is None
         if no_budget and (why := no_budget_problem(cfg.algorithm.optimizer)):
             report.problems.append(
                 Problem("algorithm.optimizer", f"mode train reading a queue: {why}")
             )
-    elif cfg.mode == "train" and buf is not None:
+    if cfg.mode == "train" and buf is not None and not trains_from_queue(cfg) and not blocked:
         path = "buffer.trainer_input.experience_buffer"
         problems = _generator_problems(path, buf) if buf.storage_type == "synthetic" else []
         report.problems += problems

@@ -8,12 +8,13 @@ Pydantic's errors are translated into key paths users can grep for
 from __future__ import annotations
 
 import difflib
-import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from trinity.config.base import annotation_at, literal_values, locate_field, strip
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,25 @@ class ConfigError(Exception):
     Args:
         problems: the problems, or one message for a file-level problem (missing file, bad YAML).
         source: the config file the problems are in, if any.
+        partial: the config without the values that failed the schema (defaults in their
+            place), for the pre-flight pass over the parts that are valid; None if none.
+        removed: the key paths taken out of `partial`.
     """
 
-    def __init__(self, problems: Sequence[Problem] | str, source: str | None = None) -> None:
+    def __init__(
+        self,
+        problems: Sequence[Problem] | str,
+        source: str | None = None,
+        partial: Any = None,
+        removed: Sequence[tuple[str | int, ...]] = (),
+    ) -> None:
         if isinstance(problems, str):
             problems = [Problem("", problems)]
         self.problems: list[Problem] = list(problems)
         self.source = source
-        super().__init__(self.problems, source)
+        self.partial = partial
+        self.removed = list(removed)
+        super().__init__(self.problems, source, partial, self.removed)
 
     def __str__(self) -> str:
         if len(self.problems) == 1 and not self.problems[0].path:  # a file-level problem
@@ -77,109 +89,6 @@ def suggest(word: str, candidates: Iterable[str]) -> str | None:
     """The closest candidate to `word`, or None when nothing is close."""
     close = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
     return close[0] if close else None
-
-
-# --- walking the schema by key path --------------------------------------------------------
-
-
-class UnknownKey(LookupError):
-    """A key that the schema does not allow at this place; `.allowed` lists what would be."""
-
-    def __init__(self, key: str | int, allowed: Sequence[str]) -> None:
-        super().__init__(key)
-        self.key = key
-        self.allowed = list(allowed)
-
-
-class NotAContainer(LookupError):
-    """A key was asked for inside a scalar, or a list was indexed with a non-number."""
-
-
-def _strip(annotation: Any) -> Any:
-    """Remove `Annotated[...]` and `X | None` wrappers; a true union of several types -> Any."""
-    while True:
-        origin = get_origin(annotation)
-        if origin is Annotated:
-            annotation = get_args(annotation)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                return Any
-            annotation = args[0]
-        else:
-            return annotation
-
-
-def child_annotation(annotation: Any, key: str | int) -> Any:
-    """The annotation of `key` inside a value typed `annotation`; `Any` where keys are free.
-
-    Raises:
-        UnknownKey: `annotation` is a config section without a field `key`.
-        NotAContainer: `annotation` is a scalar, or a list indexed by a non-number.
-    """
-    ann = _strip(annotation)
-    if ann is Any:
-        return Any
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        if isinstance(key, str) and key in ann.model_fields:
-            return ann.model_fields[key].annotation
-        renamed = getattr(ann, "renamed_keys", {}).get(key)
-        if renamed is not None:  # a deprecated spelling (see aliases.py)
-            return ann.model_fields[renamed].annotation
-        raise UnknownKey(key, list(ann.model_fields))
-    origin, args = get_origin(ann), get_args(ann)
-    if origin in (list, tuple) or ann in (list, tuple):
-        if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
-            return args[0] if args else Any
-        raise NotAContainer(f"expected a list index, got {key!r}")
-    if origin is dict or ann is dict:
-        return args[1] if len(args) == 2 else Any
-    raise NotAContainer("not a section: it holds a single value")
-
-
-def annotation_at(root: type[BaseModel], loc: Sequence[str | int]) -> Any:
-    """The annotation found by walking `loc` down from `root`; None if the path is unknown."""
-    ann: Any = root
-    try:
-        for key in loc:
-            ann = child_annotation(ann, key)
-    except LookupError:
-        return None
-    return ann
-
-
-def _models_below(annotation: Any) -> list[type[BaseModel]]:
-    """Config sections reachable from `annotation` through Optional, list and dict."""
-    ann = _strip(annotation)
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [ann]
-    args = get_args(ann) if get_origin(ann) in (list, dict) else ()
-    return [m for a in args[-1:] for m in _models_below(a)]
-
-
-def locate_field(root: type[BaseModel], name: str) -> str | None:
-    """The shortest dotted path under `root` to a field called `name` (None if none or tied).
-
-    Used to suggest `algorithm.optimizer` for an `optimizer:` written at the top level.
-    """
-    frontier: list[tuple[str, type[BaseModel]]] = [("", root)]
-    while frontier:
-        found = [f"{p}.{name}".lstrip(".") for p, m in frontier if name in m.model_fields]
-        if found:
-            return found[0] if len(found) == 1 else None
-        frontier = [
-            (f"{p}.{field}".lstrip("."), sub)
-            for p, m in frontier
-            for field, info in m.model_fields.items()
-            for sub in _models_below(info.annotation)
-        ]
-    return None
-
-
-def literal_values(annotation: Any) -> tuple[Any, ...] | None:
-    """The allowed values of a `Literal[...]` (optionally wrapped), else None."""
-    ann = _strip(annotation)
-    return get_args(ann) if get_origin(ann) is Literal else None
 
 
 # --- pydantic errors -> problems ----------------------------------------------------------
@@ -223,7 +132,7 @@ def problems_from_validation_error(error: ValidationError, root: type[BaseModel]
         if kind == "extra_forbidden":
             parent = annotation_at(root, loc[:-1])
             names: list[str] = []
-            ann = _strip(parent)
+            ann = strip(parent)
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 names = [n for n in ann.model_fields if n != "stage_name" or ann is not root]
             key = str(loc[-1])

@@ -7,8 +7,8 @@ runtime uses, and `format_batch_table` prints them at start-up with the unit of 
 Choices left unset mean "the best available here", decided in `resolve()` and printed with the
 reason: the rollout engine (`explorer.rollout_model.engine_type`), the weight-sync method
 (`synchronizer.sync_method`) and the trainer strategy (`trainer.trainer_strategy`). Trinity-RFT's
-defaults for these (vllm, nccl, verl's fsdp) are not built here. Values from
-`trainer.trainer_config` (a verl tree) take the place of our unset keys (`effective_config`).
+defaults for these (vllm, nccl, verl's fsdp) are not built here. The config is the effective one
+from `load_config` (verl `trainer.trainer_config` values already at our keys).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
-from trinity.config.trainer_config import effective_config as _effective
 
 # (value, why) chosen for each "best available here" key when it is unset
 BEST_ENGINE = ("transformers", "unset: the vLLM engine is not built, transformers serves rollouts")
@@ -29,15 +29,6 @@ BEST_SYNC_SPLIT = (
     "outlive either of them",
 )
 BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
-
-
-def effective_config(cfg: TrinityConfig) -> TrinityConfig:
-    """`cfg` with `trainer.trainer_config` (verl) values in place of our unset keys (pure).
-
-    The trainer reads this config, so a verl micro-batch size or clip ratio acts as ours.
-    """
-    result: TrinityConfig = _effective(cfg)
-    return result
 
 
 @dataclass(frozen=True)
@@ -57,8 +48,12 @@ class ResolvedConfig:
     use_dynamic_bsz: bool  # micro-batches packed by tokens instead of a fixed size
     max_token_len_per_micro_batch: int | None  # tokens per micro-batch per GPU (dynamic mode)
     grad_accum_steps: int | None  # micro-batches per train step; None = dynamic (token packing)
-    total_steps: int | None  # None = from taskset size × total_epochs at run time
+    total_steps: int | None  # None = from taskset size × total_epochs at run time, or (mode
+    # train reading a queue) until every writer has closed the buffer
     total_steps_source: str  # the key total_steps came from, "" when None
+    save_interval: int | None  # train steps per checkpoint; 0 = only at the end; None = a
+    # tenth of the steps planned at run time (`save_interval_for`)
+    save_interval_source: str
     sync_interval: int  # train steps between weight syncs
     sync_offset: int  # explore steps the explorer runs ahead
     sync_method: str  # memory | checkpoint | nccl
@@ -71,10 +66,39 @@ class ResolvedConfig:
     ppo_mini_batch_size: int | None  # experiences per optimizer update; None = whole batch
     grad_clip: float  # max global gradient norm
 
+    def save_interval_for(self, total_steps: int | None) -> int:
+        """Train steps per checkpoint for a run of `total_steps` train steps: the resolved
+        `save_interval`, or (unset) a tenth of the run, ceil(total_steps / 10), so a crash costs
+        at most a tenth of the steps; 0 = only at the end. A run without a step budget (mode
+        train reading a queue until its explorers finish) has no tenth: every
+        `UNBOUNDED_SAVE_INTERVAL` steps."""
+        if self.save_interval is not None:
+            return self.save_interval
+        return save_interval_of(None, total_steps) or UNBOUNDED_SAVE_INTERVAL
+
+
+UNBOUNDED_SAVE_INTERVAL = 10  # train steps per checkpoint when the run's length is unknown
+
+
+def save_interval_of(explicit: int | None, total_steps: int | None) -> int | None:
+    """`trainer.save_interval` when set, else ceil(total_steps / 10) (None while unknown)."""
+    if explicit is not None:
+        return explicit
+    return None if total_steps is None else max(1, math.ceil(total_steps / 10))
+
+
+def samples_per_task(cfg: TrinityConfig) -> list[int]:
+    """The distinct group sizes (experiences per task) of the training tasksets, in order: each
+    taskset's `rollout_args.n`, else its `repeat_times`, else `algorithm.repeat_times` (as the
+    explorer draws them); `[algorithm.repeat_times]` without tasksets."""
+    inp = cfg.buffer.explorer_input
+    sets = [inp.taskset] if inp.taskset is not None else list(inp.tasksets)
+    found = [s.rollout_args.n or s.repeat_times or cfg.algorithm.repeat_times for s in sets]
+    return list(dict.fromkeys(found)) or [cfg.algorithm.repeat_times]
+
 
 def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     """Derive the run directory, batch numbers and sync settings of `cfg` (pure function)."""
-    cfg = effective_config(cfg)
     engine, engine_src = _chosen(
         cfg.explorer.rollout_model.engine_type, "explorer.rollout_model.engine_type", BEST_ENGINE
     )
@@ -93,7 +117,8 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     )
     clip = cfg.trainer.grad_clip
     tasks = cfg.buffer.batch_size
-    samples = cfg.algorithm.repeat_times
+    groups = samples_per_task(cfg)
+    samples = groups[0] if len(groups) == 1 else cfg.algorithm.repeat_times
     derived = cfg.buffer.train_batch_size <= 0
     train_batch = tasks * samples if derived else cfg.buffer.train_batch_size
     micro = cfg.trainer.micro_batch_size_per_gpu
@@ -102,8 +127,17 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
     elif cfg.trainer.total_steps is not None:
         total, total_source = cfg.trainer.total_steps, "trainer.total_steps"
+    elif trains_from_queue(cfg):
+        total, total_source = None, "until every writer has closed the buffer (mode train, queue)"
     else:
         total, total_source = None, ""
+    save = save_interval_of(cfg.trainer.save_interval, total)
+    if cfg.trainer.save_interval is not None:
+        save_source = "trainer.save_interval"
+    elif total is not None:
+        save_source = f"unset: a tenth of the run, ceil({total} / 10)"
+    else:
+        save_source = "unset: a tenth of the steps planned at run time"
     root = cfg.checkpoint_root_dir.rstrip("/")
     return ResolvedConfig(
         run_dir=f"{root}/{cfg.project}/{cfg.name}",
@@ -121,6 +155,8 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         grad_accum_steps=None if dynamic else math.ceil(train_batch / micro),
         total_steps=total,
         total_steps_source=total_source,
+        save_interval=save,
+        save_interval_source=save_source,
         sync_interval=cfg.synchronizer.sync_interval,
         sync_offset=cfg.synchronizer.sync_offset,
         sync_method=sync,
@@ -176,6 +212,8 @@ def format_batch_table(r: ResolvedConfig) -> str:
     steps = (
         ("total steps", str(r.total_steps), r.total_steps_source)
         if r.total_steps is not None
+        else ("total steps", "open", r.total_steps_source)
+        if r.total_steps_source
         else ("total steps", "auto", "from taskset size × buffer.total_epochs at run time")
     )
     rows = [
@@ -193,6 +231,11 @@ def format_batch_table(r: ResolvedConfig) -> str:
         ("experiences per train step", str(r.train_batch_size), train_note),
         *micro_rows,
         steps,
+        (
+            "train steps per checkpoint",
+            "end only" if r.save_interval == 0 else str(r.save_interval or "auto"),
+            r.save_interval_source,
+        ),
         ("train steps per weight sync", str(r.sync_interval), "synchronizer.sync_interval"),
         ("explore steps ahead (offset)", str(r.sync_offset), "synchronizer.sync_offset"),
         ("weight sync method", r.sync_method, r.sync_method_source),

@@ -12,18 +12,19 @@ batch sizes or paths); derived numbers are computed by `trinity.config.resolve()
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    create_model,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from trinity.config.base import ConfigSection, Dtype, TopK
+from trinity.config.base import ConfigSection, Dtype, Inside, NotApplicable, NotBuilt, Refused, TopK
 from trinity.config.buffer_schema import BufferConfig
 from trinity.config.engine_schema import InferenceModelConfig
 from trinity.config.side_schema import (
@@ -33,36 +34,51 @@ from trinity.config.side_schema import (
     TinkerConfig,
 )
 
+_WANDB = "for wandb/mlflow/swanlab monitors, which are not built"
+_LIMITS = NotApplicable("set from model.* (Trinity-RFT overwrites these on the rollout model too)")
+_ROLLOUT_MODEL = {
+    "model_path": NotApplicable("the rollout model is model.model_path (or the last stage's)"),
+    "max_model_len": _LIMITS,
+    "max_prompt_tokens": _LIMITS,
+    "max_response_tokens": _LIMITS,
+}
+
+
+def _reads_a_teacher(cfg: Any) -> bool:
+    """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+
+    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
+    return name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
+
 
 class OptimizerConfig(ConfigSection):
     """Optimizer and learning-rate schedule of the trainer."""
 
     renamed_keys: ClassVar[dict[str, str]] = {"warmup_style": "lr_scheduler_type"}
 
-    lr: float = Field(1e-6, ge=0, description="Peak learning rate.")
-    lr_warmup_steps: int = Field(
-        -1, ge=-1, description="Warm-up length in train steps; -1 = use lr_warmup_steps_ratio."
-    )
-    lr_warmup_steps_ratio: float = Field(
-        0.0, ge=0, le=1, description="Warm-up length as a fraction of the total train steps."
-    )
-    min_lr_ratio: float = Field(
-        0.0, ge=0, le=1, description="Final learning rate as a fraction of lr (cosine/linear)."
-    )
-    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field(
-        "constant",
-        description="Schedule after warm-up: constant, cosine or linear decay (was warmup_style).",
-    )
-    optimizer_type: Literal["adam", "adamw"] = Field(
-        "adamw",
-        description="Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with "
-        "decoupled weight_decay.",
-    )
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam β1, β2, each in [0, 1).")
-    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay.")
-    clip_grad: float = Field(
-        1.0, gt=0, description="Max global gradient norm (trainer.grad_clip overrides it)."
-    )
+    lr: float = Field(1e-6, ge=0)
+    """Peak learning rate."""
+    lr_warmup_steps: int = Field(-1, ge=-1)
+    """Warm-up length in train steps; -1 = use lr_warmup_steps_ratio."""
+    lr_warmup_steps_ratio: float = Field(0.0, ge=0, le=1)
+    """Warm-up length as a fraction of the total train steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final learning rate as a fraction of lr (cosine/linear)."""
+    lr_scheduler_type: Literal["constant", "cosine", "linear"] = "constant"
+    """Schedule after warm-up: constant, cosine or linear decay (was warmup_style)."""
+    optimizer_type: Annotated[
+        Literal["adam", "adamw"],
+        NotApplicable("always AdamW here ('adam' and 'adamw' both name it)"),
+    ] = "adamw"
+    """Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with decoupled
+    weight_decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam β1, β2, each in [0, 1)."""
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay."""
+    clip_grad: float = Field(1.0, gt=0)
+    """Max global gradient norm (trainer.grad_clip overrides it)."""
 
     @field_validator("betas")
     @classmethod
@@ -87,25 +103,18 @@ class RolloutCorrectionConfig(ConfigSection):
     names): truncated importance weights and/or a rejection mask (`trinity/algorithm/correction.py`).
     Either one makes the trainer recompute π_old before the update (decoupled PPO)."""
 
-    rollout_is: Literal["token", "sequence"] | None = Field(
-        None,
-        description="Truncated importance weight π_old/μ per token or per sequence (the product "
-        "of its tokens' ratios), multiplied into the advantages; None = off.",
-    )
-    rollout_is_threshold: float = Field(
-        2.0, gt=0, description="Upper truncation C of the importance weight."
-    )
-    rollout_rs: Literal["token", "sequence", "geometric"] | None = Field(
-        None,
-        description="Reject (drop from training) tokens, or whole sequences by their product or "
-        "geometric-mean ratio, whose weight lies outside the thresholds; None = off.",
-    )
-    rollout_rs_threshold: float = Field(
-        2.0, ge=1, description="Upper bound of the kept importance weights."
-    )
-    rollout_rs_threshold_lower: float | None = Field(
-        None, ge=0, le=1, description="Lower bound; None = 1 / rollout_rs_threshold."
-    )
+    rollout_is: Literal["token", "sequence"] | None = None
+    """Truncated importance weight π_old/μ per token or per sequence (the product of its tokens'
+    ratios), multiplied into the advantages; None = off."""
+    rollout_is_threshold: float = Field(2.0, gt=0)
+    """Upper truncation C of the importance weight."""
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = None
+    """Reject (drop from training) tokens, or whole sequences by their product or geometric-mean
+    ratio, whose weight lies outside the thresholds; None = off."""
+    rollout_rs_threshold: float = Field(2.0, ge=1)
+    """Upper bound of the kept importance weights."""
+    rollout_rs_threshold_lower: float | None = Field(None, ge=0, le=1)
+    """Lower bound; None = 1 / rollout_rs_threshold."""
 
     @property
     def enabled(self) -> bool:
@@ -116,232 +125,189 @@ class KLControlConfig(ConfigSection):
     """The KL reward penalty's coefficient over training (verl's `algorithm.kl_ctrl`); the
     starting value is `kl_penalty_fn_args.kl_coef`."""
 
-    type: Literal["fixed", "adaptive"] = Field(
-        "fixed",
-        description="'fixed' keeps kl_coef; 'adaptive' steers the measured KL to target_kl.",
-    )
-    target_kl: float = Field(0.1, gt=0, description="The KL per token the controller aims at.")
-    horizon: int = Field(
-        10000, ge=1, description="Samples over which β may change by the full ±20% step."
-    )
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """'fixed' keeps kl_coef; 'adaptive' steers the measured KL to target_kl."""
+    target_kl: float = Field(0.1, gt=0)
+    """The KL per token the controller aims at."""
+    horizon: int = Field(10000, ge=1)
+    """Samples over which β may change by the full ±20% step."""
 
 
 class FilterGroupsConfig(ConfigSection):
     """DAPO's dynamic sampling (verl's `algorithm.filter_groups`): the explorer drops tasks whose
     samples all got the same reward and runs more tasks until the step is full."""
 
-    enable: bool | None = Field(
-        None, description="Drop all-equal groups and refill; None = the algorithm's default."
-    )
-    max_num_gen_batches: int = Field(
-        10,
-        ge=1,
-        description="Tasks tried per step at most this many times batch_size; then the step "
-        "is filled with dropped groups (rollout/filter_exhausted).",
-    )
+    enable: bool | None = None
+    """Drop all-equal groups and refill; None = the algorithm's default."""
+    max_num_gen_batches: int = Field(10, ge=1)
+    """Tasks tried per step at most this many times batch_size; then the step is filled with dropped
+    groups (rollout/filter_exhausted)."""
 
 
 class OverlongPenaltyConfig(ConfigSection):
     """DAPO's soft overlong punishment (verl's `reward_model.overlong_buffer`): a length
     penalty added to the reward of responses that enter the last `buffer_len` tokens."""
 
-    enable: bool | None = Field(None, description="None = the algorithm's default.")
-    buffer_len: int | None = Field(
-        None,
-        ge=1,
-        description="L_cache in tokens; None = a fifth of model.max_response_tokens (DAPO's "
-        "4096 of 20480).",
-    )
-    penalty_factor: float = Field(1.0, ge=0, description="The penalty at the full length.")
+    enable: bool | None = None
+    """None = the algorithm's default."""
+    buffer_len: int | None = Field(None, ge=1)
+    """L_cache in tokens; None = a fifth of model.max_response_tokens (DAPO's 4096 of 20480)."""
+    penalty_factor: float = Field(1.0, ge=0)
+    """The penalty at the full length."""
 
 
 class AlgorithmConfig(ConfigSection):
     """Which RL algorithm runs, and the pieces (advantage, losses, sampling) it is made of."""
 
-    algorithm_type: str = Field(
-        "grpo", description="Algorithm registry name, e.g. grpo, ppo, dpo, sft."
-    )
-    repeat_times: int = Field(
-        1, ge=1, description="Samples (rollouts) per task (unit: experiences per task)."
-    )
-    optimizer: OptimizerConfig = Field(
-        default_factory=OptimizerConfig, description="Optimizer and learning-rate schedule."
-    )
-    advantage_fn: str | None = Field(
-        None, description="Advantage function; None = the algorithm's default."
-    )
-    advantage_fn_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the advantage function."
-    )
-    policy_loss_fn: str | None = Field(
-        None, description="Policy loss; None = the algorithm's default."
-    )
-    policy_loss_fn_args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Keyword arguments of the policy loss, e.g. clip_range, clip_range_low, "
-        "clip_range_high (each > 0).",
-    )
-    kl_penalty_fn: str | None = Field(
-        None, description="KL penalty folded into the reward; None = the algorithm's default."
-    )
-    kl_penalty_fn_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the KL penalty."
-    )
-    kl_loss_fn: str | None = Field(
-        None, description="KL term added to the loss; None = the algorithm's default."
-    )
-    kl_loss_fn_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the KL loss, e.g. kl_coef."
-    )
-    entropy_loss_fn: str | None = Field(
-        None, description="Entropy bonus; None = the algorithm's default."
-    )
-    entropy_loss_fn_args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Keyword arguments of the entropy loss, e.g. entropy_coef.",
-    )
-    sample_strategy: str | None = Field(
-        None, description="How train batches are drawn from buffers; None = the default."
-    )
-    sample_strategy_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the sample strategy."
-    )
-    loss_agg_mode: LossAggMode = Field(
-        "token-mean",
-        description="How per-token losses become one number: mean over all tokens, or per "
-        "sequence (sum or mean over tokens) then mean over sequences.",
-    )
-    kl_ctrl: KLControlConfig = Field(
-        default_factory=KLControlConfig,
-        description="Fixed or adaptive coefficient of the KL reward penalty.",
-    )
-    filter_groups: FilterGroupsConfig = Field(
-        default_factory=FilterGroupsConfig,
-        description="Dynamic sampling: drop all-equal groups and refill (DAPO).",
-    )
-    overlong_penalty: OverlongPenaltyConfig = Field(
-        default_factory=OverlongPenaltyConfig,
-        description="Soft overlong punishment on the reward (DAPO).",
-    )
-    rollout_correction: RolloutCorrectionConfig = Field(
-        default_factory=RolloutCorrectionConfig,
-        description="Off-policy correction against the engine's logprobs (truncated or masked "
-        "importance sampling); off by default.",
-    )
+    algorithm_type: str = "grpo"
+    """Algorithm registry name, e.g. grpo, ppo, dpo, sft."""
+    repeat_times: int = Field(1, ge=1)
+    """Samples (rollouts) per task (unit: experiences per task)."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule."""
+    advantage_fn: str | None = None
+    """Advantage function; None = the algorithm's default."""
+    advantage_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the advantage function."""
+    policy_loss_fn: str | None = None
+    """Policy loss; None = the algorithm's default."""
+    policy_loss_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the policy loss, e.g. clip_range, clip_range_low, clip_range_high (each
+    > 0)."""
+    kl_penalty_fn: str | None = None
+    """KL penalty folded into the reward; None = the algorithm's default."""
+    kl_penalty_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the KL penalty."""
+    kl_loss_fn: str | None = None
+    """KL term added to the loss; None = the algorithm's default."""
+    kl_loss_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the KL loss, e.g. kl_coef."""
+    entropy_loss_fn: str | None = None
+    """Entropy bonus; None = the algorithm's default."""
+    entropy_loss_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the entropy loss, e.g. entropy_coef."""
+    sample_strategy: str | None = None
+    """How train batches are drawn from buffers; None = the default."""
+    sample_strategy_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the sample strategy."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses become one number: mean over all tokens, or per sequence (sum or mean
+    over tokens) then mean over sequences."""
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    """Fixed or adaptive coefficient of the KL reward penalty."""
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    """Dynamic sampling: drop all-equal groups and refill (DAPO)."""
+    overlong_penalty: OverlongPenaltyConfig = Field(default_factory=OverlongPenaltyConfig)
+    """Soft overlong punishment on the reward (DAPO)."""
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    """Off-policy correction against the engine's logprobs (truncated or masked importance
+    sampling); off by default."""
 
 
 class ModelConfig(ConfigSection):
     """The policy model and its default sampling and length settings."""
 
-    model_path: str = Field("", description="Local path or hub id of the policy model (required).")
-    critic_model_path: str = Field(
-        "", description="Path of the critic model (PPO); empty = same as model_path."
+    model_path: str = ""
+    """Local path or hub id of the policy model (required)."""
+    critic_model_path: str = ""
+    """Path of the critic model (PPO); empty = same as model_path."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Maximum prompt + response length in tokens."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Prompts longer than this many tokens are truncated."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """Maximum generated tokens per response."""
+    temperature: float = Field(1.0, ge=0)
+    """Default sampling temperature (≥ 0)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Default nucleus-sampling mass in (0, 1]."""
+    top_k: TopK = -1
+    """Default top-k cutoff in tokens; -1 = off."""
+    custom_chat_template: str | None = None
+    """Jinja chat template replacing the tokenizer's; None = tokenizer's."""
+    lora_configs: Annotated[list[dict[str, Any]] | None, NotBuilt("LoRA")] = None
+    """LoRA adapter settings (rank, alpha, target modules); None = full FT."""
+    enable_thinking: bool | None = None
+    """Chat-template switch of reasoning models (Qwen3): true/false is passed to the template as
+    enable_thinking; None = the template's own default."""
+    enable_prompt_truncation: bool = True
+    """A rollout prompt longer than max_prompt_tokens is cut to it and not sampled: its
+    experiences train nothing (zero action mask, counted in rollout/prompt_truncated). false =
+    prompts are sent whole; one with no room under max_model_len fails its own task."""
+    logprobs: Annotated[int, NotBuilt("top-k logprobs per token", inert=(0,))] = Field(0, ge=0)
+    """Top alternatives whose logprobs are returned per token; 0 = none."""
+    external_model: Annotated[
+        dict[str, Any] | None, NotBuilt("rollouts from an externally served model")
+    ] = None
+    """An externally served model (an API endpoint) used for rollouts instead of local engines; None
+    = local engines."""
+    tinker: Annotated[TinkerConfig, NotBuilt("the Tinker training backend")] = Field(
+        default_factory=TinkerConfig
     )
-    max_model_len: int | None = Field(
-        None, ge=1, description="Maximum prompt + response length in tokens."
-    )
-    max_prompt_tokens: int | None = Field(
-        None, ge=1, description="Prompts longer than this many tokens are truncated."
-    )
-    max_response_tokens: int | None = Field(
-        None, ge=1, description="Maximum generated tokens per response."
-    )
-    temperature: float = Field(1.0, ge=0, description="Default sampling temperature (≥ 0).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Default nucleus-sampling mass in (0, 1].")
-    top_k: TopK = Field(-1, description="Default top-k cutoff in tokens; -1 = off.")
-    custom_chat_template: str | None = Field(
-        None, description="Jinja chat template replacing the tokenizer's; None = tokenizer's."
-    )
-    lora_configs: list[dict[str, Any]] | None = Field(
-        None, description="LoRA adapter settings (rank, alpha, target modules); None = full FT."
-    )
-    enable_thinking: bool | None = Field(
-        None,
-        description="Chat-template switch of reasoning models (Qwen3): true/false is passed to "
-        "the template as enable_thinking; None = the template's own default.",
-    )
-    enable_prompt_truncation: bool = Field(
-        True,
-        description="A rollout prompt longer than max_prompt_tokens is cut to it and not "
-        "sampled: its experiences train nothing (zero action mask, counted in "
-        "rollout/prompt_truncated). false = prompts are sent whole; one with no room under "
-        "max_model_len fails its own task.",
-    )
-    logprobs: int = Field(
-        0, ge=0, description="Top alternatives whose logprobs are returned per token; 0 = none."
-    )
-    external_model: dict[str, Any] | None = Field(
-        None,
-        description="An externally served model (an API endpoint) used for rollouts instead of "
-        "local engines; None = local engines.",
-    )
-    tinker: TinkerConfig = Field(
-        default_factory=TinkerConfig, description="Tinker (remote training service) backend."
-    )
+    """Tinker (remote training service) backend."""
 
 
 class ClusterConfig(ConfigSection):
     """The Ray cluster the run uses."""
 
-    ray_address: str = Field(
-        "auto",
-        description="Ray address; 'auto' joins a running cluster or starts a local one, 'local' "
-        "always starts a local one.",
-    )
-    node_num: int | None = Field(
-        None,
-        ge=1,
-        description="Ray nodes the run spreads over (it waits for them): trainer on the first, "
-        "engine i on node i mod N; None or 1 = one node.",
-    )
-    gpu_per_node: int | None = Field(
-        None,
-        ge=0,
-        description="GPUs the run may use on the node; None = every GPU the Ray cluster has.",
-    )
+    ray_address: str = "auto"
+    """Ray address; 'auto' joins a running cluster or starts a local one, 'local' always starts a
+    local one."""
+    node_num: int | None = Field(None, ge=1)
+    """Ray nodes the run spreads over (it waits for them): trainer on the first, engine i on node i
+    mod N; None or 1 = one node."""
+    gpu_per_node: int | None = Field(None, ge=0)
+    """GPUs the run may use on the node; None = every GPU the Ray cluster has."""
 
 
 class ExplorerConfig(ConfigSection):
     """The explorer: runs workflows on tasks to produce experiences."""
 
-    name: str = Field("explorer", description="Actor name.")
-    runner_per_model: int = Field(
-        8, ge=1, description="Concurrent workflow runners per engine replica."
+    name: str = "explorer"
+    """This explorer's name in its run: its actor (`<stage>/explorer/<name>`), its cursor and
+    writer registration in the buffer, its experiences' ids (groups of two explorers never
+    mix) and its metrics file (`metrics.explorer-<name>.jsonl`). Give each explore process of a
+    run its own."""
+    runner_per_model: int = Field(8, ge=1)
+    """Concurrent workflow runners per engine replica."""
+    max_timeout: float = Field(900, gt=0)
+    """Seconds one workflow run may take."""
+    max_retry_times: int = Field(2, ge=0)
+    """Retries of a failed or timed-out workflow run."""
+    max_failure_fraction: float = Field(0.25, ge=0, le=1)
+    """A task that fails every try is dropped and counted; an explore step or evaluation in which
+    more than this fraction of tasks failed ends the run with the first failure's traceback (0 =
+    any failure does)."""
+    eval_interval: int = Field(100, ge=0)
+    """Evaluate every this many explore steps; 0 = never."""
+    eval_on_startup: bool = True
+    """Evaluate before the first explore step."""
+    rollout_model: Annotated[InferenceModelConfig, Inside(_ROLLOUT_MODEL)] = Field(
+        default_factory=InferenceModelConfig
     )
-    max_timeout: float = Field(900, gt=0, description="Seconds one workflow run may take.")
-    max_retry_times: int = Field(
-        2, ge=0, description="Retries of a failed or timed-out workflow run."
+    """Engines serving the policy."""
+    auxiliary_models: Annotated[
+        list[InferenceModelConfig],
+        NotBuilt(
+            "auxiliary models (extra engines for workflows); algorithm_type on_policy_distill reads the first one's model_path as its teacher",
+            unless=_reads_a_teacher,
+        ),
+    ] = Field(default_factory=list)
+    """Extra engines (e.g. a judge model) for workflows."""
+    env_vars: Annotated[dict[str, str], NotBuilt("environment variables for workflow runners")] = (
+        Field(default_factory=dict)
     )
-    max_failure_fraction: float = Field(
-        0.25,
-        ge=0,
-        le=1,
-        description="A task that fails every try is dropped and counted; an explore step or "
-        "evaluation in which more than this fraction of tasks failed ends the run with the "
-        "first failure's traceback (0 = any failure does).",
-    )
-    eval_interval: int = Field(
-        100, ge=0, description="Evaluate every this many explore steps; 0 = never."
-    )
-    eval_on_startup: bool = Field(True, description="Evaluate before the first explore step.")
-    rollout_model: InferenceModelConfig = Field(
-        default_factory=InferenceModelConfig, description="Engines serving the policy."
-    )
-    auxiliary_models: list[InferenceModelConfig] = Field(
-        default_factory=list, description="Extra engines (e.g. a judge model) for workflows."
-    )
-    env_vars: dict[str, str] = Field(
-        default_factory=dict, description="Environment variables set in workflow runners."
-    )
-    max_repeat_times_per_runner: int | None = Field(
-        None,
-        ge=1,
-        description="Split a task's repeat_times samples over runners, at most this many per "
-        "runner; None = all samples of a task in one runner.",
-    )
-    bench_on_latest_checkpoint: bool = Field(
-        False, description="Mode 'bench': evaluate only the latest checkpoint."
-    )
+    """Environment variables set in workflow runners."""
+    max_repeat_times_per_runner: Annotated[
+        int | None,
+        NotApplicable(
+            "all samples of a task run in one workflow call here; splitting them over runners changes scheduling, not results"
+        ),
+    ] = Field(None, ge=1)
+    """Split a task's repeat_times samples over runners, at most this many per runner; None = all
+    samples of a task in one runner."""
+    bench_on_latest_checkpoint: bool = False
+    """Mode 'bench': evaluate only the latest checkpoint."""
 
 
 class SynchronizerConfig(ConfigSection):
@@ -355,117 +321,95 @@ class SynchronizerConfig(ConfigSection):
         },
     }
 
-    sync_method: Literal["checkpoint", "memory", "nccl"] | None = Field(
-        None,
-        description="'checkpoint' = via files on disk; 'memory' = via the Ray object store; "
-        "'nccl' = a collective broadcast (gloo on CPU; mode both only, checkpoint otherwise); "
-        "None = the best available here "
-        "('memory', see resolve()).",
-    )
-    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = Field(
-        "fixed",
-        description="'fixed' = every sync_interval steps; 'explorer_driven' / 'trainer_driven' "
-        "= when that side asks (were dynamic_by_explorer / dynamic_by_trainer).",
-    )
-    sync_interval: int = Field(
-        1, ge=1, description="Train steps between weight syncs (unit: train steps)."
-    )
-    sync_offset: int = Field(
-        0, ge=0, description="Explore steps the explorer runs ahead of the trainer (staleness)."
-    )
-    sync_timeout: float = Field(3600, gt=0, description="Seconds to wait for a weight sync.")
+    sync_method: Literal["checkpoint", "memory", "nccl"] | None = None
+    """'checkpoint' = via files on disk; 'memory' = via the Ray object store; 'nccl' = a collective
+    broadcast (gloo on CPU; mode both only, checkpoint otherwise); None = the best available here
+    ('memory', see resolve())."""
+    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
+    """'fixed' = every sync_interval steps; 'explorer_driven' / 'trainer_driven' = when that side
+    asks (were dynamic_by_explorer / dynamic_by_trainer)."""
+    sync_interval: int = Field(1, ge=1)
+    """Train steps between weight syncs (unit: train steps)."""
+    sync_offset: int = Field(0, ge=0)
+    """Explore steps the explorer runs ahead of the trainer (staleness)."""
+    sync_timeout: float = Field(3600, gt=0)
+    """Seconds to wait for a weight sync."""
 
 
 class CriticConfig(ConfigSection):
     """PPO's value model (`algorithm_type: ppo`; trinity/trainer/critic.py)."""
 
-    optimizer: OptimizerConfig = Field(
-        default_factory=lambda: OptimizerConfig(lr=1e-5),
-        description="The critic's own AdamW and lr schedule (verl's critic.optim).",
-    )
-    cliprange_value: float = Field(
-        0.5, gt=0, description="Clip of the value update around the values the advantages used."
-    )
-    warmup_steps: int = Field(
-        0,
-        ge=0,
-        description="First train steps that update only the critic (verl's trainer.critic_warmup).",
-    )
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-5))
+    """The critic's own AdamW and lr schedule (verl's critic.optim)."""
+    cliprange_value: float = Field(0.5, gt=0)
+    """Clip of the value update around the values the advantages used."""
+    warmup_steps: int = Field(0, ge=0)
+    """First train steps that update only the critic (verl's trainer.critic_warmup)."""
 
 
 class TrainerConfig(ConfigSection):
     """The trainer: turns experiences into gradient steps."""
 
-    name: str = Field("trainer", description="Actor name.")
-    trainer_type: Literal["verl", "tinker"] | None = Field(
-        None,
-        description="Trinity-RFT's training backend: 'verl' or 'tinker' (a remote service); "
-        "None = the built-in PyTorch trainer. Not the same key as trainer_strategy.",
+    name: Annotated[
+        str, NotApplicable("a run has one trainer, named by its role (`<stage>/trainer`)")
+    ] = "trainer"
+    """Actor name."""
+    trainer_type: Annotated[
+        Literal["verl", "tinker"] | None,
+        NotApplicable(
+            "the built-in PyTorch trainer trains, not verl; the trainer_config keys that mean something here are read"
+        ),
+        Refused(("tinker",), "the Tinker training backend"),
+    ] = None
+    """Trinity-RFT's training backend: 'verl' or 'tinker' (a remote service); None = the built-in
+    PyTorch trainer. Not the same key as trainer_strategy."""
+    trainer_strategy: Annotated[
+        Literal["torch", "fsdp", "fsdp2"] | None,
+        Refused(("fsdp", "fsdp2"), "multi-rank training; use torch"),
+    ] = None
+    """'torch' = single process on one device; 'fsdp'/'fsdp2' = sharded data parallel; None = the
+    best available here ('torch', see resolve())."""
+    ulysses_sequence_parallel_size: Annotated[int, NotBuilt("sequence parallelism", inert=(1,))] = (
+        Field(1, ge=1)
     )
-    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] | None = Field(
-        None,
-        description="'torch' = single process on one device; 'fsdp'/'fsdp2' = sharded data "
-        "parallel; None = the best available here ('torch', see resolve()).",
-    )
-    ulysses_sequence_parallel_size: int = Field(
-        1, ge=1, description="Devices one sequence is split over (Ulysses sequence parallel)."
-    )
-    trainer_config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the "
-        "keys that mean something here map to our fields (see trainer_config.py).",
-    )
-    enable_preview: bool = Field(True, description="Show sample rollouts in the wandb monitor.")
-    save_interval: int = Field(
-        0, ge=0, description="Checkpoint every this many train steps; 0 = only at the end."
-    )
-    total_steps: int | None = Field(
-        None, ge=1, description="Train steps to run; None = buffer.total_steps or derived."
-    )
-    grad_clip: float | None = Field(
-        None, gt=0, description="Max gradient norm; overrides algorithm.optimizer.clip_grad."
-    )
-    micro_batch_size_per_gpu: int = Field(
-        8,
-        ge=1,
-        description="Experiences per forward/backward pass per GPU (unit: experiences); "
-        "ignored when use_dynamic_bsz packs by tokens.",
-    )
-    use_dynamic_bsz: bool = Field(
-        True,
-        description="Pack micro-batches by token count (max_token_len_per_gpu) instead of a "
-        "fixed number of experiences.",
-    )
-    max_token_len_per_gpu: int | None = Field(
-        None,
-        ge=1,
-        description="Token budget per micro-batch per GPU (unit: tokens) when use_dynamic_bsz.",
-    )
-    max_checkpoints_to_keep: int | None = Field(
-        None, ge=1, description="Delete older checkpoints beyond this many; None = keep all."
-    )
-    dtype: Dtype = Field("auto", description="Training dtype of the weights.")
-    num_threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch CPU threads of the trainer; None = its share of the free cores "
-        "(trinity.common.resources).",
-    )
-    logprob_chunk_size: int = Field(
-        1024, ge=1, description="Tokens whose logits are materialised at once (unit: tokens)."
-    )
-    ppo_epochs: int = Field(
-        1, ge=1, description="Passes over each train batch; > 1 recomputes old logprobs first."
-    )
-    ppo_mini_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Experiences per optimizer update inside a train step (None = the whole "
-        "train batch, one update per step).",
-    )
-    critic: CriticConfig = Field(
-        default_factory=CriticConfig, description="PPO's value model (algorithm_type ppo)."
-    )
+    """Devices one sequence is split over (Ulysses sequence parallel)."""
+    trainer_config: dict[str, Any] = Field(default_factory=dict)
+    """An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the keys that mean
+    something here map to our fields (see trainer_config.py)."""
+    enable_preview: Annotated[bool, NotApplicable(f"rollout preview {_WANDB}")] = True
+    """Show sample rollouts in the wandb monitor."""
+    save_interval: int | None = Field(None, ge=0)
+    """Checkpoint (and ack the buffer) every this many train steps; None = a tenth of the run,
+    ceil(total_steps / 10), so a crash costs at most a tenth of it; 0 = only at the end (Trinity-
+    RFT's default)."""
+    total_steps: int | None = Field(None, ge=1)
+    """Train steps to run; None = buffer.total_steps or derived."""
+    grad_clip: float | None = Field(None, gt=0)
+    """Max gradient norm; overrides algorithm.optimizer.clip_grad."""
+    micro_batch_size_per_gpu: int = Field(8, ge=1)
+    """Experiences per forward/backward pass per GPU (unit: experiences); ignored when
+    use_dynamic_bsz packs by tokens."""
+    use_dynamic_bsz: bool = True
+    """Pack micro-batches by token count (max_token_len_per_gpu) instead of a fixed number of
+    experiences."""
+    max_token_len_per_gpu: int | None = Field(None, ge=1)
+    """Token budget per micro-batch per GPU (unit: tokens) when use_dynamic_bsz."""
+    max_checkpoints_to_keep: int | None = Field(None, ge=1)
+    """Delete older checkpoints beyond this many; None = keep all."""
+    dtype: Dtype = "auto"
+    """Training dtype of the weights."""
+    num_threads: int | None = Field(None, ge=1)
+    """torch CPU threads of the trainer; None = its share of the free cores
+    (trinity.common.resources)."""
+    logprob_chunk_size: int = Field(1024, ge=1)
+    """Tokens whose logits are materialised at once (unit: tokens)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each train batch; > 1 recomputes old logprobs first."""
+    ppo_mini_batch_size: int | None = Field(None, ge=1)
+    """Experiences per optimizer update inside a train step (None = the whole train batch, one
+    update per step)."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """PPO's value model (algorithm_type ppo)."""
 
 
 MonitorType = Literal["tensorboard", "jsonl", "console", "wandb", "mlflow", "swanlab"]
@@ -475,13 +419,21 @@ _MONITOR_TYPES: tuple[str, ...] = get_args(MonitorType)
 class MonitorConfig(ConfigSection):
     """Where metrics go."""
 
-    monitor_type: MonitorType | list[MonitorType] = Field(
+    monitor_type: Annotated[
+        MonitorType | list[MonitorType],
+        Refused(
+            ("wandb", "mlflow", "swanlab"),
+            "wandb/mlflow/swanlab monitors; use tensorboard, jsonl or console",
+        ),
+    ] = Field(
         "tensorboard", description=f"One backend or a list of them: {', '.join(_MONITOR_TYPES)}."
     )
-    monitor_args: dict[str, Any] = Field(
-        default_factory=dict, description="Backend keyword arguments (e.g. wandb entity)."
+    monitor_args: Annotated[dict[str, Any], NotApplicable(f"backend arguments {_WANDB}")] = Field(
+        default_factory=dict
     )
-    enable_console: bool = Field(True, description="Also print a metrics line per step.")
+    """Backend keyword arguments (e.g. wandb entity)."""
+    enable_console: Annotated[bool, NotApplicable("not read here; use monitor_type console")] = True
+    """Also print a metrics line per step."""
 
     @field_validator("monitor_type", mode="wrap")
     @classmethod
@@ -513,100 +465,107 @@ class MonitorConfig(ConfigSection):
 Mode = Literal["both", "explore", "train", "bench", "serve"]
 
 
-class StageConfig(ConfigSection):
-    """One stage of a multi-stage run: a name plus overrides deep-merged onto the base config.
-
-    Values are kept raw here; the merged config is validated as a whole (see `stages.py`).
-    """
-
-    stage_name: str = Field(..., min_length=1, description="Name of the stage (required).")
-    mode: Any = Field(None, description="Override of the top-level `mode`.")
-    project: Any = Field(None, description="Override of the top-level `project`.")
-    group: Any = Field(None, description="Override of the top-level `group`.")
-    name: Any = Field(None, description="Override of the top-level `name`.")
-    checkpoint_root_dir: Any = Field(
-        None, description="Override of the top-level `checkpoint_root_dir`."
-    )
-    continue_from_checkpoint: Any = Field(
-        None, description="Override of the top-level `continue_from_checkpoint`."
-    )
-    seed: Any = Field(None, description="Override of the top-level `seed`.")
-    algorithm: Any = Field(None, description="Overrides deep-merged onto `algorithm`.")
-    model: Any = Field(None, description="Overrides deep-merged onto `model`.")
-    cluster: Any = Field(None, description="Overrides deep-merged onto `cluster`.")
-    buffer: Any = Field(None, description="Overrides deep-merged onto `buffer`.")
-    explorer: Any = Field(None, description="Overrides deep-merged onto `explorer`.")
-    synchronizer: Any = Field(None, description="Overrides deep-merged onto `synchronizer`.")
-    trainer: Any = Field(None, description="Overrides deep-merged onto `trainer`.")
-    monitor: Any = Field(None, description="Overrides deep-merged onto `monitor`.")
-    data_processor: Any = Field(None, description="Overrides deep-merged onto `data_processor`.")
-    service: Any = Field(None, description="Overrides deep-merged onto `service`.")
-    log: Any = Field(None, description="Overrides deep-merged onto `log`.")
-    schema_type: Any = Field(None, description="Override of the top-level `schema_type`.")
-
-
 class TrinityConfig(ConfigSection):
     """A whole run. Everything it writes lives under `<checkpoint_root_dir>/<project>/<name>/`."""
 
-    mode: Mode = Field(
-        "both",
-        description="'both' = explorer and trainer together; 'explore' / 'train' = one side; "
-        "'bench' = evaluate only; 'serve' = serve the model.",
+    mode: Annotated[Mode, Refused(("serve",), "mode serve (the OpenAI-compatible endpoint)")] = (
+        "both"
     )
-    project: str = Field("trinity", description="Project name (a folder under checkpoints).")
-    group: str = Field("", description="Run group, for monitors that group runs.")
-    name: str = Field("run", description="Run name (a folder under the project).")
-    checkpoint_root_dir: str = Field(
-        "./checkpoints", description="Root folder of everything runs write."
-    )
-    continue_from_checkpoint: bool = Field(
-        False,
-        description="true: resume the run in the run folder (trainer, explorers, buffer); "
-        "false: a folder in use gives this run a fresh <name>_<timestamp>.",
-    )
-    seed: int = Field(
-        42,
-        description="Global random seed: tiny:// model init, engine sampling, task selectors, "
-        "synthetic generators and the trainer, unless a section sets its own.",
-    )
-    stage_name: str = Field(
-        "", description="Set on the per-stage configs returned by stage_configs(); not for users."
-    )
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Algorithm.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Ray cluster.")
-    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Data and batches.")
-    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig, description="Explorer.")
-    synchronizer: SynchronizerConfig = Field(
-        default_factory=SynchronizerConfig, description="Weight synchronisation."
-    )
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics.")
-    data_processor: DataProcessorConfig = Field(
-        default_factory=DataProcessorConfig, description="Task and experience pipelines."
-    )
-    service: ServiceConfig = Field(
-        default_factory=ServiceConfig, description="Outside services (Data-Juicer)."
-    )
-    log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
-    schema_type: str | None = Field(
-        None,
-        description="Experience schema of the run (e.g. 'experience', 'dpo', 'sft'); None = "
-        "the algorithm's own.",
-    )
-    stages: list[StageConfig] = Field(
-        default_factory=list,
-        description="Stages run in order, each a deep-merged override of this config, each "
-        "starting from the previous stage's model.",
-    )
+    """'both' = explorer and trainer together; 'explore' / 'train' = one side; 'bench' = evaluate
+    only; 'serve' = serve the model."""
+    project: str = "trinity"
+    """Project name (a folder under checkpoints)."""
+    group: str = ""
+    """Run group: part of the run's Ray namespace (`trinity:<project>/<group>/<name>`), so the
+    processes of a run find each other by name and runs of other groups never share actors."""
+    name: str = "run"
+    """Run name (a folder under the project)."""
+    checkpoint_root_dir: str = "./checkpoints"
+    """Root folder of everything runs write."""
+    continue_from_checkpoint: bool = False
+    """true: resume the run in the run folder (trainer, explorers, buffer); false: a folder in use
+    gives this run a fresh <name>_<timestamp>."""
+    seed: int = 42
+    """Global random seed: tiny:// model init, engine sampling, task selectors, synthetic generators
+    and the trainer, unless a section sets its own."""
+    stage_name: str = ""
+    """Set on the per-stage configs returned by stage_configs(); not for users."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Algorithm."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy model."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Ray cluster."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Data and batches."""
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    """Explorer."""
+    synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig)
+    """Weight synchronisation."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Metrics."""
+    data_processor: DataProcessorConfig = Field(default_factory=DataProcessorConfig)
+    """Task and experience pipelines."""
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    """Outside services (Data-Juicer)."""
+    log: Annotated[
+        LogConfig,
+        NotApplicable("log files and levels are not configurable here; output goes to the console"),
+    ] = Field(default_factory=LogConfig)
+    """Logging."""
+    schema_type: Annotated[
+        str | None, NotApplicable("the experience schema follows algorithm.algorithm_type")
+    ] = None
+    """Experience schema of the run (e.g. 'experience', 'dpo', 'sft'); None = the algorithm's own."""
+    stages: list[StageConfig] = Field(default_factory=list)
+    """Stages run in order, each a deep-merged override of this config, each starting from the
+    previous stage's model."""
 
     _rename_notes: tuple[str, ...] = PrivateAttr(default=())
+    _written: dict[str, Any] | None = PrivateAttr(default=None)
+    _compat_notes: tuple[str, ...] = PrivateAttr(default=())
 
     @property
     def rename_notes(self) -> tuple[str, ...]:
         """One line per deprecated key or value the loaded file used (read as its new name)."""
         return self._rename_notes
 
-    def set_rename_notes(self, notes: list[str]) -> None:
-        """Record the rename notes of the file this config was loaded from (loader only)."""
+    @property
+    def written(self) -> dict[str, Any]:
+        """The config as the user wrote it (renames applied, verl keys not lifted): what
+        stages merge onto. Without a source, the explicitly set values."""
+        if self._written is not None:
+            return self._written
+        return self.model_dump(exclude_unset=True)
+
+    @property
+    def compat_notes(self) -> tuple[str, ...]:
+        """One line per Trinity-RFT value the effective config leaves out (derived or unread)."""
+        return self._compat_notes
+
+    def add_compat_notes(self, notes: list[str]) -> None:
+        """Record notes about values the load left out of the effective config (loader only)."""
+        self._compat_notes = (*self._compat_notes, *notes)
+
+    def set_source(self, notes: list[str], written: dict[str, Any] | None) -> None:
+        """Record the rename notes and the data of the file this config was loaded from."""
         self._rename_notes = tuple(notes)
+        self._written = written
+
+
+StageConfig = create_model(  # derived from TrinityConfig: one field per overridable key
+    "StageConfig",
+    __base__=ConfigSection,
+    __doc__="One stage of a multi-stage run: a name plus overrides deep-merged onto the base "
+    "config. Values are kept raw here; the merged config is validated as a whole "
+    "(`validation.validate_stages`).",
+    stage_name=(str, Field(..., min_length=1, description="Name of the stage (required).")),
+    **{
+        name: (Any, Field(None, description=f"Override deep-merged onto the top-level `{name}`."))
+        for name in TrinityConfig.model_fields
+        if name not in ("stages", "stage_name")
+    },
+)
+TrinityConfig.model_rebuild()

@@ -1,11 +1,11 @@
 """What this build does with each config key: acted upon, not built yet, or not applicable here.
 
-Every field of the schema (all sections, list and mapping items included) is in exactly one state,
-declared in `KEY_STATES` (`key_states.py`); a section's entry covers the fields under it that
-have none.
+The state of a key is metadata on its schema field (`base.NotBuilt`, `base.NotApplicable`,
+`base.Refused`, `base.Inside`); a field without one, and not under a section that has one, is
+acted upon. `KEY_STATES` lists the declared states, read from the schema by its one walker.
 
 * acted upon: the runtime reads it and it changes what happens. Some values of an acted-upon key
-  may name a feature that is not built (`refused`, e.g. `mode: bench`): those are refused.
+  may name a feature that is not built (`Refused`, e.g. `mode: serve`): those are refused.
 * not built yet: accepted because Trinity-RFT configs use it, but the feature is missing here; a
   config that sets it to anything but its inert value (the default unless stated) is refused
   with exit code 2 and a message naming the feature.
@@ -17,72 +17,73 @@ have none.
     problems = not_built_problems(cfg)   # list[Problem], each naming the key and the feature
     notes = not_applicable_notes(cfg)    # list[str], printed by validate and run
 
-`not_applicable_notes` also carries the notes about deprecated spellings the file used
-(`task_selector` read as `data_selector`, ...), so `validate` prints everything said about keys in
-one place. `tests/test_config_support.py` walks the schema and fails on a field without a state
-and on an entry naming a field that does not exist; `docs/architecture.md` lists the not-built
-entries.
+`not_applicable_notes` also carries the notes about deprecated spellings the file used and the
+Trinity-RFT values the effective config leaves out, so `validate` prints everything said about
+keys in one place; `docs/architecture.md` lists the not-built states (`not_built_markdown`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from trinity.config.key_states import _DEFAULT, KEY_STATES, KeyState
-from trinity.config.problems import Problem, _strip
+from trinity.config.base import DEFAULT, NotApplicable, NotBuilt, Refused, walk
+from trinity.config.problems import Problem
 from trinity.config.schema import TrinityConfig
 from trinity.config.trainer_config import unmapped_keys
 
-_BY_PATH: dict[str, KeyState] = {k.path: k for k in KEY_STATES}
+
+@dataclass(frozen=True)
+class KeyState:
+    """The declared state of one key (and of the fields under it without their own).
+
+    `reason`: the missing feature (not built) or why it has no effect (not applicable);
+    `refused` values name a feature not built (`refused_reason`); `first_only`: acted upon for
+    the first item of its list only; `inert`/`unless`: see `base.NotBuilt`; `default`: the
+    schema default."""
+
+    path: str
+    state: Literal["acted", "not_built", "not_applicable"]
+    reason: str = ""
+    inert: Any = DEFAULT
+    refused: tuple[Any, ...] = ()
+    refused_reason: str = ""
+    first_only: bool = False
+    unless: Callable[[Any], bool] | None = None
+    default: Any = None
 
 
-# --- the schema, walked ------------------------------------------------------------------------
-
-
-def _sections_below(annotation: Any) -> tuple[type[BaseModel] | None, str]:
-    """(section reached through Optional / list / dict, the '[*]' suffixes on the way)."""
-    ann, suffix = _strip(annotation), ""
-    while True:
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            return ann, suffix
-        args = getattr(ann, "__args__", ())
-        origin = getattr(ann, "__origin__", None)
-        if origin in (list, dict) and args:
-            ann, suffix = _strip(args[-1]), suffix + "[*]"
+def _declared() -> tuple[KeyState, ...]:
+    out = []
+    for path, info, marks in walk(TrinityConfig):
+        if not marks:
             continue
-        return None, suffix
+        kw: dict[str, Any] = {
+            "state": "acted",
+            "default": info.get_default(call_default_factory=True),
+        }
+        for m in marks:
+            if isinstance(m, NotBuilt):
+                kw.update(state="not_built", reason=m.feature, inert=m.inert, unless=m.unless)
+            elif isinstance(m, NotApplicable):
+                kw.update(reason=m.reason)
+                kw.update(first_only=True) if m.after_first else kw.update(state="not_applicable")
+            elif isinstance(m, Refused):
+                kw.update(refused=m.values, refused_reason=m.feature)
+        out.append(KeyState(path, **kw))
+    return tuple(out)
 
 
-def schema_paths(root: type[BaseModel] = TrinityConfig, prefix: str = "") -> list[str]:
+KEY_STATES: tuple[KeyState, ...] = _declared()
+"""Every declared state, in schema order."""
+
+
+def schema_paths() -> list[str]:
     """Every field path of the schema, items of lists and mappings written `[*]`."""
-    out: list[str] = []
-    for name, info in root.model_fields.items():
-        path = f"{prefix}.{name}" if prefix else name
-        out.append(path)
-        section, suffix = _sections_below(info.annotation)
-        if section is not None:
-            out += schema_paths(section, path + suffix)
-    return out
-
-
-def leaf_paths() -> list[str]:
-    """The schema's fields that hold values rather than sections: each needs a state."""
-    sections = {p for p in schema_paths() for q in schema_paths() if q.startswith(p + ".")}
-    sections |= {p for p in schema_paths() for q in schema_paths() if q.startswith(p + "[*].")}
-    return [p for p in schema_paths() if p not in sections]
-
-
-def state_of(path: str) -> KeyState | None:
-    """The entry for a field path: its own, else the nearest section's above it."""
-    while path:
-        if path in _BY_PATH:
-            return _BY_PATH[path]
-        cut = max(path.rfind("."), path.rfind("[*]"))
-        path = path[:cut] if cut > 0 else ""
-    return None
+    return [path for path, _, _ in walk(TrinityConfig)]
 
 
 # --- the values of a config, by entry ---------------------------------------------------------
@@ -114,25 +115,13 @@ def _split(pattern: str) -> list[str]:
     return [p for p in pattern.replace("[*]", ".[*]").split(".") if p]
 
 
-def _default(pattern: str) -> Any:
-    """The schema default of the field at `pattern`."""
-    parts = _split(pattern)
-    model: Any = TrinityConfig
-    for part in parts[:-1]:
-        if part == "[*]":
-            continue
-        model, _ = _sections_below(model.model_fields[part].annotation)
-    value = model.model_fields[parts[-1]].get_default(call_default_factory=True)
-    return value
-
-
 def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
 def _is_inert(entry: KeyState, value: Any) -> bool:
-    if entry.inert is _DEFAULT:
-        return _plain(value) == _plain(_default(entry.path))
+    if entry.inert is DEFAULT:
+        return _plain(value) == _plain(entry.default)
     return value in entry.inert
 
 
@@ -177,7 +166,7 @@ def _own_notes(cfg: TrinityConfig) -> list[str]:
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)
     ]
-    return notes
+    return notes + list(cfg.compat_notes)
 
 
 def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:
@@ -185,10 +174,10 @@ def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:
     found = list(own(cfg))
     if not cfg.stages:
         return found
-    from trinity.config.loader import stage_configs
+    from trinity.config.loader import valid_stages
 
     seen = {str(x) for x in found}
-    for i, stage_cfg in enumerate(stage_configs(cfg)):
+    for i, stage_cfg in valid_stages(cfg):
         for item in own(stage_cfg):
             if str(item) in seen:
                 continue
@@ -212,9 +201,17 @@ def not_applicable_notes(cfg: TrinityConfig) -> list[str]:
 
 
 def not_built_markdown() -> str:
-    """The not-built part of the table as Markdown, one line per feature (for the docs)."""
+    """The not-built states as Markdown, one line per feature (for the docs). A key under a
+    not-built section is covered by that section's line; a key deeper than one level under a
+    not-applicable section (the storages of the experience pipeline) is left out."""
     by_feature: dict[str, list[str]] = {}
+    state = {k.path: k.state for k in KEY_STATES}
     for k in KEY_STATES:
+        parts = k.path.replace("[*]", ".[*]").split(".")
+        above = [".".join(parts[:i]).replace(".[*]", "[*]") for i in range(1, len(parts))]
+        covered = [p for p in above if state.get(p, "acted") != "acted"]
+        if any(state[p] == "not_built" for p in covered) or any(p != above[-1] for p in covered):
+            continue
         if k.refused:
             values = "|".join(str(v) for v in k.refused)
             by_feature.setdefault(k.refused_reason, []).append(f"`{k.path}`: {values}")

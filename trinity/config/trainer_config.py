@@ -2,8 +2,8 @@
 
 Trinity-RFT passes `trainer.trainer_config` to verl. This build trains with its own PyTorch
 trainer, so the tree is read, not run: each verl key in `VERL_KEYS` sets one of our fields when our
-own key is unset (`effective_config`), a value given both ways that disagrees is a problem
-(`trainer_config_problems`), and every other key is listed as not applicable
+own key is unset and a value given both ways that disagrees is a problem (`lift_verl_keys`, at
+load), and every other key is listed as not applicable
 (`unmapped_keys`, printed by `validate` through `support.not_applicable_notes`).
 
     trainer:
@@ -82,84 +82,48 @@ def unmapped_keys(cfg: BaseModel) -> list[str]:
 
 
 def _ours(cfg: BaseModel, target: str) -> tuple[bool, Any, Any]:
-    """(explicitly set?, value, annotation) of our dotted key `target` in `cfg`."""
+    """(explicitly set?, value, annotation or None for a free *_args key) of our `target`."""
     node: Any = cfg
-    parts = target.split(".")
-    for i, part in enumerate(parts):
-        if isinstance(node, BaseModel):
-            info = type(node).model_fields[part]
-            is_set = part in node.model_fields_set
-            value = getattr(node, part)
-            if i == len(parts) - 1:
-                return is_set, value, info
-            node = value
-        else:  # a free-form *_args mapping
-            return part in node, node.get(part), None
-    raise AssertionError(target)
-
-
-def _mapped(cfg: BaseModel) -> Iterator[tuple[str, str, Any]]:
-    """(verl key, our key, verl value) for each mapped key present in trainer_config."""
-    leaves = dict(_leaves(cfg.trainer.trainer_config))  # type: ignore[attr-defined]
-    for verl_key, target in VERL_KEYS.items():
-        if verl_key in leaves:
-            yield verl_key, target, leaves[verl_key]
-
-
-def _checked(value: Any, info: Any) -> Any:
-    """`value` validated like our field `info` (a FieldInfo, or None for free *_args keys)."""
-    if info is None:
-        return value
+    *parents, last = target.split(".")
+    for part in parents:
+        node = getattr(node, part)
+    if isinstance(node, dict):  # a free-form *_args mapping
+        return last in node, node.get(last), None
+    info = type(node).model_fields[last]
     annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
-    return TypeAdapter(annotation).validate_python(value)
+    return last in node.model_fields_set, getattr(node, last), annotation
 
 
-def trainer_config_problems(cfg: BaseModel) -> list[Problem]:
-    """A problem per mapped verl value that is invalid for our key or disagrees with it."""
+def lift_verl_keys(cfg: BaseModel) -> tuple[Any, list[Problem]]:
+    """`cfg` with each mapped verl value in place of our key where ours is unset (pure), and a
+    problem per mapped verl value that is invalid for our key or disagrees with it (then it
+    is not lifted). Returns `cfg` itself when trainer_config maps nothing."""
+    leaves = dict(_leaves(cfg.trainer.trainer_config))  # type: ignore[attr-defined]
     problems: list[Problem] = []
-    for verl_key, target, value in _mapped(cfg):
-        path = f"{_PREFIX}.{verl_key}"
-        is_set, ours, info = _ours(cfg, target)
+    data = cfg.model_dump(exclude_unset=True)
+    lifted = False
+    for verl_key, target in VERL_KEYS.items():
+        if verl_key not in leaves:
+            continue
+        path, value = f"{_PREFIX}.{verl_key}", leaves[verl_key]
+        is_set, ours, annotation = _ours(cfg, target)
         try:
-            value = _checked(value, info)
+            value = value if annotation is None else TypeAdapter(annotation).validate_python(value)
         except ValidationError as exc:
             reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
             problems.append(Problem(path, f"invalid for {target}: {reason}, got {value!r}"))
             continue
         if is_set and ours != value:
-            problems.append(
-                Problem(
-                    path,
-                    f"disagrees with {target} ({value!r} vs {ours!r}); set only one of them",
-                )
-            )
-    return problems
-
-
-def effective_config(cfg: BaseModel) -> Any:
-    """`cfg` with each mapped verl value in place of our key where ours is unset (pure).
-
-    Returns `cfg` itself when trainer_config maps nothing; invalid verl values are skipped
-    (they are reported by `trainer_config_problems` at load time).
-    """
-    updates: list[tuple[str, Any]] = []
-    for _, target, value in _mapped(cfg):
-        is_set, _, info = _ours(cfg, target)
-        if is_set:
-            continue
-        try:
-            updates.append((target, _checked(value, info)))
-        except ValidationError:
-            continue
-    if not updates:
-        return cfg
-    data = cfg.model_dump(exclude_unset=True)
-    for target, value in updates:
-        node = data
-        *parents, last = target.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+            why = f"disagrees with {target} ({value!r} vs {ours!r}); set only one of them"
+            problems.append(Problem(path, why))
+        elif not is_set:
+            node = data
+            *parents, last = target.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last], lifted = value, True
+    if not lifted:
+        return cfg, problems
     out = type(cfg).model_validate(data)
-    out.set_rename_notes(list(cfg.rename_notes))  # type: ignore[attr-defined]
-    return out
+    out.__pydantic_private__ = dict(cfg.__pydantic_private__ or {})
+    return out, problems

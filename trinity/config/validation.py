@@ -18,6 +18,8 @@ from trinity.config.aliases import apply_renames
 from trinity.config.checks import Loc, check_config
 from trinity.config.problems import Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
+from trinity.config.trainer_config import lift_verl_keys
+from trinity.config.yaml_io import deep_merge
 
 _NOT_MERGED = ("stages", "stage_name")
 
@@ -49,12 +51,65 @@ def _prune(data: Mapping[str, Any], locs: Sequence[Loc]) -> tuple[dict[str, Any]
     return out, removed
 
 
-def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
-    """Validate one config dict (stages only checked for shape).
+def _unread_args(cfg: TrinityConfig) -> TrinityConfig:
+    """`cfg` without the Trinity-RFT piece arguments nothing here reads, each with a note:
+
+    - the `<piece>_args` of a piece set to 'none' (Trinity-RFT ignores them too, e.g.
+      `kl_loss_fn_args.kl_coef` under `kl_loss_fn: none`);
+    - a policy loss's derived arguments (its `derived_args`, e.g. mix_chord's
+      `train_batch_size_usual`), which Trinity-RFT fills itself and the trainer derives here.
+    """
+    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, PIECES
+
+    algo = cfg.algorithm
+    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
+    if name not in ALGORITHM.names():
+        return cfg  # reported by the pre-flight pass
+    spec = ALGORITHM.get(name)
+    updates: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for piece, (registry, _) in PIECES.items():
+        args, chosen = getattr(algo, f"{piece}_args"), getattr(algo, piece) or getattr(spec, piece)
+        at = f"algorithm.{piece}_args"
+        if args and chosen == "none":
+            updates[f"{piece}_args"] = {}
+            notes += [f"{at}.{k}: not applicable here ({piece} is 'none': unread)" for k in args]
+        elif args and chosen is not None and chosen in registry:
+            derived = getattr(registry.get(chosen), "derived_args", ())
+            if any(k in derived for k in args):
+                updates[f"{piece}_args"] = {k: v for k, v in args.items() if k not in derived}
+                notes += [
+                    f"{at}.{k}: derived here from the batch settings (Trinity-RFT fills it "
+                    "too); the value written is not read"
+                    for k in args
+                    if k in derived
+                ]
+    if not updates:
+        return cfg
+    out = cfg.model_copy(update={"algorithm": algo.model_copy(update=updates)})
+    out.add_compat_notes(notes)
+    return out
+
+
+def _effective(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> tuple[TrinityConfig, list[Problem]]:
+    """The effective config: the verl `trainer_config` values lifted into our keys (checked
+    against what the user wrote first) and unread Trinity-RFT arguments taken out (with notes);
+    then the cross-field checks on it."""
+    cfg, problems = lift_verl_keys(cfg)
+    cfg = _unread_args(cfg)
+    return cfg, problems + check_config(cfg, skip=skip)
+
+
+def validate_raw(
+    data: Mapping[str, Any],
+) -> tuple[TrinityConfig | None, list[Problem], TrinityConfig | None, list[Loc]]:
+    """Validate one config dict (stages only checked for shape) into its effective config.
 
     Returns:
-        The config (None if pydantic rejected it) and every problem found. A config is returned
-        with problems when only the cross-field checks failed.
+        The effective config (None if pydantic rejected it), every problem found, the partial
+        config (the effective config of `data` without the values pydantic rejected, defaults in
+        their place; None if even that fails) and the key paths taken out for it. A config is
+        returned with problems when only the cross-field checks failed.
     """
     try:
         cfg = TrinityConfig.model_validate(data)
@@ -66,20 +121,11 @@ def validate_raw(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Pr
         try:
             partial = TrinityConfig.model_validate(pruned)
         except ValidationError:
-            return None, problems
-        return None, problems + check_config(partial, skip=removed)
-    return cfg, check_config(cfg)
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """A new dict: `override` merged into `base`; mappings merge, everything else replaces."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+            return None, problems, None, removed
+        partial, found = _effective(partial, skip=removed)
+        return None, problems + found, partial, removed
+    cfg, found = _effective(cfg)
+    return cfg, found, cfg, []
 
 
 def validate_stages(
@@ -93,7 +139,7 @@ def validate_stages(
         known: problems already reported for the base; not repeated for every stage.
 
     Returns:
-        One config per stage (None where that stage has problems) and the stages' problems.
+        One config per stage (None where its schema failed) and the stages' problems.
     """
     base_only = {k: v for k, v in base.items() if k not in _NOT_MERGED}
     seen = {(p.path, p.message) for p in known}
@@ -109,26 +155,28 @@ def validate_stages(
         merged = deep_merge(base_only, overrides)
         name = stage.get("stage_name")
         merged["stage_name"] = name if isinstance(name, str) else ""
-        cfg, found = validate_raw(merged)
+        cfg, found, _, _ = validate_raw(merged)
         found = [p.with_prefix(f"stages[{i}]") for p in found if (p.path, p.message) not in seen]
-        configs.append(cfg if not found else None)
+        configs.append(cfg)  # None only where the schema failed
         problems += found
     return configs, problems
 
 
-def validate_all(data: Mapping[str, Any]) -> tuple[TrinityConfig | None, list[Problem]]:
-    """Validate a config dict and all its stages; returns the config and every problem.
+def validate_all(
+    data: Mapping[str, Any],
+) -> tuple[TrinityConfig | None, list[Problem], TrinityConfig | None, list[Loc]]:
+    """Validate a config dict and all its stages (see `validate_raw` for what is returned).
 
     Deprecated spellings are read as their current names first (`aliases.py`); the notes saying
-    so are kept on the returned config (`TrinityConfig.rename_notes`).
+    so, and the data as written (for `stage_configs`), are kept on the returned config.
     """
     data, problems, notes = apply_renames(dict(data), TrinityConfig)
-    cfg, found = validate_raw(data)
+    cfg, found, partial, removed = validate_raw(data)
     problems += found
-    if cfg is not None:
-        cfg.set_rename_notes(notes)
+    for c in {id(x): x for x in (cfg, partial) if x is not None}.values():
+        c.set_source(notes, data)
     stages = data.get("stages")
     if isinstance(stages, list) and stages:
         _, stage_problems = validate_stages(data, stages, known=problems)
         problems += stage_problems
-    return cfg, problems
+    return cfg, problems, partial, removed

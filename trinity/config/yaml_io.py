@@ -1,108 +1,72 @@
-"""Reading config YAML, and `${oc.env:VAR,default}` interpolation.
+"""Reading config YAML and resolving `${...}` interpolations, both through OmegaConf.
 
-The YAML dialect departs from PyYAML's YAML 1.1 defaults towards YAML 1.2, which is what people
-expect when writing configs: `1e-6` is a float (not a string), only `true`/`false` are booleans
-(`on`, `no`, `y` stay strings), `010` is not octal. Duplicate keys are errors, not "last one wins".
+Trinity-RFT loads its configs with OmegaConf, so this build does too and its YAML agrees with
+upstream: OmegaConf's YAML loader (YAML 1.1 booleans such as `yes`/`on`, `1e-6` a float, no
+timestamps), `${a.b}` / `${.sibling}` references, `${oc.env:VAR,default}` (a string, as in
+OmegaConf) and the other `oc.*` resolvers. Two things are added on top: a key written twice in one
+mapping is an error naming every such key and its line (OmegaConf stops at the first), and every
+interpolation that cannot be resolved is reported with its key path, all at once.
 
-Interpolation follows OmegaConf's `oc.env` resolver: `${oc.env:VAR}` and `${oc.env:VAR,default}`
-anywhere inside a string value. When the whole value is one interpolation, the result is typed
-like a YAML scalar (`${oc.env:N,4}` gives the integer 4); inside longer text it is substituted as
-text. References to other keys (`${model.model_path}`, `${trainer.trainer_config.x.y}`) are
-resolved too; other resolvers are rejected rather than silently left in place.
+    data = read_yaml("run.yaml")              # plain dicts and lists; raises ConfigError
+    data, problems = interpolate(data)        # resolved copy + one Problem per bad `${...}`
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, ScalarNode
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._yaml import get_yaml_loader
+from omegaconf.errors import OmegaConfBaseException
 
 from trinity.config.problems import ConfigError, Problem, format_path
 
-_BOOL = "tag:yaml.org,2002:bool"
-_FLOAT = "tag:yaml.org,2002:float"
-_INT = "tag:yaml.org,2002:int"
-_MERGE = "tag:yaml.org,2002:merge"
+Loc = tuple[str | int, ...]
+_BASE_LOADER = get_yaml_loader()
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 style scalars and duplicate-key detection."""
+class _Loader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """OmegaConf's YAML loader, collecting every duplicated key (with its line) instead of
+    raising at the first."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[tuple[str, int]] = []  # (key, 1-based line)
+    duplicates: list[tuple[str, int]]
 
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """Record keys written twice in one mapping, then build it as usual."""
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, ScalarNode) and key_node.tag != _MERGE:
-                ident = (key_node.tag, key_node.value)
-                if ident in seen:
+    def flatten_mapping(self, node: yaml.MappingNode) -> Any:
+        seen: set[str] = set()
+        kept = []
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag.endswith(":str"):
+                if key_node.value in seen:
                     self.duplicates.append((key_node.value, key_node.start_mark.line + 1))
-                seen.add(ident)
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _FLOAT, _INT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Loader.add_implicit_resolver(
-    _INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
-)
-_Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def _load(text: str) -> tuple[Any, list[tuple[str, int]]]:
-    """Parse YAML text; returns the data and the duplicated keys found."""
-    loader = _Loader(text)
-    try:
-        return loader.get_single_data(), loader.duplicates
-    finally:
-        loader.dispose()
+                    continue
+                seen.add(key_node.value)
+            kept.append((key_node, value_node))
+        node.value = kept
+        return super().flatten_mapping(node)
 
 
 def parse_scalar(text: str) -> Any:
-    """Type a command-line or default value like YAML would: '4' -> 4, 'null' -> None.
-
-    Empty text stays the empty string; text that is not valid YAML stays as it is.
-    """
+    """Type a command-line value as OmegaConf's dotlist does ('4' -> 4, 'null' -> None,
+    'on' -> True, '[a, b]' -> a list); empty text stays the empty string."""
     if text.strip() == "":
         return text
     try:
-        value, _ = _load(text)
+        return yaml.load(text, Loader=_BASE_LOADER)
     except yaml.YAMLError:
         return text
-    return value
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a config file into a plain dict.
+    """Read a config file into a plain dict with OmegaConf's YAML loader.
 
     Raises:
-        ConfigError: missing file, invalid YAML (with line and column), duplicate keys, or a top
-            level that is not a mapping.
+        ConfigError: missing file, invalid YAML (with line and column), duplicate keys (every
+            one, with its line), or a top level that is not a mapping.
     """
     source = str(path)
     try:
@@ -111,8 +75,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {source}", source) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {source}: {exc}", source) from None
+    loader = _Loader(text)
+    loader.duplicates = []
     try:
-        data, duplicates = _load(text)
+        data = loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -120,10 +86,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML in {source}{where}: {what}", source) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML in {source}: {exc}", source) from None
-    if duplicates:
+    finally:
+        loader.dispose()
+    if loader.duplicates:
         problems = [
             Problem("", f"line {line}: key '{key}' is written twice (remove one)")
-            for key, line in duplicates
+            for key, line in loader.duplicates
         ]
         raise ConfigError(problems, source)
     if data is None:
@@ -137,153 +105,71 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-# --- interpolation: ${oc.env:...} and ${other.key} ----------------------------------------
-#
-# Why not OmegaConf itself: it stops at the first bad interpolation (we report every one, each with
-# its key path), it would parse the YAML again with its own rules (we read YAML 1.2 scalars and
-# reject duplicate keys) and it would add a dependency for two small features. The subset Trinity
-# configs use is implemented here with OmegaConf's meaning: `${oc.env:VAR}`, `${oc.env:VAR,default}`
-# and absolute references `${a.b.c}` / `${a.list[0].b}` to other keys of the same file.
-
-_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
-_KEY_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*|\[\d+\]|\.\d+)*")
-_PART = re.compile(r"[^.\[\]]+|\[\d+\]")
-
-Loc = tuple[str | int, ...]
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict: `override` merged into `base` as OmegaConf merges: mappings merge key by key,
+    anything else (lists included) replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
-class _Unresolved(Exception):
-    """An interpolation that cannot be resolved; the message says why."""
+def _why(exc: Exception) -> str:
+    """OmegaConf's message without its `full_key:` / `object_type=` trailer."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = re.sub(r"^\w+ raised while resolving interpolation: ", "", text)
+    return text[1:-1] if text[:1] == text[-1:] == '"' else text
 
 
-def _env_value(expr: str, env: Mapping[str, str]) -> Any:
-    """The typed value of `oc.env:VAR[,default]`."""
-    var, sep, default = expr.removeprefix("oc.env:").partition(",")
-    var = var.strip()
-    if not var:
-        raise _Unresolved(f"interpolation '${{{expr}}}' names no environment variable")
-    if var in env:
-        return parse_scalar(env[var])
-    if sep:
-        return parse_scalar(default.strip())
-    raise _Unresolved(f"environment variable {var} is not set and '${{{expr}}}' has no default")
+def _interpolated(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
+    """(key path, text) of every string holding `${` in plain data."""
+    if isinstance(node, dict):
+        return [x for k, v in node.items() for x in _interpolated(v, (*loc, k))]
+    if isinstance(node, list):
+        return [x for i, v in enumerate(node) for x in _interpolated(v, (*loc, i))]
+    return [(loc, node)] if isinstance(node, str) and "${" in node else []
 
 
-def _key_loc(expr: str) -> Loc:
-    """`a.b[0].c` -> ('a', 'b', 0, 'c'); an unsupported form raises _Unresolved."""
-    if expr.startswith("."):
-        raise _Unresolved(
-            f"relative interpolation '${{{expr}}}' is not supported; write the full key"
-        )
-    if ":" in expr:
-        raise _Unresolved(
-            f"unsupported interpolation '${{{expr}}}': only ${{oc.env:VAR}}, "
-            "${oc.env:VAR,default} and references to other keys (${a.b.c}) are supported"
-        )
-    if not _KEY_PATH.fullmatch(expr.strip()):
-        raise _Unresolved(f"interpolation '${{{expr}}}' is not a key path like a.b.c")
-    return tuple(
-        int(p.strip("[]")) if p.startswith("[") or p.isdigit() else p
-        for p in _PART.findall(expr.strip())
-    )
+def _set(data: Any, loc: Loc, value: Any) -> None:
+    for part in loc[:-1]:
+        data = data[part]
+    data[loc[-1]] = value
 
 
-class _Resolver:
-    """Resolves every interpolation of one config, following references to other keys."""
+def interpolate(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
+    """A copy of `data` with every `${...}` resolved by OmegaConf, and a problem per
+    interpolation that cannot be (bad syntax, a missing key or variable, a cycle), at its key path.
 
-    def __init__(self, root: Any, env: Mapping[str, str]) -> None:
-        self.root = root
-        self.env = env
-        self.done: dict[Loc, Any] = {}
-        self.failed: dict[Loc, str] = {}
-        self.stack: list[Loc] = []
-
-    def value(self, node: Any, loc: Loc) -> Any:
-        """The resolved copy of `node` (found at `loc`)."""
-        if isinstance(node, dict):
-            return {k: self.value(v, (*loc, k)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [self.value(v, (*loc, i)) for i, v in enumerate(node)]
-        if not isinstance(node, str) or "${" not in node:
-            return node
-        if loc in self.done:
-            return self.done[loc]
-        if loc in self.failed:
-            return node
-        if loc in self.stack:
-            chain = [*self.stack[self.stack.index(loc) :], loc]
-            raise _Unresolved("interpolation cycle: " + " -> ".join(map(format_path, chain)))
-        self.stack.append(loc)
-        try:
-            whole = _INTERPOLATION.fullmatch(node)
-            if whole:
-                result = self._one(whole.group(1))
-            else:
-                result = _INTERPOLATION.sub(lambda m: self._text(m.group(1)), node)
-        except _Unresolved as exc:
-            self.failed[loc] = str(exc)
-            return node
-        finally:
-            self.stack.pop()
-        self.done[loc] = result
-        return result
-
-    def _text(self, expr: str) -> str:
-        value = self._one(expr)
-        if isinstance(value, (dict, list)):
-            raise _Unresolved(f"'${{{expr}}}' is a section or list and cannot be part of a text")
-        return (
-            value
-            if isinstance(value, str)
-            else yaml.safe_dump(value).strip().removesuffix("...").strip()
-        )
-
-    def _one(self, expr: str) -> Any:
-        if expr.startswith("oc.env:"):
-            return _env_value(expr, self.env)
-        loc = _key_loc(expr)
-        node = self.root
-        for i, part in enumerate(loc):
-            try:
-                node = node[part]
-            except (KeyError, IndexError, TypeError):
-                raise _Unresolved(
-                    f"'${{{expr}}}' refers to {format_path(loc)}, but "
-                    f"{format_path(loc[: i + 1])} is not set in this config"
-                ) from None
-        if not isinstance(node, str):  # a section or list that holds this very reference
-            inside = next((s for s in self.stack if s[: len(loc)] == loc), None)
-            if inside is not None:
-                raise _Unresolved(
-                    f"interpolation cycle: {format_path(inside)} refers to {format_path(loc)}, "
-                    "which contains it"
-                )
-        resolved = self.value(node, loc)
-        if isinstance(node, str) and loc in self.failed:
-            if self.failed[loc].startswith("interpolation cycle"):
-                raise _Unresolved(self.failed[loc])
-            raise _Unresolved(
-                f"'${{{expr}}}' refers to {format_path(loc)}, which cannot be resolved"
-            )
-        return copy.deepcopy(resolved)
-
-
-def interpolate(data: Any, env: Mapping[str, str] | None = None) -> tuple[Any, list[Problem]]:
-    """A copy of `data` with every `${oc.env:...}` and `${other.key}` in its strings resolved.
-
-    A whole-value interpolation keeps the type of what it refers to (`${oc.env:N,4}` gives the
-    integer 4, `${model.max_model_len}` the number there); inside longer text it is substituted
-    as text. References are absolute key paths and may chain; a cycle or a missing target is a
-    problem at the key holding the interpolation.
-
-    Args:
-        data: plain YAML data (dicts, lists, scalars); not modified.
-        env: the environment to read; defaults to `os.environ`.
-
-    Returns:
-        The resolved copy, and one problem (with its key path) per unresolvable interpolation.
+    A whole-value reference keeps the type of what it refers to (`${model.max_model_len}` is the
+    number there, `${a}` the whole section); `${oc.env:VAR,default}` is a string, as in OmegaConf
+    (typed fields convert it). A value that failed is left as written.
     """
-    resolver = _Resolver(data, os.environ if env is None else env)
-    out = resolver.value(data, ())
-    problems = [Problem(format_path(loc), msg) for loc, msg in resolver.failed.items()]
+    out = copy.deepcopy(data)
+    found, failed = _interpolated(out), {}
+    for loc, text in found:  # bad syntax fails OmegaConf.create: take those out first
+        try:
+            OmegaConf.create({"value": text})
+        except OmegaConfBaseException as exc:
+            failed[loc] = exc
+            _set(out, loc, None)
+    tree = OmegaConf.create(out)
+    values = {}
+    for loc, _ in found:
+        try:
+            if loc not in failed:
+                value = OmegaConf.select(tree, ".".join(map(str, loc)), throw_on_missing=True)
+                plain = isinstance(value, DictConfig | ListConfig)
+                values[loc] = OmegaConf.to_container(value, resolve=True) if plain else value
+        except OmegaConfBaseException as exc:
+            failed[loc] = exc
+    for loc, text in found:  # a failed value stays as written
+        _set(out, loc, text if loc in failed else values[loc])
+    problems = [
+        Problem(format_path(loc), f"cannot resolve {text!r}: {_why(failed[loc])}")
+        for loc, text in found
+        if loc in failed
+    ]
     return out, problems

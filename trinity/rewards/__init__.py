@@ -10,7 +10,7 @@ A dotted path (`my_pkg.rewards.my_fn`) loads a user's function.
 """
 
 from trinity.rewards.arithmetic import arithmetic_reward, last_number
-from trinity.rewards.base import REWARD_FN, RewardFn, needs_truth
+from trinity.rewards.base import REWARD_FN, RewardFn, needs_task_fields, needs_truth
 from trinity.rewards.countdown import countdown_reward, parse_expression
 from trinity.rewards.exact_match import exact_match
 from trinity.rewards.math_answer import (
@@ -35,6 +35,7 @@ __all__ = [
     "last_number",
     "math_reward",
     "math_with_format",
+    "needs_task_fields",
     "needs_truth",
     "parse_expression",
 ]

@@ -20,7 +20,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from trinity.rewards.base import REWARD_FN
+from trinity.rewards.base import REWARD_FN, needs_task_fields
 
 _ALLOWED_CHARS = re.compile(r"^[\d+\-*/()\s]+$")
 _MAX_LEN = 200  # characters; longer responses are not expressions of a countdown answer
@@ -72,6 +72,7 @@ def _evaluate(node: ast.expr) -> Fraction:
 
 
 @REWARD_FN.register("countdown_reward")
+@needs_task_fields("numbers", "target")
 def countdown_reward(
     response: str,
     truth: str | None,

@@ -78,12 +78,14 @@ def load_taskset(
     workflow_type = storage.default_workflow_type or default_workflow_type
     reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
     need_truth = require_response or _reward_needs_truth(reward_fn_type)
+    need_fields = _reward_task_fields(reward_fn_type)
     tasks = []
     for row, loc in located:
         try:
             prompt, messages = _prompt_of(row, fmt, loc)
             if need_truth:
                 _check_response(row, fmt, messages, loc)
+            _check_fields(row, need_fields, reward_fn_type, loc)
             pair = _pair_of(row, fmt, loc) if require_pair else None
         except TasksetError as e:
             if collected is None:
@@ -130,6 +132,28 @@ def _reward_needs_truth(reward_fn_type: str | None) -> bool:
     return reward_fn_type in REWARD_FN and getattr(
         REWARD_FN.get(reward_fn_type), "needs_truth", False
     )
+
+
+def _reward_task_fields(reward_fn_type: str | None) -> tuple[str, ...]:
+    """The task-row fields the named reward fn reads (`trinity.rewards.needs_task_fields`)."""
+    if not reward_fn_type:
+        return ()
+    from trinity.rewards import REWARD_FN
+
+    if reward_fn_type not in REWARD_FN:
+        return ()
+    return tuple(getattr(REWARD_FN.get(reward_fn_type), "task_fields", ()))
+
+
+def _check_fields(row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: str) -> None:
+    """A row must hold every field its reward fn reads."""
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise TasksetError(
+            f"{loc}: row has no {', '.join(repr(f) for f in missing)}, which reward fn "
+            f"{reward_fn_type!r} reads (it needs {', '.join(fields)}); the row's keys are "
+            f"{sorted(row)}"
+        )
 
 
 def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) -> None:
@@ -189,10 +213,15 @@ def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | 
     if fmt.prompt_type != "plaintext":
         raise TasksetError(f"{loc}: unknown prompt_type {fmt.prompt_type!r}")
     prompt = _require(row, fmt.prompt_key, loc, "prompt_key")
+    if _is_messages(prompt):  # a chat list under prompt_key (Trinity-RFT reads it as messages)
+        messages = [dict(m) for m in prompt]
+        if system and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system})
+        return None, messages
     if isinstance(prompt, bool) or not isinstance(prompt, str | int | float):
         raise TasksetError(
-            f"{loc}: {fmt.prompt_key!r} (format.prompt_key) must be text, "
-            f"got {type(prompt).__name__}"
+            f"{loc}: {fmt.prompt_key!r} (format.prompt_key) must be text or a list of "
+            f"{{role, content}} messages, got {type(prompt).__name__}"
         )
     prompt = str(prompt)
     if system:
@@ -201,6 +230,15 @@ def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | 
             {"role": "user", "content": prompt},
         ]
     return prompt, None
+
+
+def _is_messages(value: Any) -> bool:
+    """A non-empty chat list: every item a mapping with a role and a content."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
 
 
 def _pair_of(row: dict, fmt: Any, loc: str) -> tuple[str, str]:

@@ -78,7 +78,8 @@ class TrainerRunner:
 
         1. read one train batch (buffer queue, or the SFT dataset)
         2. train step
-        3. publish weights on schedule, checkpoint every `save_interval` steps, report metrics
+        3. publish weights on schedule, checkpoint every `save_interval_for(total_steps)` steps
+           (resolve(): `trainer.save_interval`, unset = a tenth of the run), report metrics
         4. at the end: finish the buffer (explorers stop; what is pending is dropped, counted)
            and the synchronizer (an explorer waiting for later weights stops), final
            checkpoint, publish the final weights for the last evaluation
@@ -98,7 +99,9 @@ class TrainerRunner:
         if self.trainer is None:
             raise RuntimeError("TrainerRunner.prepare() must come before run()")
         self.trainer.plan(total_steps)
-        n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
+        resolved = resolve(cfg)
+        n = resolved.train_batch_size  # experiences per train step
+        save_every = resolved.save_interval_for(total_steps)  # 0 = only at the end
         step, last_saved = 0, None
         if resume_from is not None:
             step = int(self.trainer.resume(Path(resume_from))["step"])
@@ -143,7 +146,7 @@ class TrainerRunner:
                 # reported before the checkpoint: a step checkpointed is a step reported (the
                 # hub journals it), so a resumed run has the metrics of every step it skips
                 ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
-                if cfg.trainer.save_interval > 0 and step % cfg.trainer.save_interval == 0:
+                if save_every > 0 and step % save_every == 0:
                     last_saved = self._checkpoint(step)
             budget_reached = total_steps is not None and step >= total_steps
         except BaseException as e:

@@ -29,7 +29,6 @@ from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.timer import Timers
-from trinity.config.resolved import effective_config
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
 from trinity.trainer.batch import Batch, collate, micro_batches, scatter_rows
@@ -58,7 +57,6 @@ class Trainer:
         `trainer.num_threads`, else every core. `total_steps`: the lr schedule's horizon; None:
         not known yet, `plan` it before the first step (the runner loads the model while the
         run is still planning its steps)."""
-        config = effective_config(config)  # trainer.trainer_config (verl) values in unset keys
         tcfg = config.trainer
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or tcfg.num_threads or os.cpu_count() or 1)

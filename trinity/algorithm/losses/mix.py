@@ -33,6 +33,19 @@ def mu_schedule(
     return mu_valley + (mu_peak - mu_valley) * cosine
 
 
+DERIVED_ARGS = (
+    "use_dynamic_bsz",
+    "ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu",
+    "ngpus_trainer",
+    "train_batch_size_usual",
+    "train_batch_size_expert",
+)
+"""Arguments Trinity-RFT fills in its mix losses' `policy_loss_fn_args` from the batch settings
+(its example configs carry them). Here the trainer derives the usual / expert parts itself, so a
+config's values are accepted, noted as derived here, and not read (`trinity.config`)."""
+
+
 def _parts(inp: PolicyLossInput, agg: Aggregator) -> tuple[Tensor, Aggregator, Aggregator]:
     expert = inp.require("expert_mask", "a mixed SFT + RL loss").bool()  # [B]
     usual_agg = inp.part_aggs.get("usual", agg)
@@ -104,6 +117,9 @@ def mix_policy_loss(
     return _mixed(inp, agg, mu, phi=False, ppo_args=ppo_args)
 
 
+mix_policy_loss.derived_args = DERIVED_ARGS  # type: ignore[attr-defined]
+
+
 @POLICY_LOSS_FN.register("mix_chord")
 def mix_chord_policy_loss(
     inp: PolicyLossInput,
@@ -147,3 +163,6 @@ def mix_chord_policy_loss(
     ppo_args = {"clip_range": clip_range, "clip_range_low": clip_range_low,
                 "clip_range_high": clip_range_high}  # fmt: skip
     return _mixed(inp, agg, mu, phi=enable_phi_function, ppo_args=ppo_args)
+
+
+mix_chord_policy_loss.derived_args = DERIVED_ARGS  # type: ignore[attr-defined]
