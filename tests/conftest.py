@@ -1,11 +1,46 @@
-"""Shared fixtures: a tiny model built once per session, offline."""
+"""Shared fixtures, and the environment every test and every process it starts inherits.
+
+Hermetic Ray: a test never joins a Ray cluster that happens to run on the machine (a user's
+`ray start --head`, or one a shell's `RAY_ADDRESS` names). At import, before any test, this
+module sets, for this process and so for every `trinity run` subprocess a test starts:
+
+- `RAY_ADDRESS=local`: `ray.init()` with no address starts a new local instance, and the
+  launcher's `cluster.ray_address: auto` (`trinity.launcher.run.init_ray`) announces no cluster;
+- `RAY_TMPDIR=<a private folder>`: `ray start`'s address file in the machine's temp folder is not
+  seen, and this session's Ray instances keep their sockets and logs apart from others'.
+
+A test that deliberately starts its own cluster (`ray start --head --port=P` with a `RAY_TMPDIR`
+of its own, or `ray.cluster_utils.Cluster`) names its address explicitly
+(`cluster.ray_address=127.0.0.1:P`), which both Ray and the launcher honour over `RAY_ADDRESS`; a
+test of `auto`'s own resolution passes `RAY_ADDRESS=""` to its subprocess.
+`tests/test_hermetic_ray.py` proves the isolation against a live cluster.
+"""
+
+from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Mapping
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def hermetic_ray_env(environ: Mapping[str, str], ray_tmp: str) -> dict[str, str]:
+    """`environ` with Ray confined to private local instances whose files live in `ray_tmp`
+    (a short path: Ray's socket paths must stay under ~100 characters)."""
+    return {**environ, "RAY_ADDRESS": "local", "RAY_TMPDIR": ray_tmp}
+
+
+RAY_TMP = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+os.environ.update(hermetic_ray_env(os.environ, RAY_TMP))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(RAY_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

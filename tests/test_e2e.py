@@ -409,7 +409,7 @@ def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_mo
         (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
         r = run_trinity(
             grpo_config(tmp_path, tiny_model_dir),
-            env_extra={"RAY_TMPDIR": str(ray_tmp)},
+            env_extra={"RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""},  # `auto` reads the file
             overrides=["buffer.total_steps=1", "explorer.eval_on_startup=false"],
             timeout=180,
         )

@@ -70,7 +70,9 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
     """Join the configured cluster, or start a private local instance.
 
     `auto` joins a cluster started with `ray start` (its address file, or RAY_ADDRESS) and
-    otherwise starts a local instance that lives as long as this run. It deliberately does not
+    otherwise starts a local instance that lives as long as this run; `RAY_ADDRESS=local` (Ray's
+    own name for a new instance, which the test suite sets) announces no cluster, so `auto` then
+    starts a local instance even where an address file names a live one. It deliberately does not
     use Ray's own `address="auto"`, which also attaches to another driver's private instance and
     dies with it. A cluster that is named but does not answer (a `ray start --head` that was
     killed leaves its address file behind) is reported and replaced by a local instance within
@@ -121,7 +123,9 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
 def _announced_address() -> tuple[str | None, str]:
     """The cluster `ray.init()` would join: RAY_ADDRESS, else `ray start`'s address file."""
     env = os.environ.get("RAY_ADDRESS")
-    if env and env not in ("auto", "local"):
+    if env == "local":
+        return None, "RAY_ADDRESS=local"
+    if env and env != "auto":
         return env, "RAY_ADDRESS"
     from ray._private.utils import get_ray_address_file, read_ray_address
 
