@@ -294,9 +294,12 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     assert "joining the live run" in outs["alpha"], outs["alpha"][-3000:]
     # after step 3, or 4 when the trainer made room before the new process registered and the
     # dead process's write of step 4 went through (it is then in the buffer with its cursor)
-    assert re.search(r"continues after explore step [34] ", outs["alpha"]), outs["alpha"][-3000:]
+    resumed = re.search(r"continues after explore step ([34]) ", outs["alpha"])
+    assert resumed, outs["alpha"][-3000:]
     assert trained_steps(run_dir, ".trainer") == list(range(1, 11))
-    assert sorted(set(explored_steps(run_dir, ".explorer-alpha"))) == [1, 2, 3, 4, 5]
+    # the steps reported; a step 4 the dead process wrote but never reported has no record
+    after = set(range(int(resumed.group(1)) + 1, 6))
+    assert {1, 2, 3} | after <= set(explored_steps(run_dir, ".explorer-alpha"))
     assert_clean(counts(cfg), trained=10 * PER_STEP)
     assert named_actors(cluster, "trinity:topo/kill_explorer") == []
 
