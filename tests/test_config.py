@@ -595,3 +595,9 @@ def test_save_interval_defaults_to_a_tenth_of_the_run() -> None:
     table = format_batch_table(resolved({"total_steps": 40}))
     assert "train steps per checkpoint" in table and "ceil(40 / 10)" in table
     assert "end only" in format_batch_table(end)
+    # no step budget (mode train reading a queue until its writers close it): every 10 steps
+    queue = {"experience_buffer": {"storage_type": "queue"}}
+    data = {"mode": "train", "model": {"model_path": "m"}, "buffer": {"trainer_input": queue}}
+    open_run = resolve(validate_config(data))
+    assert open_run.total_steps is None and open_run.save_interval == 10
+    assert open_run.save_interval_for(None) == 10

@@ -69,15 +69,16 @@ class ResolvedConfig:
     def save_interval_for(self, total_steps: int | None) -> int:
         """Train steps per checkpoint for a run of `total_steps` train steps: the resolved
         `save_interval`, or (unset) a tenth of the run, ceil(total_steps / 10), so a crash costs
-        at most a tenth of the steps; 0 = only at the end. A run without a step budget (mode
-        train reading a queue until its explorers finish) has no tenth: every
-        `UNBOUNDED_SAVE_INTERVAL` steps."""
+        at most a tenth of the steps; 0 = only at the end. A run with no step budget (None:
+        mode train reading a queue until its writers close it) checkpoints every
+        `OPEN_RUN_SAVE_INTERVAL` steps."""
         if self.save_interval is not None:
             return self.save_interval
-        return save_interval_of(None, total_steps) or UNBOUNDED_SAVE_INTERVAL
+        return save_interval_of(None, total_steps) or OPEN_RUN_SAVE_INTERVAL
 
 
-UNBOUNDED_SAVE_INTERVAL = 10  # train steps per checkpoint when the run's length is unknown
+OPEN_RUN_SAVE_INTERVAL = 10
+"""Train steps per checkpoint of a run whose length is not known (no step budget)."""
 
 
 def save_interval_of(explicit: int | None, total_steps: int | None) -> int | None:
@@ -136,6 +137,9 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         save_source = "trainer.save_interval"
     elif total is not None:
         save_source = f"unset: a tenth of the run, ceil({total} / 10)"
+    elif trains_from_queue(cfg):
+        save = OPEN_RUN_SAVE_INTERVAL
+        save_source = f"unset, and the run's length is open: every {save} train steps"
     else:
         save_source = "unset: a tenth of the steps planned at run time"
     root = cfg.checkpoint_root_dir.rstrip("/")
