@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.ray_cluster import named_actors, private_cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -472,40 +474,15 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
     # `trinity run`s with mode explore (distinct explorer names) and one with mode train, sharing
     # the run's buffer and synchronizer by name (in the namespace of project/name), each started
     # by whichever came first; the buffer ends when both explorers have released it
-    import secrets
-    import shutil
-    import signal
-    import socket
-    import tempfile
     import time
 
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # the cluster's token, given to head and drivers alike (Ray's token auth is on by default)
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **auth}
-    head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.time() < deadline, "ray start --head did not come up"
-                time.sleep(0.5)
+    with private_cluster() as cluster:
+        port, env = cluster.port, cluster.env
         cfg = grpo_config(tmp_path, tiny_model_dir)
         # The trainer starts once both explorers have written their first step, so both are
-        # registered writers by then: the buffer ends only when both have released it. (An
-        # explorer that registers after every other one has released finds the buffer already
-        # ended for the trainer: see the README.) The explorers may still be running.
+        # registered writers by then: the buffer ends only when both have released it. (With its
+        # step budget the trainer would also wait for an explorer started later:
+        # tests/test_topologies.py.) The explorers may still be running.
         common = [f"cluster.ray_address=127.0.0.1:{port}", "buffer.explorer_input.eval_tasksets=[]"]
         cache = tmp_path / "cache"
         run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
@@ -556,23 +533,7 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
         assert counts["written"] == counts["trained"] == 2 * 4 * 4 * 4, counts
         assert counts["leased"] == counts["pending"] == counts["trained_twice"] == 0
         # the last process to finish ended the shared actors: nothing is left in the namespace
-        probe = (
-            "import ray\n"
-            f"ray.init(address='127.0.0.1:{port}', namespace='trinity:e2e/grpo',"
-            " logging_level='ERROR')\n"
-            "left = [a for a in ray.util.list_named_actors(all_namespaces=False)]\n"
-            "print(left)\n"
-        )
-        left = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
-        )
-        assert left.returncode == 0, left.stderr[-2000:]
-        assert left.stdout.strip().splitlines()[-1] == "[]", left.stdout
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
-        subprocess.run(["pkill", "-f", str(ray_tmp)], check=False)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        assert named_actors(cluster, "trinity:e2e/grpo") == []
 
 
 def test_node_num_spreads_the_engines_over_the_cluster_s_nodes(tmp_path, tiny_model_dir):
