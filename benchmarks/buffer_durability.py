@@ -1,4 +1,5 @@
-"""What a durable buffer costs: SQLite log transactions per second, `synchronous` NORMAL vs FULL.
+"""What durability costs: SQLite log transactions per second, `synchronous` NORMAL vs FULL, and
+a checkpoint save with and without its fsyncs.
 
     .venv/bin/python benchmarks/buffer_durability.py [--rows 256] [--tokens 512] [--dir PATH]
 
@@ -10,6 +11,11 @@ survives a process crash, not a power loss) and its current one (FULL: it surviv
 row is written, leased and acked once, as in a run. The log lives in `--dir` (default: a
 temporary folder under benchmarks/results, on the disk checkpoints go to; a tmpfs would hide the
 fsync). Prints a table and writes benchmarks/results/buffer_durability.json.
+
+Checkpoint rows: `save_hf_checkpoint` of the `10m` tiny model with an optimizer-sized trainer
+state (two fp32 copies of the weights, as AdamW keeps), median of 5 saves, as written now
+(every file and folder fsynced before the rename) and with the fsync calls replaced by no-ops
+(what the save cost before).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import Cursor
 from trinity.common.experience import Experience
+from trinity.trainer import checkpoint as ckpt
 
 
 def experience(i: int, tokens: int) -> Experience:
@@ -70,6 +78,32 @@ def run(folder: Path, mode: str, rows: int, batch: int, tokens: int) -> dict[str
     }
 
 
+def checkpoint_rows(folder: Path, repeats: int = 5) -> list[dict[str, float | str]]:
+    """Median seconds of a checkpoint save with its fsyncs and with them as no-ops."""
+    from trinity.models import create_tiny_model, load_model, load_tokenizer
+
+    path = create_tiny_model(folder / "model", preset="10m", seed=0)
+    model, tok = load_model(str(path), dtype="float32", device="cpu"), load_tokenizer(str(path))
+    weights = model.state_dict()
+    state = {
+        "optimizer": {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in weights.items()}
+    }
+    mb = 3 * sum(v.numel() * v.element_size() for v in weights.values()) / 2**20
+    rows = []
+    synced = (ckpt._fsync_file, ckpt._fsync_dir)
+    for label in ("fsync (now)", "no fsync (before)"):
+        if label.startswith("no"):
+            ckpt._fsync_file = ckpt._fsync_dir = lambda p: None
+        times = []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            ckpt.save_hf_checkpoint(model, tok, folder / label[:2], i, 2, state, [i])
+            times.append(time.perf_counter() - t0)
+        rows.append({"save": label, "mb": mb, "median_s": statistics.median(times)})
+    ckpt._fsync_file, ckpt._fsync_dir = synced
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", type=int, default=256, help="experiences per measurement")
@@ -86,6 +120,7 @@ def main() -> None:
             for mode in ("NORMAL", "FULL"):
                 r = run(Path(tmp), mode, args.rows, batch, args.tokens)
                 rows.append({"synchronous": mode, "experiences_per_transaction": batch, **r})
+        ckpt_rows = checkpoint_rows(Path(tmp))
     head = f"{'synchronous':<12} {'exps/txn':>8} {'writes/s':>10} {'leases/s':>10} {'acks/s':>10} {'exps written/s':>15}"
     print(head)
     for r in rows:
@@ -94,6 +129,10 @@ def main() -> None:
             f"{r['writes_per_s']:>10.0f} {r['leases_per_s']:>10.0f} {r['acks_per_s']:>10.0f} "
             f"{r['experiences_written_per_s']:>15.0f}"
         )
+    print()
+    print(f"{'checkpoint save':<20} {'MB':>6} {'median s':>9}")
+    for r in ckpt_rows:
+        print(f"{r['save']:<20} {r['mb']:>6.0f} {r['median_s']:>9.3f}")
     meta = {
         "rows": args.rows,
         "tokens": args.tokens,
@@ -101,7 +140,9 @@ def main() -> None:
         "platform": platform.platform(),
         "dir": str(args.dir or results),
     }
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"meta": meta, "rows": rows, "checkpoint": ckpt_rows}, indent=2)
+    )
     print(f"wrote {args.out}")
 
 
