@@ -187,7 +187,8 @@ def test_an_explore_process_settles_the_leases_of_the_run_s_checkpoint(tmp_path,
     ]  # fmt: skip
 
     async def lease_extra() -> int:
-        q = QueueStorage(str(run_dir / "buffer" / "exp.db"), capacity=100)
+        # the run goes on (its first part finished its 2 steps): the log takes writes again
+        q = QueueStorage(str(run_dir / "buffer" / "exp.db"), capacity=100, reopen=True)
         await q.write(extra)
         return (await q.read(4)).id
 

@@ -31,7 +31,11 @@ __all__ = ["BufferClosed", "QueueStorage", "Superseded"]
 @STORAGE.register("queue")
 class QueueStorage(RefCounted):
     def __init__(
-        self, path: str | Path | None, capacity: int = 10000, settled: list[int] = ()
+        self,
+        path: str | Path | None,
+        capacity: int = 10000,
+        settled: list[int] = (),
+        reopen: bool = False,
     ) -> None:
         """`settled`: leases the checkpoint a resumed trainer starts from has trained (its
         `buffer_leases.json`); acked before recovery, in case the crash came between writing
@@ -59,6 +63,8 @@ class QueueStorage(RefCounted):
         self._tokens: dict[str, int] = {}  # writer -> its current process's token
         if self.log is not None:
             self._reload(settled)
+            if reopen and self.log.finished():
+                self.log.set_finished(False)
             self._closed = self._closed_for_good = self.log.finished()
 
     def _reload(self, settled: list[int] = ()) -> None:

@@ -160,6 +160,20 @@ class SQLiteLog:
             cur = self.conn.execute("UPDATE experience_log SET state = 3 WHERE state = 0")
         return int(cur.rowcount)
 
+    @staticmethod
+    def run_finished(path: Path) -> bool:
+        """Did the trainer of the log at `path` finish (False for a log without the flag)?"""
+        try:
+            log = SQLiteLog(path, read_only=True)
+        except (FileNotFoundError, sqlite3.Error):
+            return False
+        try:
+            return log.finished()
+        except sqlite3.Error:  # a log written before the flag existed
+            return False
+        finally:
+            log.close()
+
     def finished(self) -> bool:
         """Has the run's trainer finished (see the module doc)?"""
         row = self.conn.execute("SELECT value FROM buffer_state WHERE key = 'finished'").fetchone()

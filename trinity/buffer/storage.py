@@ -3,7 +3,7 @@
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
 `ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type`; a storage is
-built as `cls(path, capacity, settled)` (`path`: its durable file, or None for memory only;
+built as `cls(path, capacity, settled, reopen)` (`path`: its durable file, or None for memory only;
 `settled`: leases a resumed trainer's checkpoint recorded as trained) and runs as a named Ray
 actor, so explorers and trainers in other processes meet in it.
 

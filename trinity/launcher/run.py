@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from rich.console import Console
 
+from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import storage_class
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
@@ -212,12 +213,17 @@ def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
     While any process of the run lives, every process joins it, whatever
     `continue_from_checkpoint` says: that is what a second process, or a crashed one started
     again alone, is for. The first process of a run decides: with `continue_from_checkpoint:
-    false` on a folder an earlier run used, the run is `<name>_<timestamp>` (as a single-process
-    run), so it neither trains the earlier run's leftover experiences nor mixes groups with
-    them. Returns the config under the agreed name and the actor holding it (detach at the end).
+    false` on a folder of a run that ended (its trainer finished its buffer), the run is
+    `<name>_<timestamp>` (as a single-process run), so it neither trains the earlier run's
+    leftover experiences nor mixes groups with them; a folder whose trainer has not finished
+    (explorers ran first, the trainer comes now) is this run's. Returns the config under the agreed name and the actor holding it (detach at the end).
     """
     run_dir = Path(resolve(config).run_dir)
-    fresh = not config.continue_from_checkpoint and has_content(run_dir)
+    # a folder whose run ended (its trainer finished the buffer) is an earlier run; one whose
+    # trainer has not come yet (explorers first, then the trainer) is this run
+    logs = list(run_dir.glob("**/buffer/*.db"))
+    ended = bool(logs) and all(SQLiteLog.run_finished(p) for p in logs)
+    fresh = not config.continue_from_checkpoint and has_content(run_dir) and ended
     proposal = fresh_name(config.name) if fresh else config.name
     actor = (
         ray.remote(RunName)
@@ -355,7 +361,9 @@ def run_stage(
             # whichever process of a run creates the buffer settles the leases the run's newest
             # checkpoint trained (an explore process may come back before the train process)
             settled = trained_leases(resume)
-            buffer = start(storage, f"buffer/{buf_name}", path, capacity, settled, share=shared)
+            buffer = start(
+                storage, f"buffer/{buf_name}", path, capacity, settled, continuing, share=shared
+            )
         if nodes:
             engines = cfg.explorer.rollout_model.engine_num if explores or evaluates else 0
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
