@@ -110,6 +110,7 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
+@pytest.mark.slow  # a crash trial: ten steps around a SIGKILLed engine
 def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_model_dir):
     """SIGKILL the rollout engine's process mid-run: Ray restarts it, the explorer gives it the
     weights it held, and every later step still samples with the weights of the step before."""
@@ -148,6 +149,7 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     assert by_step[10]["rollout/engine_restarts"] == 1
 
 
+@pytest.mark.slow  # one stage per algorithm (about twenty), each starting its actors anew
 def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, tiny_model_dir):
     """One stage per registered algorithm that learns from rollouts, two steps each, in one run:
     each selects its pieces by `algorithm_type` alone and trains (finite loss, weights move on)."""
@@ -467,6 +469,7 @@ def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir
         assert "train/loss" in rec
 
 
+@pytest.mark.slow  # a topology: a `ray start` cluster and three `trinity run` processes
 def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path, tiny_model_dir):
     # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then two
     # `trinity run`s with mode explore (distinct explorer names) and one with mode train, sharing
