@@ -194,10 +194,9 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
         assert rec["train/experiences"] == 4.0
 
 
-def test_grpo_end_to_end(tmp_path, tiny_model_dir):
-    r = run_trinity(grpo_config(tmp_path, tiny_model_dir))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+def test_grpo_end_to_end(grpo_run, tiny_model_dir):
+    r, root = grpo_run  # grpo_config's run, a checkpoint after every step (shared, read only)
+    run_dir = root / "ckpt" / "e2e" / "grpo"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [rec["step"] for rec in records]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 3
@@ -224,8 +223,8 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
         r"resources: trainer ([\d.]+) CPU \((\d+) threads\); each engine \1 CPU \(\2 threads\)",
         line,
     ), line
-    # every experience written was trained once and acked at the final checkpoint
-    assert buffer_counts(tmp_path / "grpo.yaml") == {
+    # every experience written was trained once and acked at its step's checkpoint
+    assert buffer_counts(root / "grpo.yaml") == {
         "written": 3 * 4 * 4, "trained": 3 * 4 * 4, "pending": 0, "leased": 0, "dropped": 0,
         "trained_twice": 0,
     }  # fmt: skip
