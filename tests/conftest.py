@@ -48,3 +48,24 @@ def tiny_model_dir(tmp_path_factory):
     from trinity.models import create_tiny_model
 
     return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny", preset="1m", seed=0)
+
+
+@pytest.fixture(scope="session")
+def grpo_run(tmp_path_factory, tiny_model_dir):
+    """One finished `trinity run` of test_e2e's GRPO config (3 steps, evaluation at steps 0, 2
+    and 3, a checkpoint after every step): (the CompletedProcess, the folder holding `ckpt/`).
+    Tests only read it, or copy `ckpt/` into their own folder before running on it (`copy_run`),
+    so one run serves the end-to-end checks, bench mode and the rerun's fresh folder."""
+    from test_e2e import grpo_config, run_trinity
+
+    root = tmp_path_factory.mktemp("grpo_run")
+    r = run_trinity(grpo_config(root, tiny_model_dir), overrides=["trainer.save_interval=1"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, root
+
+
+def copy_run(grpo_run, tmp_path):
+    """The shared GRPO run's `ckpt/` copied into `tmp_path`, as if the run had been made there
+    with `grpo_config(tmp_path, ...)`."""
+    _, root = grpo_run
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")

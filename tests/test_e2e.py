@@ -112,6 +112,7 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
+@pytest.mark.slow  # a crash trial: ten steps around a SIGKILLed engine
 def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_model_dir):
     """SIGKILL the rollout engine's process mid-run: Ray restarts it, the explorer gives it the
     weights it held, and every later step still samples with the weights of the step before."""
@@ -150,6 +151,7 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     assert by_step[10]["rollout/engine_restarts"] == 1
 
 
+@pytest.mark.slow  # one stage per algorithm (about twenty), each starting its actors anew
 def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, tiny_model_dir):
     """One stage per registered algorithm that learns from rollouts, two steps each, in one run:
     each selects its pieces by `algorithm_type` alone and trains (finite loss, weights move on)."""
@@ -194,10 +196,9 @@ def test_every_rollout_algorithm_type_trains_on_the_quickstart_task(tmp_path, ti
         assert rec["train/experiences"] == 4.0
 
 
-def test_grpo_end_to_end(tmp_path, tiny_model_dir):
-    r = run_trinity(grpo_config(tmp_path, tiny_model_dir))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+def test_grpo_end_to_end(grpo_run, tiny_model_dir):
+    r, root = grpo_run  # grpo_config's run, a checkpoint after every step (shared, read only)
+    run_dir = root / "ckpt" / "e2e" / "grpo"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [rec["step"] for rec in records]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 3
@@ -224,8 +225,8 @@ def test_grpo_end_to_end(tmp_path, tiny_model_dir):
         r"resources: trainer ([\d.]+) CPU \((\d+) threads\); each engine \1 CPU \(\2 threads\)",
         line,
     ), line
-    # every experience written was trained once and acked at the final checkpoint
-    assert buffer_counts(tmp_path / "grpo.yaml") == {
+    # every experience written was trained once and acked at its step's checkpoint
+    assert buffer_counts(root / "grpo.yaml") == {
         "written": 3 * 4 * 4, "trained": 3 * 4 * 4, "pending": 0, "leased": 0, "dropped": 0,
         "trained_twice": 0,
     }  # fmt: skip
@@ -469,6 +470,7 @@ def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir
         assert "train/loss" in rec
 
 
+@pytest.mark.slow  # a topology: a `ray start` cluster and three `trinity run` processes
 def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path, tiny_model_dir):
     # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then two
     # `trinity run`s with mode explore (distinct explorer names) and one with mode train, sharing

@@ -19,7 +19,7 @@ from trinity.explorer.model_client import BatchingClient, EngineLost
 from trinity.sync.method import sync_method
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # one instance for both tests: their actors never meet
 def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="engine-restart")
     yield

@@ -12,7 +12,11 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 from test_e2e import ROOT, run_trinity
+
+# hundreds of train steps each, by nature: `make test-slow`
+pytestmark = pytest.mark.slow
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import copy_run
 from safetensors.torch import load_file
 from test_e2e import ROOT, buffer_counts, descendants, grpo_config, run_trinity, user_module
 
@@ -21,10 +22,11 @@ def test_fresh_name_is_trinity_rft_s_timestamp_suffix():
     assert fresh_name("add2", datetime(2026, 11, 23, 5, 4, 3)) == "add2_20261123050403"
 
 
-def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(tmp_path, tiny_model_dir):
+def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(
+    tmp_path, tiny_model_dir, grpo_run
+):
     cfg = grpo_config(tmp_path, tiny_model_dir)
-    first = run_trinity(cfg)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    copy_run(grpo_run, tmp_path)  # the first run of `cfg` (with a checkpoint every step)
     root = tmp_path / "ckpt" / "e2e"
     assert sorted(p.name for p in root.iterdir()) == ["grpo"]
     second = run_trinity(cfg)
