@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 import ray
 import torch
+
+from ray.exceptions import ActorUnavailableError
 
 from trinity.common.rollout import SamplingParams
 from trinity.explorer.engine import HFRolloutEngine
@@ -24,6 +27,22 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="engine-restart")
     yield
     ray.shutdown()
+
+
+async def _killed_and_back(engine, timeout: float = 60.0) -> None:
+    """Kill `engine`'s process and wait until Ray has started a new one (which holds the
+    random-init weights, version 0): `ray.kill` returns before the process is gone, so a call
+    made at once can still reach the old one."""
+    ray.kill(engine, no_restart=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await engine.weights_version.remote() == 0:
+                return
+        except ActorUnavailableError:
+            pass  # restarting
+        assert time.monotonic() < deadline, "Ray did not restart the killed engine"
+        await asyncio.sleep(0.2)
 
 
 def _zero_weights(model_dir) -> dict[str, torch.Tensor]:
@@ -50,7 +69,7 @@ def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ra
 
     async def main() -> None:
         await client.update_weights("memory", sync_method("memory").send(zeros, 7, tmp_path), 7)
-        ray.kill(engines[1], no_restart=False)  # a crash between calls: Ray restarts it silently
+        await _killed_and_back(engines[1])  # a crash between calls: Ray restarts it silently
         for samples in await both_engines():
             for s in samples:
                 assert s.model_version == 7
@@ -66,7 +85,7 @@ def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ra
         assert await client.logprobs([5, 6, 7]) == pytest.approx([uniform] * 2, abs=1e-5)
         assert client.restarts == 2
         # a crash between calls, then a weight load: counted, and the new weights replace the lost
-        ray.kill(engines[1], no_restart=False)
+        await _killed_and_back(engines[1])
         await client.update_weights("memory", sync_method("memory").send(zeros, 8, tmp_path), 8)
         assert client.restarts == 3
         assert [await e.weights_version.remote() for e in engines] == [8, 8]
