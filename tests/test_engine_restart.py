@@ -13,7 +13,6 @@ import time
 import pytest
 import ray
 import torch
-
 from ray.exceptions import ActorUnavailableError
 
 from trinity.common.rollout import SamplingParams

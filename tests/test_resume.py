@@ -110,6 +110,7 @@ def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, 
     assert cut_losses == whole_losses
 
 
+@pytest.mark.slow  # a crash trial: a run that dies at step 4, then its resume
 def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
     """Explore step 4 fails (the reward code raises); the trainer had checkpointed step 2 and
     trained step 3 without a checkpoint. The resumed run retrains step 3 from the buffer and
@@ -163,6 +164,7 @@ def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
     assert versions == {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
 
 
+@pytest.mark.slow  # a crash trial: a train process dead between checkpoint and ack
 def test_an_explore_process_settles_the_leases_of_the_run_s_checkpoint(tmp_path, tiny_model_dir):
     """Split mode: the train process crashed between writing a checkpoint and acking its
     leases, and the explore process is the first to come back. It creates the buffer, so it is
