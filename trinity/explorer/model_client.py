@@ -37,6 +37,10 @@ class _Request(NamedTuple):
     answer: asyncio.Future
 
 
+class TemplateError(ValueError):
+    """The chat template failed on a message list (a message shape it does not handle)."""
+
+
 class EngineLost(RuntimeError):
     """A rollout engine's process died and Ray did not bring it back."""
 
@@ -285,25 +289,40 @@ class TaskModelHandle:
             raise TypeError(f"unknown sampling args {sorted(unknown)}; valid: {sorted(known)}")
         return dataclasses.replace(self.defaults, **overrides)
 
-    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **self.chat_template_kwargs,
-        )
-        return await self._sample(list(ids), self._params(sampling))
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]:
+        """Sample replies to `messages` rendered by the chat template (with `tools`, the
+        function definitions, when given). `sampling`: SamplingParams fields, plus `stop`
+        (strings that end a reply) and `seed` (the call's samples depend on it alone)."""
+        kwargs = dict(self.chat_template_kwargs)
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+        except Exception as e:  # the template's own error, whatever its kind (jinja, TypeError)
+            raise TemplateError(f"the chat template cannot render these messages: {e}") from e
+        return await self._sample(list(ids), sampling)
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self._sample(ids, self._params(sampling))
+        return await self._sample(ids, sampling)
 
-    async def _sample(self, ids: list[int], params: SamplingParams) -> list[Sample]:
+    async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
+        stop, seed = tuple(sampling.pop("stop", ()) or ()), sampling.pop("seed", None)
+        params = self._params(sampling)
         key = self._next_key()  # taken either way: later calls keep their keys
+        if seed is not None:
+            key = stable_key("seed", seed)
         m = self.max_prompt_tokens
         if m is None or len(ids) <= m:
-            return await self._client.generate(ids, params, key)
+            samples = await self._client.generate(ids, params, key)
+            return [cut_at_stop(s, stop, self.decode) for s in samples] if stop else samples
         self.truncated_prompts.append(ids[:m])
         return [
             Sample(
@@ -325,6 +344,34 @@ class TaskModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def cut_at_stop(
+    sample: Sample, stops: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> Sample:
+    """`sample` ended at the first token whose text completes one of `stops` (finish_reason
+    "stop", `info["stop"]` the string), as an engine that checks stop strings while decoding
+    would have ended it; unchanged if its text holds none. The tokens sampled after that one
+    were never part of the reply, so they are neither returned nor trained on."""
+
+    def hit(k: int) -> str | None:
+        text = decode(sample.response_ids[:k])
+        return min((s for s in stops if s in text), key=text.find, default=None)
+
+    n = len(sample.response_ids)
+    if hit(n) is None:
+        return sample
+    lo, hi = 1, n  # the shortest prefix whose text holds a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if hit(mid) is not None else (mid + 1, hi)
+    return dataclasses.replace(
+        sample,
+        response_ids=sample.response_ids[:lo],
+        logprobs=sample.logprobs[:lo],
+        finish_reason="stop",
+        info={**sample.info, "stop": hit(lo)},
+    )
 
 
 def mask_prompt_truncated(experiences: list[Experience], prompts: list[list[int]]) -> int:

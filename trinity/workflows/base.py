@@ -1,7 +1,10 @@
 """The Workflow contract: `async run(task, model) -> list[Experience]`.
 
 A workflow turns one task into experiences by talking to the rollout model through a `ModelHandle`
-(`chat`, `generate`, `logprobs`). Workflows are registered by name; any dotted path
+(`chat`, `generate`, `logprobs`). Sampling arguments are `SamplingParams` fields, plus `stop`
+(strings that end a reply) and `seed` (the call's samples depend on it alone).
+
+Workflows are registered by name; any dotted path
 `package.module.Class` resolves too:
 
     buffer.explorer_input.default_workflow_type: math_workflow
@@ -30,7 +33,12 @@ class ModelHandle(Protocol):
 
     model_version: int
 
-    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]: ...
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]: ...
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]: ...
 
@@ -62,8 +70,13 @@ class SyncModelHandle:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
-        return self._call(self._handle.chat(messages, **sampling))
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]:
+        return self._call(self._handle.chat(messages, tools, **sampling))
 
     def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
         return self._call(self._handle.generate(prompt, **sampling))

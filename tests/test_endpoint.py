@@ -1,0 +1,368 @@
+"""The OpenAI-compatible endpoint, driven by the real `openai` client over real HTTP (uvicorn).
+
+Two engines stand behind it: the tiny transformers engine (real sampling, logprobs, seeds) and a
+scripted one that replies with text chosen by the test (tool calls, stop strings), each behind a
+Ray-handle-shaped facade so no Ray is needed. The server runs on an event loop of its own thread,
+as it runs on the explorer's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trinity.common.rollout import Sample, SamplingParams
+from trinity.endpoint.app import build_app
+from trinity.endpoint.server import EndpointServer, EngineSessions
+from trinity.explorer.engine import HFRolloutEngine
+from trinity.explorer.model_client import BatchingClient, cut_at_stop
+from trinity.models import load_tokenizer
+
+
+class LocalActor:
+    """`engine.method.remote(...)` runs the method now, as a Ray actor handle's call would."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._engine, name)
+
+        class Remote:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(method(*args))
+                return fut
+
+        return Remote()
+
+
+class ScriptedEngine:
+    """Replies with `self.reply` (tokenised), logprob -0.5 per token, weights version 3."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.reply = "hello"
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, params, keys=None):
+        self.prompts += prompts
+        ids = self.tokenizer.encode(self.reply, add_special_tokens=False)[: params.max_tokens]
+        finish = "length" if len(ids) == params.max_tokens else "stop"
+        return [
+            [Sample(list(p), list(ids), [-0.5] * len(ids), finish, 3) for _ in range(params.n)]
+            for p in prompts
+        ]
+
+    def weights_version(self) -> int:
+        return 3
+
+
+class Served:
+    """An endpoint on a loop of its own thread."""
+
+    def __init__(self, engine: Any, tokenizer: Any, **app_args: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        defaults = SamplingParams(n=1, temperature=1.0, max_tokens=64)
+
+        async def start() -> str:
+            client = BatchingClient([LocalActor(engine)])
+            self.sessions = EngineSessions(client, tokenizer, defaults, model_name="policy")
+            self.server = EndpointServer(build_app(self.sessions, **app_args))
+            return await self.server.start()
+
+        self.url = self.run(start())
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def close(self) -> None:
+        self.run(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir, tokenizer) -> Iterator[Served]:
+    served = Served(HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1), tokenizer)
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def scripted(tokenizer) -> Iterator[tuple[Served, ScriptedEngine]]:
+    engine = ScriptedEngine(tokenizer)
+    served = Served(engine, tokenizer, api_key="sk-test")
+    yield served, engine
+    served.close()
+
+
+def client(served: Served, key: str = "-", session: str | None = None) -> openai.OpenAI:
+    base = served.url if session is None else served.url.replace("/v1", f"/sessions/{session}/v1")
+    return openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+
+
+USER = [{"role": "user", "content": "1+2="}]
+
+
+def test_chat_returns_the_sampled_tokens_text_logprobs_and_version(tiny, tokenizer):
+    r = client(tiny).chat.completions.create(
+        model="policy", messages=USER, max_tokens=8, logprobs=True, seed=7
+    )
+    # a seed fixes a call's samples: the same call made directly gives the tokens sampled
+    [sample] = tiny.run(tiny.sessions.handle("direct").chat(USER, max_tokens=8, seed=7))
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+    assert [t.logprob for t in choice.logprobs.content] == sample.logprobs
+    assert r.usage.prompt_tokens == len(sample.prompt_ids)
+    assert r.usage.completion_tokens == len(sample.response_ids)
+    assert r.model_version == 0 and r.system_fingerprint == "trinity-v0"
+    assert choice.finish_reason == ("length" if len(sample.response_ids) == 8 else "stop")
+
+
+def test_a_seed_fixes_the_reply_and_streaming_returns_exactly_the_same(tiny):
+    c = client(tiny)
+    args = dict(model="policy", messages=USER, max_tokens=12, seed=11, logprobs=True, n=2)
+    a, b = c.chat.completions.create(**args), c.chat.completions.create(**args)
+    assert [x.message.content for x in a.choices] == [x.message.content for x in b.choices]
+    chunks = list(
+        c.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    )
+    for choice in a.choices:
+        mine = [
+            ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == choice.index
+        ]
+        text = "".join(d.delta.content or "" for d in mine)
+        lps = [t.logprob for d in mine if d.logprobs for t in d.logprobs.content]
+        assert text == choice.message.content
+        assert lps == [t.logprob for t in choice.logprobs.content]
+        assert mine[-1].finish_reason == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == a.usage.completion_tokens
+    # another seed, other samples (8 tokens drawn from a random model's ~800-token vocabulary)
+    other = c.chat.completions.create(**{**args, "seed": 12})
+    assert [x.message.content for x in other.choices] != [x.message.content for x in a.choices]
+
+
+def test_n_samples_and_the_completions_route(tiny, tokenizer):
+    r = client(tiny).chat.completions.create(model="policy", messages=USER, n=3, max_tokens=4)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    ids = tokenizer.encode("3+4=", add_special_tokens=False)
+    for prompt in ("3+4=", ids):
+        r = client(tiny).completions.create(model="policy", prompt=prompt, max_tokens=5, seed=3)
+        assert r.usage.prompt_tokens == len(ids)
+        assert 1 <= r.usage.completion_tokens <= 5
+    # the same prompt as text and as ids, with one seed: the same reply
+    t = client(tiny).completions.create(model="policy", prompt="3+4=", max_tokens=5, seed=3)
+    i = client(tiny).completions.create(model="policy", prompt=ids, max_tokens=5, seed=3)
+    assert t.choices[0].text == i.choices[0].text
+
+
+def test_tool_calls_are_parsed_and_a_malformed_one_is_returned_as_text(scripted):
+    served, engine = scripted
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "add", "parameters": {"type": "object"}},
+        }
+    ]
+    c = client(served, "sk-test", session="tools")
+    engine.reply = 'Sure.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    r = c.chat.completions.create(model="policy", messages=USER, tools=tools, max_tokens=64)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Sure."
+    [call] = choice.message.tool_calls
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
+    # the call goes back as the agent would send it: arguments as a JSON string
+    follow = [
+        *USER,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
+    engine.reply = "It is 3."
+    r = c.chat.completions.create(model="policy", messages=follow, tools=tools, max_tokens=64)
+    assert r.choices[0].message.content == "It is 3." and r.choices[0].finish_reason == "stop"
+    # malformed: no JSON inside the tags; the text comes back, nothing is dropped
+    engine.reply = "<tool_call>{add(1, 2)}</tool_call>"
+    r = c.chat.completions.create(model="policy", messages=USER, tools=tools, max_tokens=64)
+    assert r.choices[0].message.content == engine.reply and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_a_stop_string_ends_the_reply_and_its_tokens(scripted, tokenizer):
+    served, engine = scripted
+    engine.reply = "one two. three four"
+    r = client(served, "sk-test").chat.completions.create(
+        model="policy", messages=USER, stop=["."], max_tokens=64
+    )
+    assert r.choices[0].message.content == "one two"
+    assert r.choices[0].finish_reason == "stop"
+    # the tokens kept end with the one that completed the stop string, none after it
+    ids = tokenizer.encode(engine.reply, add_special_tokens=False)
+    cut = cut_at_stop(Sample([1], ids, [0.0] * len(ids), "length", 0), (".",), tokenizer.decode)
+    assert tokenizer.decode(cut.response_ids).endswith(".")
+    assert "." not in tokenizer.decode(cut.response_ids[:-1])
+    assert r.usage.completion_tokens == len(cut.response_ids)
+
+
+def test_sessions_by_path_and_header(scripted):
+    served, _ = scripted
+    client(served, "sk-test", session="by-path").chat.completions.create(
+        model="policy", messages=USER
+    )
+    openai.OpenAI(
+        base_url=served.url, api_key="sk-test", default_headers={"X-Session-Id": "by-header"}
+    ).chat.completions.create(model="policy", messages=USER)
+    assert {"by-path", "by-header"} <= set(served.sessions.sessions)
+
+
+def test_errors_are_4xx_in_openai_s_format(scripted, tiny):
+    served, _ = scripted
+    c = client(served, "sk-test")
+    with pytest.raises(openai.AuthenticationError):
+        client(served, "wrong").chat.completions.create(model="policy", messages=USER)
+    with pytest.raises(openai.NotFoundError, match="serves 'policy'"):
+        c.chat.completions.create(model="gpt-4o", messages=USER)
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: foo"):
+        c.chat.completions.create(model="policy", messages=USER, extra_body={"foo": 1})
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        c.chat.completions.create(model="policy", messages=USER, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        c.chat.completions.create(model="policy", messages=USER, max_tokens=65)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        c.chat.completions.create(model="policy", messages=USER, temperature=3)
+    with pytest.raises(openai.BadRequestError, match="token ids"):
+        c.completions.create(model="policy", prompt=[10**7])
+    # the tiny template reads message['content']: an assistant turn without content fails it
+    bad = [*USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+           "function": {"name": "f", "arguments": "{}"}}]}]  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="chat template"):
+        client(tiny).chat.completions.create(model="policy", messages=bad)
+    status, body = post(served.url + "/chat/completions", b"{not json", key="sk-test")
+    assert status == 400 and "not JSON" in body["error"]["message"]
+    assert post(served.url.removesuffix("/v1") + "/health")[0] == 200
+    status, body = post(served.url + "/nothing", b"{}")
+    assert status == 404 and body["error"]["code"] == "not_found"
+
+
+def test_a_prompt_over_the_context_is_a_400(tiny_model_dir, tokenizer):
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1, max_model_len=8)
+    served = Served(engine, tokenizer)
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            client(served).completions.create(model="policy", prompt="1+2=" * 10)
+        assert e.value.code == "context_length_exceeded"
+    finally:
+        served.close()
+
+
+def post(url: str, data: bytes | None = None, key: str | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, json.loads(raw) if raw.startswith(b"{") else raw
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+VALID_CHAT = {"model": "policy", "messages": USER, "max_tokens": 4}
+VALID_COMPLETION = {"model": "policy", "prompt": "1+2=", "max_tokens": 4}
+CHAT_KEYS = [
+    "model", "messages", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
+    "top_k", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "tools",
+    "tool_choice", "response_format", "presence_penalty", "logit_bias", "user",
+]  # fmt: skip
+COMPLETION_KEYS = ["model", "prompt", "max_tokens", "n", "stop", "logprobs", "echo", "stream"]
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system", "robot"])},
+    optional={
+        "content": st.none() | st.text(max_size=30) | st.lists(JSON, max_size=2),
+        "tool_calls": JSON,
+        "tool_call_id": JSON,
+    },
+)
+
+
+@st.composite
+def requests(draw: Any) -> tuple[str, str, bytes | None]:
+    """(method, path, body): valid bodies with one field set to anything, bodies that are any
+    JSON at all, bytes that are not JSON, and routes and methods that do not exist."""
+    prefix = draw(st.sampled_from(["", "/sessions/fuzz", "/sessions/%20x"]))
+    kind = draw(st.sampled_from(["valid", "chat", "completion", "raw", "bytes", "get"]))
+    if kind == "get":
+        path = draw(st.sampled_from(["/v1/models", "/health", "/v1/chat/completions", "/v2/x"]))
+        return "GET", prefix + path if path != "/health" else path, None
+    if kind == "valid":  # as sent, or streamed
+        body = {
+            **draw(st.sampled_from([VALID_CHAT, VALID_COMPLETION])),
+            "stream": draw(st.booleans()),
+        }
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        return "POST", prefix + path, json.dumps(body).encode()
+    path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+    if kind == "bytes":
+        return "POST", prefix + path, draw(st.binary(max_size=40))
+    if kind == "raw":
+        return "POST", prefix + path, json.dumps(draw(JSON)).encode()
+    body = dict(VALID_CHAT if kind == "chat" else VALID_COMPLETION)
+    keys = CHAT_KEYS if kind == "chat" else COMPLETION_KEYS
+    for key in draw(st.lists(st.sampled_from([*keys, "unknown_field"]), max_size=3)):
+        body[key] = draw(st.lists(MESSAGE, max_size=3) if key == "messages" else JSON)
+    return "POST", prefix + path, json.dumps(body).encode()
+
+
+def test_2000_fuzzed_requests_over_every_route_get_no_5xx(scripted):
+    served, engine = scripted
+    engine.reply = '<tool_call>{"name": "add", "arguments": {}}</tool_call> ok'
+    root = served.url.removesuffix("/v1")
+    statuses: Counter[int] = Counter()
+
+    @settings(max_examples=2000, deadline=None, database=None, derandomize=True)
+    @given(requests())
+    def one(request: tuple[str, str, bytes | None]) -> None:
+        method, path, body = request
+        req = urllib.request.Request(root + path, data=body, method=method)
+        req.add_header("Authorization", "Bearer sk-test")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+            assert status >= 500 or "error" in json.loads(e.read()), path
+        statuses[status] += 1
+        assert status < 500, (method, path, body)
+
+    one()
+    assert sum(statuses.values()) >= 2000
+    assert statuses[200] > 20 and statuses[400] > 1000  # valid and bad requests both made

@@ -1,0 +1,364 @@
+"""The OpenAI-compatible HTTP app in front of the rollout engines.
+
+    POST /v1/chat/completions   messages, tools (function calling), n, logprobs, stop, seed, stream
+    POST /v1/completions        a text or token-id prompt
+    GET  /v1/models, /health
+
+The same routes under `/sessions/{session_id}/v1/...` put a call in that session (so does an
+`X-Session-Id` header); a call in no session is a session of its own. Each session's calls go
+through one `ModelHandle` of the `SessionSource`, which records them (the handle decides how:
+the explorer's handle keeps the exact sampled tokens). Every answer carries the weights version
+it was sampled with (`model_version` in the body, `X-Model-Version` header).
+
+Errors use OpenAI's format. A bad request (malformed JSON, a field out of range, an unsupported
+parameter, a prompt over the context, an unknown model) is a 4xx naming the problem; a 5xx
+means the engines failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from trinity.common.rollout import PromptTooLong, Sample
+from trinity.endpoint.openai_api import APIError, ChatRequest, CompletionRequest
+from trinity.endpoint.tool_calls import TOOL_CALL_PARSER, ParsedCalls
+from trinity.explorer.model_client import TemplateError
+from trinity.workflows.base import ModelHandle
+
+SESSION_HEADER = "x-session-id"
+VERSION_HEADER = "x-model-version"
+SESSION_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+class SessionSource(Protocol):
+    """Where the endpoint gets the model: one recording handle per session."""
+
+    model_name: str
+    vocab_size: int
+    max_tokens: int  # the most tokens one reply may ask for (model.max_response_tokens)
+
+    def handle(self, session_id: str) -> ModelHandle: ...
+
+
+def build_app(
+    source: SessionSource, api_key: str | None = None, tool_call_parser: str = "hermes"
+) -> FastAPI:
+    """The app serving `source`. `api_key`: required as `Authorization: Bearer <key>`."""
+    parse_tools = TOOL_CALL_PARSER.get(tool_call_parser)
+    app = FastAPI(title="trinity OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, _: Exception) -> JSONResponse:
+        e = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
+        return JSONResponse(e.body(), status_code=404)
+
+    @app.exception_handler(405)
+    async def not_allowed(request: Request, _: Exception) -> JSONResponse:
+        e = APIError(405, f"method {request.method} not allowed on {request.url.path}")
+        return JSONResponse(e.body(), status_code=405)
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    async def body_of(request: Request, model: type[Any]) -> Any:
+        check_key(request)
+        try:
+            raw = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        try:
+            req = model.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(x) for x in err["loc"]) or None
+            if err["type"] == "extra_forbidden":
+                raise APIError(
+                    400, f"Unrecognized request argument supplied: {param}", param
+                ) from None
+            raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+        if req.model != source.model_name:
+            raise APIError(
+                404,
+                f"the model {req.model!r} does not exist; this endpoint serves {source.model_name!r}",
+                "model",
+                "model_not_found",
+            )
+        return req
+
+    def session_of(request: Request, session_id: str | None) -> str:
+        sid = session_id or request.headers.get(SESSION_HEADER)
+        if sid is None:
+            return f"call-{uuid.uuid4().hex}"
+        if not SESSION_ID.fullmatch(sid):
+            raise APIError(400, f"session id {sid!r} is not 1-128 of A-Z a-z 0-9 . _ : -", "session")
+        return sid
+
+    async def sample(call: Any) -> list[Sample]:
+        try:
+            return await call
+        except PromptTooLong as e:
+            raise APIError(400, str(e), "messages", "context_length_exceeded") from None
+        except TemplateError as e:
+            raise APIError(400, str(e), "messages") from None
+
+    def sampling(req: ChatRequest | CompletionRequest, limit: int | None) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "n": req.n,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "stop": req.stops(),
+            "seed": req.seed,
+        }
+        if limit is not None:
+            if limit > source.max_tokens:
+                raise APIError(
+                    400,
+                    f"max_tokens is {limit}; this endpoint serves at most {source.max_tokens} "
+                    "tokens per reply (model.max_response_tokens)",
+                    "max_tokens",
+                )
+            args["max_tokens"] = limit
+        return args
+
+    async def chat(request: Request, session_id: str | None = None) -> Any:
+        req: ChatRequest = await body_of(request, ChatRequest)
+        sid = session_of(request, session_id)
+        handle = source.handle(sid)
+        tools = req.template_tools()
+        messages = [m.for_template() for m in req.messages]
+        samples = await sample(handle.chat(messages, tools=tools, **sampling(req, req.limit())))
+        choices = [
+            _chat_choice(i, s, handle, parse_tools if tools else None)
+            for i, s in enumerate(samples)
+        ]
+        version = min(s.model_version for s in samples)
+        head = _head("chatcmpl", "chat.completion", req.model, version)
+        headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
+        if req.stream:
+            chunks = _chat_stream(head, choices, samples, handle, req)
+            return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+        body = {
+            **head,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": c.message,
+                    "logprobs": _logprobs(c.sample, handle) if req.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ],
+            "usage": _usage(len(samples[0].prompt_ids), samples),
+        }
+        return JSONResponse(body, headers=headers)
+
+    async def completions(request: Request, session_id: str | None = None) -> Any:
+        req: CompletionRequest = await body_of(request, CompletionRequest)
+        sid = session_of(request, session_id)
+        handle = source.handle(sid)
+        choices: list[dict[str, Any]] = []
+        samples: list[Sample] = []
+        prompt_tokens = 0
+        for prompt in req.prompts():
+            if isinstance(prompt, list) and not all(0 <= t < source.vocab_size for t in prompt):
+                raise APIError(400, f"token ids must lie in [0, {source.vocab_size})", "prompt")
+            got = await sample(handle.generate(prompt, **sampling(req, req.max_tokens)))
+            prompt_tokens += len(got[0].prompt_ids)
+            for s in got:
+                text = _text(s, handle)
+                lp = None
+                if req.logprobs is not None:
+                    tokens = [handle.decode([t]) for t in s.response_ids]
+                    lp = {"tokens": tokens, "token_logprobs": list(s.logprobs)}
+                choices.append(
+                    {
+                        "index": len(choices),
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": _finish(s),
+                    }
+                )
+            samples += got
+        version = min(s.model_version for s in samples)
+        head = _head("cmpl", "text_completion", req.model, version)
+        headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
+        if req.stream:
+            return StreamingResponse(
+                _completion_stream(head, choices, _usage(prompt_tokens, samples), req),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        body = {**head, "choices": choices, "usage": _usage(prompt_tokens, samples)}
+        return JSONResponse(body, headers=headers)
+
+    async def models(request: Request) -> dict[str, Any]:
+        check_key(request)
+        return {
+            "object": "list",
+            "data": [
+                {"id": source.model_name, "object": "model", "created": 0, "owned_by": "trinity"}
+            ],
+        }
+
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for prefix in ("", "/sessions/{session_id}"):
+        app.post(prefix + "/v1/chat/completions")(chat)
+        app.post(prefix + "/v1/completions")(completions)
+        app.get(prefix + "/v1/models")(models)
+    app.get("/health")(health)
+    return app
+
+
+class _Choice:
+    def __init__(self, index: int, sample: Sample, message: dict[str, Any], finish: str) -> None:
+        self.index, self.sample, self.message, self.finish_reason = index, sample, message, finish
+
+
+def _text(s: Sample, handle: ModelHandle) -> str:
+    """The reply's text, ending before the stop string that ended it (as OpenAI returns it)."""
+    text = handle.decode(s.response_ids)
+    stop = s.info.get("stop")
+    return text[: text.find(stop)] if stop and stop in text else text
+
+
+def _finish(s: Sample) -> str:
+    return "length" if s.finish_reason == "length" else "stop"
+
+
+def _chat_choice(i: int, s: Sample, handle: ModelHandle, parse: Any) -> _Choice:
+    text = _text(s, handle)
+    parsed: ParsedCalls = parse(text) if parse else ParsedCalls("none", text)
+    if parse is not None:
+        s.info["tool_call_status"] = parsed.status
+        if parsed.error:
+            s.info["tool_call_error"] = parsed.error
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    finish = _finish(s)
+    if parsed.status == "ok":
+        message["tool_calls"] = [c.to_openai() for c in parsed.calls]
+        finish = "tool_calls"
+    return _Choice(i, s, message, finish)
+
+
+def _head(prefix: str, obj: str, model: str, version: int) -> dict[str, Any]:
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"trinity-v{version}",
+        "model_version": version,
+    }
+
+
+def _usage(prompt_tokens: int, samples: list[Sample]) -> dict[str, int]:
+    completion = sum(len(s.response_ids) for s in samples)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def _token_entry(token_id: int, logprob: float, handle: ModelHandle) -> dict[str, Any]:
+    token = handle.decode([token_id])
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [],
+    }
+
+
+def _logprobs(s: Sample, handle: ModelHandle, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
+    ids, lps = s.response_ids[lo:hi], s.logprobs[lo:hi]
+    return {"content": [_token_entry(t, lp, handle) for t, lp in zip(ids, lps, strict=True)]}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _pieces(s: Sample, content: str, handle: ModelHandle) -> list[tuple[str, int, int]]:
+    """`content` cut where its tokens end: (text, first token, end token) per piece, so a
+    stream's deltas join to exactly the non-streamed content and carry their tokens' logprobs."""
+    pieces, sent, last = [], 0, 0
+    for k in range(1, len(s.response_ids) + 1):
+        prefix = handle.decode(s.response_ids[:k])
+        if prefix.endswith("\ufffd"):  # a character cut between tokens: wait for its end
+            continue
+        end = min(len(prefix), len(content))
+        if content.startswith(prefix[:end]) and end > sent:
+            pieces.append((content[sent:end], last, k))
+            sent, last = end, k
+    if sent < len(content):
+        pieces.append((content[sent:], last, len(s.response_ids)))
+    return pieces
+
+
+async def _chat_stream(
+    head: dict[str, Any],
+    choices: list[_Choice],
+    samples: list[Sample],
+    handle: ModelHandle,
+    req: ChatRequest,
+) -> AsyncIterator[str]:
+    head = {**head, "object": "chat.completion.chunk"}
+    usage = req.stream_options is not None and req.stream_options.include_usage
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return _sse({**head, "choices": [choice], **({"usage": None} if usage else {})})
+
+    for c in choices:
+        yield chunk(c.index, {"role": "assistant", "content": ""})
+        content = c.message["content"] or ""
+        if "tool_calls" in c.message:
+            if content:
+                yield chunk(c.index, {"content": content})
+            calls = [{"index": j, **call} for j, call in enumerate(c.message["tool_calls"])]
+            lp = _logprobs(c.sample, handle) if req.logprobs else None
+            yield chunk(c.index, {"tool_calls": calls}, lp=lp)
+        else:
+            for text, lo, hi in _pieces(c.sample, content, handle):
+                lp = _logprobs(c.sample, handle, lo, hi) if req.logprobs else None
+                yield chunk(c.index, {"content": text}, lp=lp)
+        yield chunk(c.index, {}, c.finish_reason)
+    if usage:
+        yield _sse({**head, "choices": [], "usage": _usage(len(samples[0].prompt_ids), samples)})
+    yield "data: [DONE]\n\n"
+
+
+async def _completion_stream(
+    head: dict[str, Any],
+    choices: list[dict[str, Any]],
+    usage: dict[str, int],
+    req: CompletionRequest,
+) -> AsyncIterator[str]:
+    for c in choices:
+        yield _sse({**head, "choices": [{**c, "finish_reason": None}]})
+        yield _sse({**head, "choices": [{**c, "text": "", "logprobs": None}]})
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield _sse({**head, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"

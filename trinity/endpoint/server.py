@@ -1,0 +1,94 @@
+"""Running the endpoint: sessions over the rollout engines, and uvicorn on the caller's loop.
+
+    sessions = EngineSessions(client, tokenizer, defaults, model_name="policy")
+    server = EndpointServer(build_app(sessions))
+    url = await server.start()        # http://127.0.0.1:PORT/v1, a free port unless given one
+    ...                               # any OpenAI client: OpenAI(base_url=url, api_key="-")
+    await server.stop()
+
+The server runs as a task on the running event loop, the one the `BatchingClient` batches on, so
+requests from HTTP clients and workflows running in that loop share the engines' batches. It
+binds 127.0.0.1 unless given another host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import uvicorn
+
+from trinity.common.rollout import SamplingParams
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+
+
+class EngineSessions:
+    """A `SessionSource`: one `TaskModelHandle` per session id, made on its first call and kept
+    until `pop` (the handle records the session's calls)."""
+
+    def __init__(
+        self,
+        client: BatchingClient,
+        tokenizer: Any,
+        defaults: SamplingParams,
+        model_name: str,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        self.client, self.tokenizer, self.defaults = client, tokenizer, defaults
+        self.model_name = model_name
+        self.vocab_size = len(tokenizer)
+        self.max_tokens = defaults.max_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.sessions: dict[str, TaskModelHandle] = {}
+
+    def handle(self, session_id: str) -> TaskModelHandle:
+        if session_id not in self.sessions:
+            self.sessions[session_id] = TaskModelHandle(
+                self.client,
+                self.tokenizer,
+                self.defaults,
+                max_prompt_tokens=self.max_prompt_tokens,
+            )
+        return self.sessions[session_id]
+
+    def pop(self, session_id: str) -> TaskModelHandle | None:
+        return self.sessions.pop(session_id, None)
+
+
+class EndpointServer:
+    """uvicorn serving `app` as a task of the running loop."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, timeout: float = 30.0) -> str:
+        """Start serving; returns the base URL clients use (ending in /v1)."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))  # port 0: the OS picks a free one, known before serving
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self._server.started:
+            if self._task.done():  # it failed to start: raise its error
+                self._task.result()
+                raise RuntimeError("the endpoint's server stopped before it started")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the endpoint did not start within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
+        return self.url
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
