@@ -108,7 +108,9 @@ def build_app(
         if sid is None:
             return f"call-{uuid.uuid4().hex}"
         if not SESSION_ID.fullmatch(sid):
-            raise APIError(400, f"session id {sid!r} is not 1-128 of A-Z a-z 0-9 . _ : -", "session")
+            raise APIError(
+                400, f"session id {sid!r} is not 1-128 of A-Z a-z 0-9 . _ : -", "session"
+            )
         return sid
 
     async def sample(call: Any) -> list[Sample]:
