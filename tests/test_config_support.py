@@ -62,7 +62,7 @@ def test_refusals_name_the_key_and_feature() -> None:
             "mode": "serve",
             "model": {"lora_configs": [{"lora_rank": 8}], "logprobs": 0},
             "explorer": {
-                "rollout_model": {"tensor_parallel_size": 2, "enable_openai_api": True},
+                "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
                 "auxiliary_models": [{"model_path": "judge"}],
             },
             "cluster": {"node_num": 1},
@@ -75,7 +75,7 @@ def test_refusals_name_the_key_and_feature() -> None:
         "mode",
         "model.lora_configs",
         "explorer.rollout_model.tensor_parallel_size",
-        "explorer.rollout_model.enable_openai_api",
+        "explorer.rollout_model.reasoning_parser",
         "explorer.auxiliary_models",
         "monitor.monitor_type",
         "trainer.trainer_strategy",

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from trinity.common.rollout import Sample, SamplingParams
 from trinity.endpoint.app import build_app
-from trinity.endpoint.server import EndpointServer, EngineSessions
+from trinity.endpoint.server import EndpointServer, EngineSessions, WorkflowSessions
 from trinity.explorer.engine import HFRolloutEngine
-from trinity.explorer.model_client import BatchingClient, cut_at_stop
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle, cut_at_stop
 from trinity.models import load_tokenizer
 
 
@@ -285,6 +285,42 @@ def post(url: str, data: bytes | None = None, key: str | None = None) -> tuple[i
     except urllib.error.HTTPError as e:
         raw = e.read()
         return e.code, json.loads(raw) if raw.startswith(b"{") else raw
+
+
+def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, tokenizer):
+    """As in the explorer (`enable_openai_api`): the workflow's handle is registered under its
+    session while it runs, and the AsyncOpenAI client it hands out calls the server on the same
+    loop, so an `async def run` awaits it without blocking the engines' batching."""
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def main() -> None:
+        client = BatchingClient([LocalActor(engine)])
+        sessions = WorkflowSessions("tiny-policy", len(tokenizer), 64)
+        server = EndpointServer(build_app(sessions))
+        url = await server.start()
+        try:
+            defaults = SamplingParams(n=1, max_tokens=6)
+            handle = TaskModelHandle(client, tokenizer, defaults, endpoint=(url, "tiny-policy"))
+            with pytest.raises(RuntimeError, match="enable_openai_api"):
+                TaskModelHandle(client, tokenizer, defaults).async_openai_client()
+            sessions.sessions["task-1"] = handle
+            oai = handle.async_openai_client()
+            oai = oai.with_options(base_url=url.replace("/v1", "/sessions/task-1/v1"))
+            r = await oai.chat.completions.create(model="tiny-policy", messages=USER, seed=5)
+            [direct] = await handle.chat(USER, seed=5)
+            assert r.choices[0].message.content == handle.decode(direct.response_ids)
+            with pytest.raises(openai.NotFoundError, match="no running workflow"):
+                other = oai.with_options(base_url=url.replace("/v1", "/sessions/gone/v1"))
+                await other.chat.completions.create(model="tiny-policy", messages=USER)
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=120)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
 
 
 JSON = st.recursive(

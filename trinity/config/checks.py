@@ -279,6 +279,12 @@ def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
             yield Problem(
                 f"explorer.auxiliary_models[{i}].model_path", "required for an auxiliary model"
             )
+        if aux.enable_openai_api:
+            yield Problem(
+                f"explorer.auxiliary_models[{i}].enable_openai_api",
+                "serving an auxiliary model over the OpenAI API is not built yet (the rollout "
+                "model's endpoint is: explorer.rollout_model.enable_openai_api)",
+            )
 
 
 # advantage fns that score each sample on its own: a train step may split a task's samples

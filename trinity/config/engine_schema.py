@@ -14,9 +14,6 @@ from pydantic import Field
 from trinity.config.base import ConfigSection, Dtype, NotApplicable, NotBuilt, Refused
 
 _VLLM = NotApplicable("vLLM engine knob; the transformers engine serves rollouts")
-_OPENAI = NotApplicable(
-    "OpenAI-compatible endpoint setting; the endpoint is not built (enable_openai_api)"
-)
 
 
 class InferenceModelConfig(ConfigSection):
@@ -37,8 +34,10 @@ class InferenceModelConfig(ConfigSection):
     """Weight dtype of the engine."""
     seed: int | None = None
     """Sampling seed of the engine (replica i uses seed + i); None = the global seed."""
-    enable_openai_api: Annotated[bool, NotBuilt("the OpenAI-compatible endpoint")] = False
-    """Also serve an OpenAI-compatible HTTP endpoint (for agent workflows)."""
+    enable_openai_api: bool = False
+    """Serve an OpenAI-compatible HTTP endpoint on 127.0.0.1 to the explorer's workflows: their
+    `model.openai_client()` / `async_openai_client()` calls sample from the rollout engines and
+    are recorded in the task's session (rollout model only)."""
     max_batch_size: int = Field(256, ge=1)
     """Sequences per generate call (unit: sequences)."""
     num_threads: int | None = Field(None, ge=1)
@@ -61,11 +60,14 @@ class InferenceModelConfig(ConfigSection):
     """vLLM: log every request."""
     enable_history: Annotated[bool, NotBuilt("recording model calls for workflows")] = False
     """Record every request and response of this model for the workflow."""
-    enable_auto_tool_choice: Annotated[bool, _OPENAI] = False
+    enable_auto_tool_choice: Annotated[
+        bool, NotApplicable("tool_choice 'auto' is always served to a request with tools")
+    ] = False
     """OpenAI API: let the model decide to call tools."""
-    tool_call_parser: Annotated[str | None, _OPENAI] = None
-    """OpenAI API: parser of tool calls in the output, e.g. 'hermes'."""
-    reasoning_parser: Annotated[str | None, _OPENAI] = None
+    tool_call_parser: str | None = None
+    """OpenAI API: parser of tool calls in the output (`trinity.endpoint.tool_calls`: hermes,
+    qwen, json, or a dotted path); None = hermes."""
+    reasoning_parser: Annotated[str | None, NotBuilt("reasoning parsers")] = None
     """OpenAI API: parser of the reasoning part, e.g. 'deepseek_r1'."""
     max_model_len: int | None = Field(None, ge=1)
     """Prompt + response tokens; None = model.max_model_len."""

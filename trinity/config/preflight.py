@@ -7,7 +7,8 @@ base config and every stage (problems located under `stages[i].`):
 
 1. features not built yet (`support.not_built_problems`), and the keys that do not apply to this
    build (`support.not_applicable_notes`, printed as notes, not problems);
-2. registry names: algorithm_type and its pieces, workflows, reward fns, synthetic generators;
+2. registry names: algorithm_type and its pieces, workflows, reward fns, synthetic generators,
+   the tool-call parser;
    a dotted path (`my_pkg.mod.Fn`) is imported here, and a failed import is a problem;
 3. every `*_args` key against the parameters of the function or class it is passed to, with the
    accepted names and a did-you-mean (a callee taking `**kwargs` accepts any key);
@@ -114,6 +115,12 @@ def _check_one(
         report.problems += _algorithm_problems(cfg.algorithm, auxiliary)
     if not _blocked(skip, "algorithm", "synchronizer"):
         report.problems += _staleness_problems(cfg)
+    parser = cfg.explorer.rollout_model.tool_call_parser
+    if parser and not _blocked(skip, "explorer.rollout_model.tool_call_parser"):
+        from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
+
+        _, problem = _lookup(TOOL_CALL_PARSER, parser, "explorer.rollout_model.tool_call_parser")
+        report.problems += [problem] if problem else []
     # 4.
     report.problems += [p for p in _model_problems(cfg) if not _blocked(skip, p.path)]
     # 2., 3. and 5. for what the explorer and the trainer read

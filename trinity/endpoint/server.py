@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from trinity.common.rollout import SamplingParams
+from trinity.endpoint.openai_api import APIError
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 
 
@@ -54,6 +55,28 @@ class EngineSessions:
 
     def pop(self, session_id: str) -> TaskModelHandle | None:
         return self.sessions.pop(session_id, None)
+
+
+class WorkflowSessions:
+    """A `SessionSource` for the explorer's endpoint: a session is one try of one running
+    workflow, whose handle is registered for as long as it runs. A call naming no running
+    workflow's session is refused (nothing would record it)."""
+
+    def __init__(self, model_name: str, vocab_size: int, max_tokens: int) -> None:
+        self.model_name, self.vocab_size, self.max_tokens = model_name, vocab_size, max_tokens
+        self.sessions: dict[str, TaskModelHandle] = {}
+
+    def handle(self, session_id: str) -> TaskModelHandle:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise APIError(
+                404,
+                f"no running workflow has session {session_id!r}: use the client of "
+                "model.openai_client() / async_openai_client() inside the workflow",
+                "session",
+                "session_not_found",
+            ) from None
 
 
 class EndpointServer:

@@ -14,8 +14,9 @@ import os
 import statistics
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -39,6 +40,9 @@ from trinity.sync.schedule import (
 from trinity.sync.synchronizer import TrainingFinished
 from trinity.tasks import Task, load_taskset, make_selector
 from trinity.workflows import WORKFLOW
+
+if TYPE_CHECKING:
+    from trinity.endpoint.server import EndpointServer, WorkflowSessions
 
 
 class _Counting(Iterator[Task]):
@@ -89,6 +93,9 @@ class Explorer:
         self.last_eval: dict[str, float] = {}
         self._stream: _Counting | None = None  # the run's task stream, counting what it handed out
         self._token: int | None = None  # this process's writer token (`register_writer`)
+        # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
+        self.endpoint: EndpointServer | None = None
+        self.sessions: WorkflowSessions | None = None
         # DAPO's dynamic sampling: tasks tried per step at most this many times batch_size
         fg = config.algorithm.filter_groups
         self.max_gen = (
@@ -152,6 +159,20 @@ class Explorer:
             )
         await asyncio.gather(*(e.get_stats.remote() for e in self.engines))  # wait until loaded
         self.client = BatchingClient(self.engines)
+        rm, m = cfg.explorer.rollout_model, cfg.model
+        if rm.enable_openai_api and self.endpoint is None:
+            from trinity.endpoint.app import build_app  # FastAPI and uvicorn: only when asked
+            from trinity.endpoint.server import EndpointServer, WorkflowSessions
+
+            self.sessions = WorkflowSessions(
+                m.model_path,
+                len(self.tokenizer),
+                _first(m.max_model_len, m.max_response_tokens, 64),
+            )
+            app = build_app(self.sessions, tool_call_parser=rm.tool_call_parser or "hermes")
+            self.endpoint = EndpointServer(app)
+            url = await self.endpoint.start()
+            print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         return {"train_tasks": len(self.train_tasks)}
 
     def _task_stream(self) -> Iterator[Task]:
@@ -608,6 +629,11 @@ class Explorer:
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
+            session = uuid.uuid4().hex
+            endpoint = None
+            if self.endpoint is not None and self.sessions is not None:
+                url = self.endpoint.url.removesuffix("/v1") + f"/sessions/{session}/v1"
+                endpoint = (url, self.sessions.model_name)
             handle = TaskModelHandle(
                 self.client,
                 self.tokenizer,
@@ -615,7 +641,10 @@ class Explorer:
                 chat_template_kwargs(self.cfg),
                 key=None if key is None else stable_key(key, attempt),
                 max_prompt_tokens=cut_to,
+                endpoint=endpoint,
             )
+            if self.sessions is not None:
+                self.sessions.sessions[session] = handle
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
@@ -629,12 +658,18 @@ class Explorer:
                 errors.append(f"try {attempt + 1}: timed out after {ecfg.max_timeout}s")
             except Exception:
                 errors.append(f"try {attempt + 1}:\n{traceback.format_exc()}")
+            finally:
+                if self.sessions is not None:
+                    self.sessions.sessions.pop(session, None)
         raise WorkflowFailed(
             f"workflow {name!r} failed on task {task.index} of {task.taskset_name!r} "
             f"after {ecfg.max_retry_times + 1} tries:\n" + "\n".join(errors)
         )
 
     async def shutdown(self) -> None:
+        if self.endpoint is not None:
+            await self.endpoint.stop()
+            self.endpoint = None
         for e in self.engines:
             ray.kill(e)
         self.engines = []

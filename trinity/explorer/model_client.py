@@ -264,7 +264,11 @@ class TaskModelHandle:
         chat_template_kwargs: dict[str, Any] | None = None,
         key: int | None = None,
         max_prompt_tokens: int | None = None,
+        endpoint: tuple[str, str] | None = None,
     ) -> None:
+        """`endpoint`: (the base URL of this handle's session on the explorer's OpenAI-compatible
+        endpoint, the model name it serves), when `enable_openai_api` is on."""
+        self._endpoint = endpoint
         self._client = client
         self.tokenizer = tokenizer
         self.defaults = defaults
@@ -338,6 +342,31 @@ class TaskModelHandle:
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self._client.logprobs(tokens)
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.OpenAI` client whose calls sample from the rollout model in this task's
+        session (a blocking client: for `SyncWorkflow`s, which run in a thread). Its
+        `model_path` attribute is the model name to pass (as in Trinity-RFT)."""
+        import openai
+
+        return self._bound(openai.OpenAI, kwargs)
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.AsyncOpenAI` client for this task's session (for `async def run`)."""
+        import openai
+
+        return self._bound(openai.AsyncOpenAI, kwargs)
+
+    def _bound(self, cls: Any, kwargs: dict[str, Any]) -> Any:
+        if self._endpoint is None:
+            raise RuntimeError(
+                "this workflow asks for an OpenAI client: set "
+                "explorer.rollout_model.enable_openai_api: true"
+            )
+        url, name = self._endpoint
+        client = cls(**{"base_url": url, "api_key": "-", "max_retries": 0, **kwargs})
+        client.model_path = name
+        return client
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
