@@ -29,7 +29,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from trinity.common.rollout import PromptTooLong, Sample
-from trinity.endpoint.openai_api import APIError, ChatRequest, CompletionRequest
+from trinity.endpoint.feedback import FeedbackBook, FeedbackError
+from trinity.endpoint.openai_api import (
+    APIError,
+    ChatRequest,
+    CommitRequest,
+    CompletionRequest,
+    FeedbackRequest,
+)
 from trinity.endpoint.tool_calls import TOOL_CALL_PARSER, ParsedCalls
 from trinity.explorer.model_client import TemplateError
 from trinity.workflows.base import ModelHandle
@@ -50,15 +57,23 @@ class SessionSource(Protocol):
 
 
 def build_app(
-    source: SessionSource, api_key: str | None = None, tool_call_parser: str = "hermes"
+    source: SessionSource,
+    api_key: str | None = None,
+    tool_call_parser: str = "hermes",
+    book: FeedbackBook | None = None,
 ) -> FastAPI:
-    """The app serving `source`. `api_key`: required as `Authorization: Bearer <key>`."""
+    """The app serving `source`. `api_key`: required as `Authorization: Bearer <key>`.
+    `book`: serve mode's sessions and rewards; adds POST /feedback and /commit."""
     parse_tools = TOOL_CALL_PARSER.get(tool_call_parser)
     app = FastAPI(title="trinity OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(FeedbackError)
+    async def feedback_error(_: Request, e: FeedbackError) -> JSONResponse:
+        return JSONResponse(APIError(e.status, str(e)).body(), status_code=e.status)
 
     @app.exception_handler(404)
     async def not_found(request: Request, _: Exception) -> JSONResponse:
@@ -94,7 +109,7 @@ def build_app(
                     400, f"Unrecognized request argument supplied: {param}", param
                 ) from None
             raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
-        if req.model != source.model_name:
+        if getattr(req, "model", source.model_name) != source.model_name:
             raise APIError(
                 404,
                 f"the model {req.model!r} does not exist; this endpoint serves {source.model_name!r}",
@@ -106,12 +121,21 @@ def build_app(
     def session_of(request: Request, session_id: str | None) -> str:
         sid = session_id or request.headers.get(SESSION_HEADER)
         if sid is None:
-            return f"call-{uuid.uuid4().hex}"
+            sid = f"call-{uuid.uuid4().hex}"
+        valid(sid)
+        if book is not None:
+            book.check_open(sid)
+        return sid
+
+    def valid(sid: str) -> None:
         if not SESSION_ID.fullmatch(sid):
             raise APIError(
                 400, f"session id {sid!r} is not 1-128 of A-Z a-z 0-9 . _ : -", "session"
             )
-        return sid
+
+    def answered(sid: str, head: dict[str, Any]) -> None:
+        if book is not None:
+            book.called(sid, head["id"])
 
     async def sample(call: Any) -> list[Sample]:
         try:
@@ -154,6 +178,7 @@ def build_app(
         ]
         version = min(s.model_version for s in samples)
         head = _head("chatcmpl", "chat.completion", req.model, version)
+        answered(sid, head)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
         if req.stream:
             chunks = _chat_stream(head, choices, samples, handle, req)
@@ -202,6 +227,7 @@ def build_app(
             samples += got
         version = min(s.model_version for s in samples)
         head = _head("cmpl", "text_completion", req.model, version)
+        answered(sid, head)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
         if req.stream:
             return StreamingResponse(
@@ -223,6 +249,24 @@ def build_app(
 
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    async def feedback(request: Request) -> dict[str, Any]:
+        req: FeedbackRequest = await body_of(request, FeedbackRequest)
+        valid(req.session_id)
+        assert book is not None
+        took = book.feedback(req.session_id, req.reward, req.key, req.call_id, req.turn)
+        return {"session_id": req.session_id, "duplicate": not took}
+
+    async def commit(request: Request) -> dict[str, Any]:
+        req: CommitRequest = await body_of(request, CommitRequest)
+        valid(req.session_id)
+        assert book is not None
+        book.commit(req.session_id)
+        return {"session_id": req.session_id, "committed": True}
+
+    if book is not None:
+        app.post("/feedback")(feedback)
+        app.post("/commit")(commit)
 
     for prefix in ("", "/sessions/{session_id}"):
         app.post(prefix + "/v1/chat/completions")(chat)

@@ -229,3 +229,19 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
+
+
+class FeedbackRequest(_Strict):
+    """POST /feedback (`trinity.endpoint.feedback`): a reward for a session, a call or a turn."""
+
+    session_id: str
+    reward: float = Field(allow_inf_nan=False)
+    key: str = Field(min_length=1, max_length=256)
+    call_id: str | None = None
+    turn: int | None = Field(None, ge=0)
+
+
+class CommitRequest(_Strict):
+    """POST /commit: the session is over."""
+
+    session_id: str

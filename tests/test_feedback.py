@@ -1,0 +1,144 @@
+"""Serve mode's rewards (`trinity.endpoint.feedback`): each lands exactly once, whatever order,
+repetition or lateness it comes in; a session is handed out once, when it is ready."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import openai
+import pytest
+from test_endpoint import USER, ScriptedEngine, Served, post
+
+from trinity.endpoint.feedback import FeedbackBook, FeedbackError
+from trinity.models import load_tokenizer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_session_is_ready_with_its_reward_or_one_for_every_call_and_handed_out_once():
+    book = FeedbackBook(window_s=10)
+    book.called("a", "c0")
+    book.called("a", "c1")
+    book.feedback("a", 0.5, key="k1", call_id="c0")
+    book.commit("a")
+    assert book.take_ready() == []  # c1 has no reward yet
+    book.feedback("a", 0.25, key="k2", turn=1)
+    [ready] = book.take_ready()
+    assert (ready.session_id, ready.calls, ready.reward, ready.call_rewards) == (
+        "a", ["c0", "c1"], None, [0.5, 0.25],
+    )  # fmt: skip
+    assert book.take_ready() == []
+    # a session reward alone makes a session ready, given before any call
+    book.feedback("b", 1.0, key="k3")
+    book.called("b", "d0")
+    book.commit("b")
+    assert [r.reward for r in book.take_ready()] == [1.0]
+
+
+def test_duplicates_are_answered_and_conflicts_refused():
+    book = FeedbackBook()
+    book.called("a", "c0")
+    assert book.feedback("a", 1.0, key="k") is True
+    assert book.feedback("a", 1.0, key="k") is False  # the same post again: taken once
+    with pytest.raises(FeedbackError, match="another feedback") as e:
+        book.feedback("a", 2.0, key="k")  # the same key, another reward
+    assert e.value.status == 409
+    with pytest.raises(FeedbackError, match="has its reward already"):
+        book.feedback("a", 2.0, key="k2")  # a second session reward
+    book.feedback("a", 0.1, key="k3", turn=0)
+    with pytest.raises(FeedbackError, match="has a reward already"):
+        book.feedback("a", 0.2, key="k4", call_id="c0")  # turn 0 is call c0
+    with pytest.raises(FeedbackError, match="has no call") as e:
+        book.feedback("a", 0.2, key="k5", call_id="nope")
+    assert e.value.status == 404
+    with pytest.raises(FeedbackError, match="not both"):
+        book.feedback("a", 0.2, key="k6", call_id="c0", turn=0)
+    assert book.counts["feedback"] == 2 and book.counts["duplicates"] == 1
+
+
+def test_late_feedback_within_the_window_lands_after_it_the_session_expires():
+    clock = Clock()
+    book = FeedbackBook(window_s=10, clock=clock)
+    for s in ("late", "never"):
+        book.called(s, f"{s}-0")
+        book.commit(s)
+    with pytest.raises(FeedbackError, match="committed"):
+        book.called("late", "late-1")  # a committed session takes no more calls
+    clock.now = 9.0
+    book.feedback("late", 1.0, key="late")
+    assert [r.session_id for r in book.take_ready()] == ["late"]
+    clock.now = 10.5
+    assert book.take_ready() == [] and book.counts["expired"] == 1
+    for s, how in (("late", "trained"), ("never", "expired")):
+        with pytest.raises(FeedbackError, match=f"was {how} already") as e:
+            book.feedback(s, 1.0, key=f"{s}-again")
+        assert e.value.status == 410
+
+
+def test_100_sessions_of_10_calls_shuffled_duplicated_late_feedback_lands_exactly_once(
+    tiny_model_dir,
+):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    book = FeedbackBook(window_s=3600)
+    served = Served(ScriptedEngine(tokenizer), tokenizer, book=book)
+    try:
+        root = served.url.removesuffix("/v1")
+        calls: dict[str, list[str]] = {}
+        c = openai.OpenAI(base_url=served.url, api_key="-", max_retries=0)
+        for s in range(100):
+            sid, head = f"ep-{s}", {"X-Session-Id": f"ep-{s}"}
+            calls[sid] = [
+                c.chat.completions.create(
+                    model="policy", messages=USER, max_tokens=2, extra_headers=head
+                ).id
+                for _ in range(10)
+            ]
+        # even sessions: a reward per call (by id or by turn); odd ones: the session's reward
+        posts, expected = [], {}
+        for s, (sid, ids) in enumerate(calls.items()):
+            if s % 2:
+                posts.append({"session_id": sid, "reward": float(s), "key": f"{sid}"})
+                expected[sid] = (float(s), [None] * 10)
+                continue
+            rewards = [s + t / 10 for t in range(10)]
+            for t, cid in enumerate(ids):
+                target = {"call_id": cid} if t % 2 else {"turn": t}
+                posts.append({"session_id": sid, "reward": rewards[t], "key": cid, **target})
+            expected[sid] = (None, rewards)
+        rng = random.Random(0)
+        dups = rng.sample(posts, 300)
+        commits = [{"commit": sid} for sid in calls]
+        stream = posts + dups + commits
+        rng.shuffle(stream)  # so about half the feedback comes after its session's commit
+        answers = []
+        for p in stream:
+            if "commit" in p:
+                status, _ = post(f"{root}/commit", json.dumps({"session_id": p["commit"]}).encode())
+            else:
+                status, body = post(f"{root}/feedback", json.dumps(p).encode())
+                answers.append(body["duplicate"])
+            assert status == 200
+        ready = served.run(_take(book))
+        assert sorted(r.session_id for r in ready) == sorted(calls)  # each session once
+        for r in ready:
+            assert r.calls == calls[r.session_id]
+            assert (r.reward, r.call_rewards) == expected[r.session_id]
+        assert answers.count(True) == 300 and book.counts["feedback"] == len(posts)
+        assert served.run(_take(book)) == []
+        status, body = post(f"{root}/feedback", json.dumps(posts[0]).encode())
+        assert status == 200 and body["duplicate"]  # a repeat of a taken post is still no error
+        status, body = post(f"{root}/feedback", json.dumps({**posts[0], "key": "new"}).encode())
+        assert status == 410, body  # but new feedback for a trained session is gone
+    finally:
+        served.close()
+
+
+async def _take(book: FeedbackBook) -> list:
+    return book.take_ready()  # on the server's loop, as the serve loop calls it

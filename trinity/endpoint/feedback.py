@@ -1,0 +1,160 @@
+"""Rewards for served sessions, each landing exactly once, and when a session is ready to train.
+
+An external agent calls the endpoint in a session, then says how it went:
+
+    POST /feedback {"session_id": "ep-7", "reward": 1.0, "key": "ep-7/final"}
+    POST /feedback {"session_id": "ep-7", "call_id": "chatcmpl-…", "reward": 0.5, "key": "…"}
+    POST /feedback {"session_id": "ep-7", "turn": 2, "reward": 0.5, "key": "…"}
+    POST /commit   {"session_id": "ep-7"}
+
+A reward is for the whole session (the episode's), for one call (by the `id` of its response), or
+for the call at `turn` (0-based, in the order the session's calls were answered). `key` makes a
+post idempotent: the same key with the same content is answered again without counting twice;
+the same key with other content is a conflict. Two rewards for the same target are a conflict.
+Feedback may come before the calls it names, and after `/commit`.
+
+A committed session is ready when it has its session reward, or a reward for every one of its
+calls. It is handed out (`take_ready`) exactly once. A session not ready `window_s` seconds after
+its commit (or after its last activity, uncommitted) expires: counted, never trained. Feedback for
+a session handed out or expired is refused (`Gone`), so nothing lands twice or in limbo.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class FeedbackError(ValueError):
+    """A post that cannot be taken: `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class SessionBook:
+    """What is known of one session."""
+
+    calls: list[str] = field(default_factory=list)  # response ids, in answer order
+    reward: float | None = None  # the session's own
+    call_rewards: dict[str, float] = field(default_factory=dict)  # by response id
+    turn_rewards: dict[int, float] = field(default_factory=dict)  # by turn, until the call is seen
+    committed_at: float | None = None
+    touched_at: float = 0.0
+
+    def rewards_by_call(self) -> list[float | None]:
+        """The reward of each call, in order (a turn's reward once its call exists)."""
+        return [
+            self.call_rewards.get(cid, self.turn_rewards.get(i)) for i, cid in enumerate(self.calls)
+        ]
+
+    def ready(self) -> bool:
+        if self.committed_at is None or not self.calls:
+            return False
+        return self.reward is not None or all(r is not None for r in self.rewards_by_call())
+
+
+@dataclass(frozen=True)
+class ReadySession:
+    session_id: str
+    calls: list[str]
+    reward: float | None
+    call_rewards: list[float | None]
+
+
+class FeedbackBook:
+    """The sessions of one endpoint and their rewards (see the module doc). Not thread-safe:
+    the endpoint calls it from its event loop only."""
+
+    def __init__(self, window_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
+        self.window_s, self.clock = window_s, clock
+        self.sessions: dict[str, SessionBook] = {}
+        self.done: dict[str, str] = {}  # session id -> "trained" | "expired"
+        self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
+        self.counts = {"feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0}
+
+    def _open(self, session_id: str) -> SessionBook:
+        if session_id in self.done:
+            raise FeedbackError(410, f"session {session_id!r} was {self.done[session_id]} already")
+        book = self.sessions.setdefault(session_id, SessionBook())
+        book.touched_at = self.clock()
+        return book
+
+    def called(self, session_id: str, call_id: str) -> None:
+        """A call of the session was answered with response id `call_id`."""
+        book = self._open(session_id)
+        if book.committed_at is not None:
+            raise FeedbackError(409, f"session {session_id!r} is committed: it takes no calls")
+        book.calls.append(call_id)
+
+    def check_open(self, session_id: str) -> None:
+        """Raise if the session may take no more calls (committed, trained or expired)."""
+        if session_id in self.done or self.sessions.get(session_id, SessionBook()).committed_at:
+            raise FeedbackError(409, f"session {session_id!r} is committed: it takes no calls")
+
+    def feedback(
+        self,
+        session_id: str,
+        reward: float,
+        key: str,
+        call_id: str | None = None,
+        turn: int | None = None,
+    ) -> bool:
+        """Take a reward; False if `key` was taken before with the same content."""
+        if call_id is not None and turn is not None:
+            raise FeedbackError(400, "give call_id or turn, not both")
+        post = (session_id, reward, call_id, turn)
+        if key in self.keys:
+            if self.keys[key] != post:
+                raise FeedbackError(409, f"key {key!r} was used for another feedback")
+            self.counts["duplicates"] += 1
+            return False
+        book = self._open(session_id)
+        if call_id is not None:
+            if call_id not in book.calls:  # its id comes with its answer: it must be known
+                raise FeedbackError(404, f"session {session_id!r} has no call {call_id!r}")
+            if call_id in book.call_rewards or book.calls.index(call_id) in book.turn_rewards:
+                raise FeedbackError(409, f"call {call_id!r} of {session_id!r} has a reward already")
+            book.call_rewards[call_id] = reward
+        elif turn is not None:
+            if turn < 0:
+                raise FeedbackError(400, "turn must be >= 0")
+            taken = turn in book.turn_rewards or (
+                turn < len(book.calls) and book.calls[turn] in book.call_rewards
+            )
+            if taken:
+                raise FeedbackError(409, f"turn {turn} of {session_id!r} has a reward already")
+            book.turn_rewards[turn] = reward
+        else:
+            if book.reward is not None:
+                raise FeedbackError(409, f"session {session_id!r} has its reward already")
+            book.reward = reward
+        self.keys[key] = post
+        self.counts["feedback"] += 1
+        return True
+
+    def commit(self, session_id: str) -> None:
+        """The session is over; a second commit is answered as the first."""
+        book = self._open(session_id)
+        if book.committed_at is None:
+            book.committed_at = self.clock()
+            self.counts["committed"] += 1
+
+    def take_ready(self) -> list[ReadySession]:
+        """Sessions ready to train, each once; expire those past the window."""
+        now, out = self.clock(), []
+        for sid, book in list(self.sessions.items()):
+            if book.ready():
+                out.append(ReadySession(sid, list(book.calls), book.reward, book.rewards_by_call()))
+                self._close(sid, "trained", "ready")
+            elif now - (book.committed_at or book.touched_at) > self.window_s:
+                self._close(sid, "expired", "expired")
+        return out
+
+    def _close(self, session_id: str, how: str, count: str) -> None:
+        del self.sessions[session_id]
+        self.done[session_id] = how
+        self.counts[count] += 1
