@@ -1,0 +1,72 @@
+"""The text-environment contract: a `gymnasium.Env` whose actions are the model's replies and whose
+observations are chat messages.
+
+    env = ENV.get("guess_number")(low=1, high=50)
+    obs, info = env.reset(seed=3)            # obs: {"role": "user", "content": "..."}
+    obs, reward, terminated, truncated, info = env.step("25")
+
+- `reset(seed=..., options=...)` returns the first message of the episode (its system prompt is
+  `env.system_prompt`, or None). The seed alone decides the episode, so a task row names it.
+- `step(reply)` takes the assistant's whole reply text and returns the message that answers it
+  (role "user" for what the environment says, "tool" for a tool's result), the reward of this
+  step, and whether the episode ended (`terminated`) or ran out of turns (`truncated`).
+- `info["reward_components"]`: the named parts of the step's reward (each a float; they sum to
+  the reward), reported as metrics by the workflow that runs the environment.
+- An environment never raises on a bad reply: a reply it cannot parse is answered with a message
+  saying so (and usually a step penalty), as a real environment would answer a confused agent.
+
+Environments are registered in `ENV` by name (a dotted path `package.module.Class` works too).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from trinity.common.registry import Registry
+
+ENV: Registry[type[TextEnv]] = Registry(
+    "env",
+    modules={
+        "countdown_calculator": "trinity.envs.countdown",
+        "frozen_lake_text": "trinity.envs.frozen_lake",
+        "guess_number": "trinity.envs.guess_number",
+    },
+)
+
+_TEXT = string.printable + "".join(chr(c) for c in range(0xA0, 0x2FFF))
+
+
+def text_space(max_length: int = 4096) -> spaces.Text:
+    return spaces.Text(max_length, min_length=0, charset=_TEXT)
+
+
+def message(content: str, role: str = "user") -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+class TextEnv(gym.Env):
+    """Base class: sets the spaces; subclasses write `reset` and `step` (see the module doc)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    system_prompt: str | None = None
+    max_turns: int = 8
+
+    def __init__(self, max_turns: int | None = None) -> None:
+        if max_turns is not None:
+            if max_turns < 1:
+                raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            self.max_turns = max_turns
+        self.action_space = text_space()
+        self.observation_space = spaces.Dict(
+            {"role": spaces.Text(16, charset=string.ascii_lowercase), "content": text_space()}
+        )
+        self.turns = 0
+
+    def _turn(self) -> bool:
+        """Count a step; True when it was the last one allowed (the episode is truncated)."""
+        self.turns += 1
+        return self.turns >= self.max_turns
