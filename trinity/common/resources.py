@@ -112,7 +112,7 @@ def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]
     Ray places a fraction below 1 on one GPU, so with several GPUs the fraction is 1 / (members
     per GPU, rounded up): 3 members on 2 GPUs get 0.5 each (two on one, one on the other), not
     0.6667, of which no GPU holds two and the third would wait forever. Fewer than one GPU (a
-    process of a split run plans for half the cluster): that part split in equal fractions.
+    process of a split run plans for half the cluster's GPUs): that part split in equal fractions.
     """
     users = int(trainer) + engines
     if gpus <= 0 or users == 0:
