@@ -555,6 +555,8 @@ def _resource_plan(
         cpus = float(got)
         if got == 0:  # explorers hold the explorers' half: it takes its part at its first step
             note += ", waits for its part before its first step"
+    elif split:  # a split stage in a run that is not split has no ledger: half the cluster
+        cpus /= 2
     part = 0.5 if split else 1.0
     gpus = have.get("GPU", 0.0)
     if cfg.cluster.gpu_per_node is not None:
