@@ -102,3 +102,124 @@ def test_nccl_on_a_shared_gpu_sends_by_memory_with_a_note():
     assert resolve(switched).sync_method == "memory"
     assert cfg.synchronizer.sync_method == "nccl"  # the user's config is not touched
     assert "NCCL cannot put two ranks on one device" in note and "0.5 GPU each" in note
+
+
+def _threads(got: int, role: str, engines: int) -> int:
+    """All torch threads of a process holding `got` cores (reserve_cpus=False: split run)."""
+    trainer = role == "trainer"
+    plan = plan_resources(got, 0, trainer, 0 if trainer else engines, False, reserve_cpus=False)
+    return plan.trainer.threads if trainer else engines * plan.engine.threads
+
+
+class _Run:
+    """A split run's processes against its `RunName` ledger (the plain class, no Ray)."""
+
+    def __init__(self, cpus: int) -> None:
+        from trinity.common.shared import RunName
+
+        self.actor, self.cpus, self.threads = RunName("run"), cpus, {}
+
+    def start(self, role: str, engines: int = 1) -> int:
+        self.actor.attach(role)
+        return self.step(role, engines)
+
+    def step(self, role: str, engines: int = 1) -> int:
+        """The process claims (at start, and an explorer before each step); returns what it
+        holds and records the threads it then runs (1 per engine while it waits on 0)."""
+        got, _ = self.actor.claim_cpus(role, engines, self.cpus)
+        self.threads[role] = _threads(got, role, engines) if got else engines
+        return got
+
+    def stop(self, role: str) -> None:
+        self.actor.detach(role)
+        self.threads.pop(role)
+
+
+def test_split_run_trainer_first_then_a_second_explorer_joins_later():
+    # 4 CPUs: the trainer's half is 4 - 4 // 2 = 2, the explorers share 4 // 2 = 2
+    run = _Run(4)
+    assert run.start("trainer") == 2
+    assert run.start("explorer/alpha") == 2  # alone: the explorers' whole half
+    assert sum(run.threads.values()) == 4
+    # beta joins: its fair part is 2 // 2 = 1, but alpha holds both until its next step
+    assert run.start("explorer/beta") == 0  # it waits (its engine loads on 1 thread)
+    assert run.step("explorer/alpha") == 1  # alpha gives one back at its next step
+    assert run.step("explorer/beta") == 1  # and beta takes it: 2 + 1 + 1 = 4
+    assert run.threads == {"trainer": 2, "explorer/alpha": 1, "explorer/beta": 1}
+    # alpha finishes: beta takes the whole explorers' half at its next step
+    run.stop("explorer/alpha")
+    assert run.step("explorer/beta") == 2
+    assert sum(run.threads.values()) == 4
+
+
+def test_split_run_explorers_first_keep_the_trainer_s_half_back():
+    run = _Run(4)
+    assert run.start("explorer/alpha") == 2  # not 4: the trainer's 2 are kept back
+    _, ledger = run.actor.claim_cpus("explorer/alpha", 1)
+    assert (
+        ledger
+        == "explorer/alpha holds 2 of the run's 4 CPUs (trainer 2 kept back, explorer/alpha 2)"
+    )
+    assert run.start("explorer/beta") == 0
+    assert run.step("explorer/alpha") == 1 and run.step("explorer/beta") == 1
+    assert run.start("trainer") == 2  # arrives last, its half is free
+    assert sum(run.threads.values()) == 4
+    _, ledger = run.actor.claim_cpus("trainer", 0)
+    assert ledger.endswith("(trainer 2, explorer/alpha 1, explorer/beta 1)")
+
+
+def test_split_run_explorers_that_start_together_split_at_once():
+    # both attached before either claims: 2 // 2 = 1 each, nobody waits
+    run = _Run(4)
+    run.actor.attach("explorer/alpha")
+    run.actor.attach("explorer/beta")
+    assert run.step("explorer/alpha") == 1 and run.step("explorer/beta") == 1
+    assert run.start("trainer") == 2
+
+
+def test_split_run_an_explorer_started_again_takes_its_own_place():
+    # alpha (alone, 2 cores) is SIGKILLed: its role keeps its part; started again under the same
+    # role it claims anew (its old part is not counted against it) and gets the same 2
+    run = _Run(4)
+    run.start("explorer/alpha")
+    assert run.start("explorer/alpha") == 2
+    assert run.start("explorer/beta") == 0  # then as a late joiner: one step of alpha's later
+    assert run.step("explorer/alpha") == 1 and run.step("explorer/beta") == 1
+
+
+def test_split_run_shares_are_whole_threads_per_engine():
+    # 16 CPUs: trainer 16 - 8 = 8; 3 explorers of 2 engines: 8 // 3 = 2 cores each (1 thread per
+    # engine, 2 cores left idle rather than an engine with a fraction); alone: 8 (4 per engine)
+    run = _Run(16)
+    assert run.start("explorer/a", engines=2) == 8
+    assert run.threads["explorer/a"] == 8  # 2 engines x 4 threads
+    run.actor.attach("explorer/b")
+    run.actor.attach("explorer/c")
+    assert run.step("explorer/b", engines=2) == 0  # a holds the explorers' half
+    assert run.step("explorer/a", engines=2) == 2
+    assert run.step("explorer/b", engines=2) == 2 and run.step("explorer/c", engines=2) == 2
+    assert run.start("trainer") == 8
+    assert sum(run.threads.values()) == 8 + 3 * 2 <= 16
+    # an odd count: 5 CPUs, trainer 5 - 2 = 3, one explorer 2
+    odd = _Run(5)
+    assert odd.start("trainer") == 3 and odd.start("explorer/a") == 2
+
+
+def test_split_run_on_too_few_cpus_runs_one_thread_per_engine_and_says_so():
+    # 2 CPUs, two explorers of one engine: the explorers' half is 1 core, 1 // 2 = 0 per
+    # explorer: each runs its engine on 1 thread (the floor), 1 + 1 + 1 = 3 > 2
+    run = _Run(2)
+    assert run.start("trainer") == 1
+    assert run.start("explorer/alpha") == 1
+    assert run.start("explorer/beta") == 1
+    assert sum(run.threads.values()) == 3
+    _, ledger = run.actor.claim_cpus("explorer/beta", 1)
+    assert ledger.endswith("oversubscribed: 3)")
+
+
+def test_split_run_a_claim_at_least_takes_what_a_dead_holder_keeps():
+    # alpha holds the explorers' half and never comes back: beta, after waiting, takes 1 anyway
+    run = _Run(4)
+    run.start("explorer/alpha")
+    run.actor.attach("explorer/beta")
+    assert run.actor.claim_cpus("explorer/beta", 1, None, 1)[0] == 1

@@ -63,3 +63,29 @@ def test_publishes_only_for_a_consumer(
     assert out["train_steps"] == 3
     assert [args[0] for name, args in sync.calls if name == "publish"] == versions
     assert [args[1] for name, args in hub.calls if name == "put"] == [1, 2, 3]  # metrics per step
+
+
+def test_a_train_step_is_reported_before_its_checkpoint_lands(tmp_path, tiny_model_dir, fake_ray):
+    # the hub journals a report before `put` returns, so a step whose checkpoint (and with it
+    # its leases' ack) landed was reported: after a SIGKILL the next process merges the journal
+    # (test_monitor) and the step has its record. Every put must come while its step's
+    # checkpoint is not there yet, and every checkpointed step must have been put
+    run_dir = tmp_path / "run"
+    seen: list[tuple[int, bool]] = []
+
+    class Hub:
+        put = SimpleNamespace(
+            remote=lambda source, step, metrics: seen.append(
+                (step, (run_dir / f"global_step_{step}").exists())
+            )
+        )
+
+    cfg = sft_config(tmp_path, tiny_model_dir)
+    cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"save_interval": 1})})
+    r = TrainerRunner(cfg, str(tiny_model_dir), str(run_dir), None, FakeActor(), Hub(), 0)
+    r.prepare(None, use_dataset=True)
+    r.run(3, publish_steps=False, publish_final=False)
+    assert seen == [(1, False), (2, False), (3, False)]
+    assert sorted(p.name for p in run_dir.glob("global_step_*")) == [
+        "global_step_1", "global_step_2", "global_step_3"
+    ]  # fmt: skip

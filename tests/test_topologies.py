@@ -134,6 +134,45 @@ def cluster():
         yield c
 
 
+CPUS4 = 4  # Ray's count, not the machine's: room for a trainer and two one-engine explorers
+
+
+@pytest.fixture(scope="module")
+def cluster4():
+    # two explorers and a trainer at one thread or more each need 4 CPUs: on 2 the ledger's
+    # floor (one thread per engine) holds 3 (common.resources.RunShares)
+    with private_cluster(num_cpus=CPUS4) as c:
+        yield c
+
+
+SHARE_LINE = re.compile(
+    r"resources: (?P<plan>.*?); (?P<role>\S+) holds (?P<held>\d+) of the run's (?P<cpus>\d+) "
+    r"CPUs \((?P<ledger>[^)]*)\)(?P<waits>, waits for its part)?"
+)
+
+
+def assert_shares(outs: dict[str, str], cpus: int, engines: int = 1) -> dict[str, list[int]]:
+    """From every `resources:` line of a split run's processes (each at start, an explorer's
+    again whenever its part changes): the run's ledger never holds more than the cluster's
+    `cpus`, and a process never runs more threads than it holds. Returns each role's holdings
+    in the order printed."""
+    held: dict[str, list[int]] = {}
+    for out in outs.values():
+        for m in SHARE_LINE.finditer(out):
+            assert int(m["cpus"]) == cpus, m[0]
+            assert "oversubscribed" not in m["ledger"], m[0]
+            ledger = [e.removesuffix(" kept back").rsplit(" ", 1) for e in m["ledger"].split(", ")]
+            assert sum(int(v) for _, v in ledger) <= cpus, m[0]
+            threads = [int(t) for t in re.findall(r"\((\d+) threads\)", m["plan"])]
+            mine = threads[0] if m["role"] == "trainer" else engines * threads[0]
+            if int(m["held"]) == 0:  # its engine loads on one thread; it computes nothing yet
+                assert m["waits"], m[0]
+            else:
+                assert mine <= int(m["held"]), m[0]
+            held.setdefault(m["role"], []).append(int(m["held"]))
+    return held
+
+
 @pytest.mark.parametrize(
     ("steps", "tasks", "expect"),
     [(3, 200, 3), (50, 12, 3)],
@@ -212,19 +251,25 @@ def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, clust
     ("budget", "trained"), [(6, 6), (20, 8)], ids=["budget_first", "tasks_first"]
 )
 def test_a_second_explorer_started_after_the_first_finished(
-    tmp_path, tiny_model_dir, cluster, budget, trained
+    tmp_path, tiny_model_dir, cluster4, budget, trained
 ):
     # alpha explores 4 steps and exits; only then beta starts (4 steps). A trainer with a step
     # budget waits for beta (it lingers up to max_read_timeout once every explorer it knows has
     # finished): budget 6 ends the run in beta's third step; budget 20 trains all 8, then ends
-    # when no further explorer joins within the linger
+    # when no further explorer joins within the linger. Cores (4): the trainer holds its half
+    # (2), alpha the explorers' half (2) and gives it back when done, so beta holds it then
     name = f"late_{budget}"
     cfg = config(tmp_path, tiny_model_dir, name)
+    cluster = cluster4
     trainer = start(cfg, cluster, "mode=train", f"buffer.total_steps={budget}")
     alpha = start(cfg, cluster, "mode=explore", "explorer.name=alpha", "buffer.total_steps=4")
-    wait_exit(alpha, 300)
+    out_alpha = wait_exit(alpha, 300)
     beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=4")
-    finish({"train": trainer, "beta": beta}, bound_s=300)
+    outs = finish({"train": trainer, "beta": beta}, bound_s=300)
+    held = assert_shares({**outs, "alpha": out_alpha}, CPUS4)
+    assert held["trainer"] == [2] and set(held["explorer/alpha"]) == set(held["explorer/beta"]) == {
+        2
+    }
     run_dir = tmp_path / "ckpt" / "topo" / name
     assert trained_steps(run_dir, ".trainer") == list(range(1, trained + 1))
     assert explored_steps(run_dir, ".explorer-alpha") == [1, 2, 3, 4]
@@ -268,16 +313,26 @@ def test_sigkill_the_trainer_of_a_split_run_and_start_it_again_alone(
     resumed = re.search(r"the trainer resumes from \S*global_step_(\d+)", outs["train"])
     assert resumed and int(resumed.group(1)) % 2 == 0 < int(resumed.group(1)) < 20, outs["train"]
     assert (run_dir / "global_step_20" / "model.safetensors").exists()
+    # every step has its train record; a step the dead trainer checkpointed exactly one (it was
+    # journaled before its checkpoint, and merged by the new process); the steps after that
+    # checkpoint are trained again and recorded again (the later record wins)
+    steps = trained_steps(run_dir, ".trainer")
+    assert sorted(set(steps)) == list(range(1, 21))
+    assert [s for s in steps if s <= int(resumed.group(1))] == list(
+        range(1, int(resumed.group(1)) + 1)
+    )
     assert_clean(counts(cfg), trained=20 * PER_STEP)
     assert named_actors(cluster, "trinity:topo/kill_trainer") == []
 
 
-def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_model_dir, cluster):
+def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_model_dir, cluster4):
     # alpha runs first against a buffer that holds 3 steps: it writes steps 1-3 and blocks in
     # the write of step 4. SIGKILLed there and started again alone, it joins the live run (its
     # own dead process kept it alive), a dead write still waiting takes nothing (superseded),
     # and it continues after its cursor. Then beta and the trainer join: the trainer trains what both
-    # wrote, each experience once
+    # wrote, each experience once. The three run at once on 4 CPUs: their threads never sum to
+    # more (the trainer's half is kept back, the explorers share the other half)
+    cluster = cluster4
     cfg = config(tmp_path, tiny_model_dir, "kill_explorer")
     run_dir = tmp_path / "ckpt" / "topo" / "kill_explorer"
     cap = f"buffer.trainer_input.experience_buffer.capacity={3 * PER_STEP}"
@@ -286,7 +341,7 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     wait_for_step(run_dir / "metrics.explorer-alpha.jsonl", "rollout/tasks", 3, [alpha], 300)
     time.sleep(2)  # into step 4's write, which blocks: the buffer is full
     alpha.kill()
-    alpha.communicate()
+    out_dead = "".join(alpha.communicate())
     again = start(cfg, cluster, *alpha_args)
     beta = start(cfg, cluster, "mode=explore", "explorer.name=beta", "buffer.total_steps=5", cap)
     trainer = start(cfg, cluster, "mode=train", "buffer.total_steps=10", cap)
@@ -297,9 +352,13 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     resumed = re.search(r"continues after explore step ([34]) ", outs["alpha"])
     assert resumed, outs["alpha"][-3000:]
     assert trained_steps(run_dir, ".trainer") == list(range(1, 11))
-    # the steps reported; a step 4 the dead process wrote but never reported has no record
-    after = set(range(int(resumed.group(1)) + 1, 6))
-    assert {1, 2, 3} | after <= set(explored_steps(run_dir, ".explorer-alpha"))
+    # every step in the buffer has exactly one record: a step 4 the dead process wrote but never
+    # reported is reported from the buffer (its report was written with it) by the new process
+    assert explored_steps(run_dir, ".explorer-alpha") == [1, 2, 3, 4, 5]
+    assert explored_steps(run_dir, ".explorer-beta") == [1, 2, 3, 4, 5]
+    held = assert_shares({**outs, "dead": out_dead}, CPUS4)
+    assert held["trainer"] == [2]
+    assert held["explorer/alpha"][-1] > 0 and held["explorer/beta"][-1] > 0  # nobody starved
     assert_clean(counts(cfg), trained=10 * PER_STEP)
     assert named_actors(cluster, "trinity:topo/kill_explorer") == []
 

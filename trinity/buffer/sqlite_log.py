@@ -24,7 +24,9 @@ read; a trainer started again (a continued run) reopens it.
 
 `explorer_cursor` holds, per explorer, the last explore step written and how many tasks its
 task stream had handed out by then, in the same transaction as that step's experiences: a
-resumed explorer continues after exactly what the buffer holds.
+resumed explorer continues after exactly what the buffer holds. `explorer_report` holds, in that
+transaction too, the step's metrics report: only the last step's is needed, since an explorer
+reports step s before it writes step s + 1, so a step with a later one written was reported.
 
 Durability: `synchronous=FULL` (WAL), so a transaction that returned is on disk, and survives a
 power loss, not only a process crash. NORMAL would lose the last transactions on power loss:
@@ -67,6 +69,11 @@ CREATE TABLE IF NOT EXISTS explorer_cursor (
     step INTEGER NOT NULL,
     tasks INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS explorer_report (
+    explorer TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    metrics TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS buffer_state (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -89,7 +96,8 @@ class SQLiteLog:
         self.conn.executescript(_SCHEMA)
 
     def append(self, experiences: list[Experience], cursor: Cursor | None = None) -> list[int]:
-        """Insert the rows and, in the same transaction, move the writer's cursor."""
+        """Insert the rows and, in the same transaction, move the writer's cursor (and keep
+        its step's metrics report)."""
         ids = []
         with self.conn:
             self.conn.execute("BEGIN")
@@ -109,13 +117,25 @@ class SQLiteLog:
                     "VALUES (?, ?, ?)",
                     (cursor.explorer, cursor.step, cursor.tasks),
                 )
+                if cursor.metrics is not None:
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO explorer_report (explorer, step, metrics) "
+                        "VALUES (?, ?, ?)",
+                        (cursor.explorer, cursor.step, json.dumps(cursor.metrics)),
+                    )
         return ids
 
     def cursor(self, explorer: str) -> Cursor | None:
+        """The explorer's cursor with its step's report (None when that step had none)."""
         row = self.conn.execute(
-            "SELECT step, tasks FROM explorer_cursor WHERE explorer = ?", (explorer,)
+            "SELECT c.step, c.tasks, r.metrics FROM explorer_cursor c LEFT JOIN explorer_report r "
+            "ON r.explorer = c.explorer AND r.step = c.step WHERE c.explorer = ?",
+            (explorer,),
         ).fetchone()
-        return Cursor(explorer, int(row[0]), int(row[1])) if row else None
+        if row is None:
+            return None
+        metrics = json.loads(row[2]) if row[2] is not None else None
+        return Cursor(explorer, int(row[0]), int(row[1]), metrics)
 
     def lease(self, ids: list[int], lease: int) -> None:
         self._set(ids, "state = 1, lease = ?", (lease,))

@@ -15,7 +15,11 @@ records its leases too, so a crash between writing it and the ack loses the ack,
 (`settled`).
 
 Resuming. A write carries the explorer's cursor (`Cursor`) and a durable storage keeps it with
-the experiences, so a restarted explorer continues after exactly what the storage holds.
+the experiences, so a restarted explorer continues after exactly what the storage holds. The
+cursor also carries the step's metrics report: stored in the same transaction, it is the record
+of a step whose experiences are in the storage even when the explorer's process died before it
+reported the step (the restarted explorer reports it again, `Explorer.run`, and the monitor
+writes a report it already holds only once, `Monitor.add(replay=True)`).
 
 Ending: one rule for every topology. The trainer's step budget, when it has one, ends the run:
 it calls `finish()`, writing ends for good (a blocked or later write raises `BufferClosed`, so
@@ -64,11 +68,13 @@ class Lease:
 @dataclass(frozen=True)
 class Cursor:
     """Where an explorer stands: its last explore step written, and the tasks its task stream
-    had handed out by then (a step's failed tasks are replaced, so not `step * batch_size`)."""
+    had handed out by then (a step's failed tasks are replaced, so not `step * batch_size`);
+    `metrics`: that step's metrics report (durable with the step, module docstring)."""
 
     explorer: str
     step: int
     tasks: int
+    metrics: dict[str, float] | None = None
 
 
 @runtime_checkable

@@ -6,9 +6,8 @@ synchronizer and metrics hub wait on them and reserve nothing.
 CPU. Cores are those Ray has free when the stage starts. Engines and a trainer that exist
 together reserve half each (the engines split theirs); alone, one side reserves them all. A run
 split over processes (`mode: explore` / `mode: train` from a queue, any number of explorers)
-cannot know which process starts first, and a reservation made on a count the other process
-has not yet taken could wait forever; each process there plans for half the cluster's cores and
-reserves no CPU. Torch threads follow the reservation, except in
+divides the cluster's cores by the run's ledger (`RunShares`, below) and reserves no CPU.
+Torch threads follow the reservation (or the ledger), except in
 lockstep: on-policy `mode: both` (`sync_interval: 1`, `sync_offset: 0`) alternates strictly,
 explore step k waiting for train step k-1's weights and train step k for explore step k's
 experiences, and in a train stage the engines only evaluate before or after training; there,
@@ -26,7 +25,7 @@ where NCCL cannot run a group: `sync_method: nccl` then sends weights by `memory
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ class Share:
 class ResourcePlan:
     trainer: Share | None
     engine: Share | None  # each of the engines
+    run_share: str = ""  # a process of a split run: what it holds of the run's cores
 
     def gpu_shared(self) -> bool:
         """Whether trainer and engines run on GPUs and some of them share one: their fractions
@@ -57,6 +57,8 @@ class ResourcePlan:
             if s is not None:
                 gpu = f", {s.num_gpus:g} GPU" if s.num_gpus else ""
                 parts.append(f"{name} {s.num_cpus:g} CPU{gpu} ({s.threads} threads)")
+        if self.run_share:
+            parts.append(self.run_share)
         return "resources: " + "; ".join(parts)
 
 
@@ -110,7 +112,7 @@ def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]
     Ray places a fraction below 1 on one GPU, so with several GPUs the fraction is 1 / (members
     per GPU, rounded up): 3 members on 2 GPUs get 0.5 each (two on one, one on the other), not
     0.6667, of which no GPU holds two and the third would wait forever. Fewer than one GPU (a
-    process of a split run plans for half the cluster): that part split in equal fractions.
+    process of a split run plans for half the cluster's GPUs): that part split in equal fractions.
     """
     users = int(trainer) + engines
     if gpus <= 0 or users == 0:
@@ -127,3 +129,90 @@ def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]
 def _round(x: float) -> float:
     """Ray takes resource requests in units of 1/10000."""
     return float(int(x * 10000) / 10000)
+
+
+@dataclass
+class RunShares:
+    """The cores of one run split over processes, held per process role (`trainer`,
+    `explorer/<name>`), kept by the run's shared `RunName` actor (`common.shared`).
+
+    The rule: the trainer's half (`cpus - cpus // 2`) is kept back for it whether or not it has
+    started; the explorers share the other half (`cpus // 2`). An explorer's fair part is that
+    half divided by the explorers in the run now (every role attached, a killed one too until it
+    is started again or the run ends), in whole threads per engine; it is granted only what the
+    other explorers do not hold (`claim` returns 0: wait). Each explorer claims again before each
+    of its steps (`Explorer._take_share`): one that holds more than its fair part gives the rest
+    back there, and one that waited takes it. So the ledger never holds more than `cpus` (the
+    trainer's half plus at most the explorers' half), the threads of every compute actor of the
+    run follow what its process holds, whatever order the processes start in, and a later
+    explorer gets its fair part one step of the others later (nobody keeps more than a fair part
+    past its next step). A process that leaves (`release`, when it detaches) frees its part for
+    the others' next steps.
+
+    Why not Ray's own accounting (reserve each process's cores, the trainer's kept back until it
+    registers): a reservation is fixed for the actor's life, so the first explorer either
+    reserves the explorers' whole half, leaving nothing to a second one, or a fixed fraction of
+    what is free, which halves again for each later explorer; neither lets a later explorer have
+    an equal part, and an actor's torch threads can change between steps where its reservation
+    cannot. Split processes therefore reserve no CPU (as before); the ledger is the account.
+
+    One floor: every engine runs at least one thread. When the explorers' half has fewer cores
+    than the run's explorers have engines, each explorer holds one core per engine anyway and
+    the ledger holds more than `cpus` (`describe` says "oversubscribed"): a cluster too small for
+    the run, not a rule that could do better.
+    """
+
+    cpus: int
+    held: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def explorers_part(self) -> int:
+        return self.cpus // 2
+
+    @property
+    def trainer_part(self) -> int:
+        return self.cpus - self.explorers_part
+
+    def fair(self, explorers: int, engines: int) -> int:
+        """An explorer's fair part with `explorers` in the run, whole threads for its
+        `engines` (at least one each: the floor)."""
+        unit = max(1, engines)
+        return max(unit, self.explorers_part // max(1, explorers) // unit * unit)
+
+    def claim(self, role: str, explorers: int, engines: int, at_least: int = 0) -> int:
+        """The cores `role` holds from now on (recorded). The trainer: its half. An explorer
+        (`explorers` in the run, itself included, `engines` of its own): its fair part, at most
+        what the other explorers leave free; 0 when that is less than one thread per engine
+        (it waits, and claims again). `at_least`: take that many whatever is free (an explorer
+        that waited too long for a holder that never came back)."""
+        if role == "trainer":
+            got = self.trainer_part
+        else:
+            unit = max(1, engines)
+            fair = self.fair(explorers, engines)
+            others = sum(v for r, v in self.held.items() if r not in (role, "trainer"))
+            if self.explorers_part // max(1, explorers) < unit:
+                got = unit  # the floor: fewer cores than engines (see the class docstring)
+            else:
+                got = min(fair, max(0, self.explorers_part - others)) // unit * unit
+            got = max(got, at_least)
+        self.held[role] = got
+        return got
+
+    def release(self, role: str) -> None:
+        self.held.pop(role, None)
+
+    def total(self) -> int:
+        """What the ledger holds, the trainer's half counted whether it claimed or not."""
+        return self.trainer_part + sum(v for r, v in self.held.items() if r != "trainer")
+
+    def describe(self, role: str) -> str:
+        """`<role> holds N of the run's C CPUs (trainer T, explorer/a A, ...)`."""
+        kept = "" if "trainer" in self.held else " kept back"
+        parts = [f"trainer {self.trainer_part}{kept}"]
+        parts += [f"{r} {v}" for r, v in sorted(self.held.items()) if r != "trainer"]
+        over = f", oversubscribed: {self.total()}" if self.total() > self.cpus else ""
+        return (
+            f"{role} holds {self.held.get(role, 0)} of the run's {self.cpus} CPUs "
+            f"({', '.join(parts)}{over})"
+        )

@@ -101,6 +101,11 @@ class RolloutEngine(Protocol):
 
     def get_stats(self) -> dict[str, float]: ...
 
+    def set_num_threads(self, num_threads: int) -> None:
+        """Compute with this many CPU threads from the next call on (a split run's explorer
+        sets it before each step to its part of the run's cores)."""
+        ...
+
 
 ENGINE: Registry[type] = Registry(
     "engine_type", modules={"transformers": "trinity.explorer.engine"}

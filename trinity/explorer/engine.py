@@ -76,6 +76,11 @@ class HFRolloutEngine:
         )
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
 
+    def set_num_threads(self, num_threads: int) -> None:
+        """Compute with `num_threads` torch threads from the next call on (a split run's
+        explorer follows its part of the run's cores, `common.resources.RunShares`)."""
+        torch.set_num_threads(max(1, num_threads))
+
     # -- sampling --------------------------------------------------------------------------------
 
     @torch.inference_mode()

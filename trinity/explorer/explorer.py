@@ -25,7 +25,7 @@ from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.placement import on_node
-from trinity.common.resources import Share
+from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
@@ -43,6 +43,8 @@ from trinity.workflows import WORKFLOW
 
 if TYPE_CHECKING:
     from trinity.endpoint.server import EndpointServer, WorkflowSessions
+
+SHARE_WAIT_S = 120.0  # longest wait for a part of a split run's cores (`_take_share`)
 
 
 class _Counting(Iterator[Task]):
@@ -72,12 +74,18 @@ class Explorer:
         step_offset: int = 0,
         engine_share: Share | None = None,
         engine_nodes: list[str] | None = None,
+        run_shares: Any = None,
     ) -> None:
         """`engine_share`: what each engine reserves and its threads (the launcher's resource
         plan); None = no reservation, every core. `engine_nodes`: engine i runs on node i mod N
-        (`common.placement`); None or empty: wherever Ray places it."""
+        (`common.placement`); None or empty: wherever Ray places it. `run_shares`: in a process
+        of a split run, the run's `RunName` actor; this explorer claims its part of the run's
+        cores from it before each step and sets its engines' threads to it
+        (`common.resources.RunShares`)."""
         self.cfg = config
         self.engine_share = engine_share
+        self.run_shares = run_shares
+        self._held: int | None = None  # this explorer's part of a split run's cores
         self.engine_nodes = list(engine_nodes or [])
         # started first, not in `prepare`: they load while this process sets itself up
         self.engines: list[Any] = self._start_engines(model_path)
@@ -203,8 +211,8 @@ class Explorer:
         (explorer_driven): at the same points it asks the trainer for its current weights.
 
         1. register with the buffer (superseding a dead process of this explorer) and the
-           synchronizer; `resume`: read this explorer's cursor; evaluate at start
-           (`explorer.eval_on_startup`)
+           synchronizer; `resume`: read this explorer's cursor and report its step again
+           (`MetricsHub.replay`); evaluate at start (`explorer.eval_on_startup`)
         2. per step: sync weights if the schedule says so, run the batch's workflows, write the
            experiences, report metrics, evaluate every `eval_interval` steps
         3. release the buffer: when its last writer has, the trainer drains it and stops
@@ -234,6 +242,12 @@ class Explorer:
                 f"({start.tasks} tasks handed out)",
                 flush=True,
             )
+            if start.metrics is not None:
+                # that step's report, kept with its experiences: its process may have died
+                # before reporting it (the monitor drops it if a record holds it already)
+                await self.hub.replay.remote(
+                    "explorer", self.step_offset + start.step, start.metrics
+                )
         if ecfg.eval_on_startup and self.eval_tasksets and start is None:
             await self.evaluate(step=0)
         if weights is not None:
@@ -248,6 +262,7 @@ class Explorer:
         try:
             for step in range(first, total_steps + 1):
                 # 2.
+                await self._take_share()
                 metrics = await self._step(step, total_steps, stream, sync, bound)
                 if metrics is None:
                     break  # the tasks ran out
@@ -264,6 +279,50 @@ class Explorer:
         await self.buffer.release_writer.remote(ecfg.name)
         await self.synchronizer.release_reader.remote(ecfg.name)
         return {"explore_steps": written, "stopped_by_trainer": stopped}
+
+    async def _take_share(self, wait_s: float = SHARE_WAIT_S) -> None:
+        """Before a step of a split run: claim this explorer's part of the run's cores
+        (`common.resources.RunShares`) and set its engines' threads to it (every step, so an
+        engine that Ray restarted with its first threads follows too); say so when it changes.
+
+        A claim of 0 (other explorers hold the explorers' half until their next step) is tried
+        again every second, saying what it waits for; after `wait_s` (a holder that never comes
+        back: killed and not started again) it takes one thread per engine anyway.
+        """
+        rm = self.cfg.explorer.rollout_model
+        if self.run_shares is None or rm.num_threads is not None:
+            return
+        role, k = f"explorer/{self._name}", len(self.engines)
+        t0 = time.monotonic()
+        got, run = await self.run_shares.claim_cpus.remote(role, k)
+        notice = 0.0
+        while got == 0:
+            waited = time.monotonic() - t0
+            if waited >= wait_s:
+                got, run = await self.run_shares.claim_cpus.remote(role, k, None, k)
+                print(
+                    f"explorer {self._name!r}: no part of the run's cores came free in "
+                    f"{wait_s:.0f} s (an explorer killed and not started again keeps its "
+                    f"part): one thread per engine ({run})",
+                    flush=True,
+                )
+                break
+            if waited >= notice:
+                print(
+                    f"explorer {self._name!r}: waits for its part of the run's cores, which "
+                    f"the other explorers give back at their next step ({run}; "
+                    f"{waited:.0f} s so far)",
+                    flush=True,
+                )
+                notice += 30.0
+            await asyncio.sleep(1.0)
+            got, run = await self.run_shares.claim_cpus.remote(role, k)
+        threads = max(1, got // k)
+        await asyncio.gather(*(e.set_num_threads.remote(threads) for e in self.engines))
+        if got != self._held:
+            self._held = got
+            share = Share(0.0, self.engine_share.num_gpus if self.engine_share else 0.0, threads)
+            print(ResourcePlan(None, share, run).describe(), flush=True)
 
     async def _step(
         self, step: int, total_steps: int, stream: Iterator[Task], sync: str, bound: int | None
@@ -291,7 +350,7 @@ class Explorer:
         tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
         if not tasks:
             return None
-        metrics = {**synced, **await self.explore_step(step, tasks, stream)}
+        metrics = await self.explore_step(step, tasks, stream, synced)
         if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
             metrics.update(await self.evaluate(step, report=False))
         return metrics
@@ -304,13 +363,21 @@ class Explorer:
         return self.client.model_version if self.client is not None else 0
 
     async def explore_step(
-        self, step: int, tasks: list[Task], refill: Iterator[Task] | None = None
+        self,
+        step: int,
+        tasks: list[Task],
+        refill: Iterator[Task] | None = None,
+        before: dict[str, float] | None = None,
     ) -> dict[str, float]:
         """Run one step's tasks and write their experiences to the buffer.
 
         A task dropped after failing every try is replaced by the next task of `refill` (the
         selector's stream), so every step hands the trainer the same number of experiences:
         a trainer reading `batch_size * repeat_times` never waits for a short step.
+
+        The step's report (`before`: what the step measured before its tasks ran, such as its
+        weight sync, then its rollout metrics) goes to the buffer with the experiences, in one
+        transaction (`Cursor.metrics`); the returned metrics add the write's time.
         """
         t0 = time.perf_counter()
         key = self._sampling_key("train", step)
@@ -368,11 +435,9 @@ class Explorer:
                 experiences.append(e)
         if not experiences:
             raise RuntimeError(f"explore step {step}: the workflows returned no experiences")
-        stream = self._stream
-        cursor = Cursor(self.cfg.explorer.name, step, stream.taken) if stream else None
-        await self._write(experiences, cursor)
-        elapsed = time.perf_counter() - t0
-        return {
+        elapsed = time.perf_counter() - t0  # the step's rollouts, not the write's wait
+        report = {
+            **(before or {}),
             **rollout_metrics(experiences, prefix="rollout/"),
             "rollout/tasks": float(len(kept)),
             **{f"rollout/{k}": v for k, v in counts.items()},
@@ -381,6 +446,11 @@ class Explorer:
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
         }
+        stream = self._stream
+        cursor = Cursor(self.cfg.explorer.name, step, stream.taken, report) if stream else None
+        t_write = time.perf_counter()
+        await self._write(experiences, cursor)
+        return {**report, "timing/buffer_write": time.perf_counter() - t_write}
 
     async def _greedy_baselines(
         self, tasks: list[Task], samples: list[list[Experience]], key: int

@@ -6,6 +6,7 @@ metrics from the hub to the monitor, and turns any actor's exception into a non-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -181,7 +182,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
                 console.print(f"resuming stage {name} from {resume}", soft_wrap=True)
             res = run_stage(
                 cfg, name, model_path, stage_dir, hub, monitor, offset,
-                config.continue_from_checkpoint, resume, nodes,
+                config.continue_from_checkpoint, resume, nodes, name_actor,
             )  # fmt: skip
             results.append(res)
             model_path = res.checkpoint or model_path
@@ -267,11 +268,13 @@ def run_stage(
     continuing: bool = False,
     resume: Path | None = None,
     nodes: list[str] | None = None,
+    run_shares: Any = None,
 ) -> StageResult:
     """One stage. `continuing` (`continue_from_checkpoint`): the explorer continues after its
     cursor in the buffer; `resume`: the stage's newest checkpoint, the trainer continues from it
     (and an explorer of the same process starts from its weights); `nodes`: the Ray nodes the
-    run spreads over (`common.placement.run_nodes`; empty: one node).
+    run spreads over (`common.placement.run_nodes`; empty: one node); `run_shares`: a split
+    run's `RunName` actor, whose ledger divides the cluster's cores among its processes.
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -331,7 +334,9 @@ def run_stage(
         # a process of a split run: another process computes beside it on the same cluster
         split = mode == "explore" or reads_queue
         nodes = nodes or []
-        plan = _resource_plan(cfg, trains, explores or evaluates, lockstep, split, nodes)
+        plan = _resource_plan(
+            cfg, trains, explores or evaluates, lockstep, split, nodes, run_shares
+        )
         monitor.console.print(plan.describe(), soft_wrap=True)
         if rcfg.sync_method == "nccl" and plan.gpu_shared():
             cfg, note = _sync_by_memory(cfg, plan)
@@ -371,7 +376,7 @@ def run_stage(
         if explores or evaluates:
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
-                offset, plan.engine, nodes,
+                offset, plan.engine, nodes, run_shares if mode == "explore" else None,
             )  # fmt: skip
         trainer = None
         if trains:
@@ -530,22 +535,34 @@ def _resource_plan(
     lockstep: bool,
     split: bool = False,
     nodes: list[str] | None = None,
+    run_shares: Any = None,
 ) -> ResourcePlan:
-    """Shares of what Ray has free now, or of half the cluster for a process of a split run
-    (`trinity.common.resources`). Over several `nodes`, shares of one node: the smallest, holding
-    the trainer and the engines placed beside it (engine i goes to node i mod N)."""
+    """Shares of what Ray has free now, or, for a process of a split run, of the cores the
+    run's ledger gives it (`run_shares`, `common.resources.RunShares`: the trainer's half, or an
+    explorer's part of the other half) and of half the GPUs. Over several `nodes`, shares of
+    one node: the smallest, holding the trainer and the engines placed beside it (engine i goes
+    to node i mod N)."""
     have = _settled_resources(split)
     rm = cfg.explorer.rollout_model
     engines = rm.engine_num if has_engines else 0
     if nodes:
         have = node_resources(nodes)
         engines = len(range(0, engines, len(nodes)))  # those on the first node
+    cpus, note = have.get("CPU", 0.0), ""
+    if split and run_shares is not None:
+        role = _process_role(cfg)
+        got, note = ray.get(run_shares.claim_cpus.remote(role, engines, cpus))
+        cpus = float(got)
+        if got == 0:  # explorers hold the explorers' half: it takes its part at its first step
+            note += ", waits for its part before its first step"
+    elif split:  # a split stage in a run that is not split has no ledger: half the cluster
+        cpus /= 2
     part = 0.5 if split else 1.0
     gpus = have.get("GPU", 0.0)
     if cfg.cluster.gpu_per_node is not None:
         gpus = min(gpus, cfg.cluster.gpu_per_node)
-    return plan_resources(
-        part * have.get("CPU", 0.0),
+    plan = plan_resources(
+        cpus,
         part * gpus,
         trainer=trains,
         engines=engines,
@@ -554,6 +571,7 @@ def _resource_plan(
         engine_threads=rm.num_threads,
         reserve_cpus=not split,
     )
+    return dataclasses.replace(plan, run_share=note)
 
 
 def _settled_resources(split: bool, timeout: float = 10.0) -> dict[str, float]:
@@ -619,8 +637,8 @@ def _accuracies(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _pump(hub: Any, monitor: Monitor) -> None:
-    for source, step, metrics in ray.get(hub.drain.remote()):
-        monitor.add(source, step, metrics)
+    for source, step, metrics, replay in ray.get(hub.drain.remote()):
+        monitor.add(source, step, metrics, replay)
 
 
 def _wait(ref: Any, hub: Any, monitor: Monitor) -> Any:

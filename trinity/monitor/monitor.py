@@ -9,7 +9,10 @@ and writes it once every expected source has reported (or at close).
 Reports also go to a journal (`metrics.journal.jsonl`, written by the `MetricsHub`). A run whose
 driver was killed leaves reports there that never reached `metrics.jsonl`; the next run of the
 same folder merges them into its records of those steps (`begin_stage`), and a run that closes
-normally deletes the journal.
+normally deletes the journal. A replayed report (`MetricsHub.replay`: an explore step's report
+that the buffer kept with the step, sent again by the explorer continuing after it) is written
+only when no record of its stage and step (written or pending) holds all its keys yet, so a step
+whose report arrived before the crash gets no second record.
 
 Console: when it is a terminal (`isatty`), one rich progress bar per stage with the step count,
 ETA and the latest metrics, and a printed line only for evaluations; otherwise (a log file, a
@@ -101,8 +104,8 @@ class Monitor:
         self.last_expected = expected_sources | (last_step_sources or set())
         self.first_step, self._t_stage = first_step, time.perf_counter()
         # what an earlier run reported but never wrote (its driver was killed)
-        for source, step, metrics in self._unmerged.pop(stage, []):
-            self.add(source, step, metrics)
+        for source, step, metrics, replay in self._unmerged.pop(stage, []):
+            self.add(source, step, metrics, replay)
         if self.progress_bar:
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
@@ -127,13 +130,24 @@ class Monitor:
             self._bar.stop()
             self._bar, self._task = None, None
 
-    def add(self, source: str, step: int, metrics: dict[str, Any]) -> None:
+    def add(self, source: str, step: int, metrics: dict[str, Any], replay: bool = False) -> None:
+        """`source`'s report of `step`; `replay`: a report sent again, dropped when a record of
+        the step already holds it (module docstring)."""
+        if replay and set(metrics) <= self._recorded_keys(step):
+            return
         self._pending.setdefault(step, {}).update(metrics)
         self._sources.setdefault(step, set()).add(source)
         expected = self.last_expected if step == self.last_step else self.expected
         if expected <= self._sources[step]:
             for s in sorted(k for k in self._pending if k <= step):
                 self._write(s)
+
+    def _recorded_keys(self, step: int) -> set[str]:
+        """The keys of the current stage's records of `step`: written (any process of this
+        part, read back from the file) or pending here."""
+        self._jsonl.flush()
+        keys = _written_keys(self.jsonl_path).get((self.stage, step), set())
+        return keys | set(self._pending.get(step, {}))
 
     def flush(self) -> None:
         for s in sorted(self._pending):
@@ -219,8 +233,19 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _unmerged_reports(journal: Path, records: Path) -> dict[str, list[tuple[str, int, dict]]]:
-    """Per stage, the journal's reports that no record of their step holds (in report order).
+def _written_keys(records: Path) -> dict[tuple[str, int], set[str]]:
+    """Per (stage, step), every key its records in the file `records` hold."""
+    written: dict[tuple[str, int], set[str]] = {}
+    if records.is_file():
+        for line in records.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            written.setdefault((r.get("stage", ""), r["step"]), set()).update(r)
+    return written
+
+
+def _unmerged_reports(journal: Path, records: Path) -> dict[str, list[tuple[str, int, dict, bool]]]:
+    """Per stage, the journal's reports that no record of their step holds (in report order),
+    each as (source, step, metrics, replay).
 
     A report is in the records when a record of its stage and step has every one of its keys: a
     failing run's close can write a step's record with one source's report while the other's
@@ -229,16 +254,13 @@ def _unmerged_reports(journal: Path, records: Path) -> dict[str, list[tuple[str,
     if not journal.is_file():
         return {}
     _drop_torn_line(journal)
-    written: dict[tuple[str, int], set[str]] = {}
-    if records.is_file():
-        for line in records.read_text(encoding="utf-8").splitlines():
-            r = json.loads(line)
-            written.setdefault((r.get("stage", ""), r["step"]), set()).update(r)
-    out: dict[str, list[tuple[str, int, dict]]] = {}
+    written = _written_keys(records)
+    out: dict[str, list[tuple[str, int, dict, bool]]] = {}
     for line in journal.read_text(encoding="utf-8").splitlines():
         e = json.loads(line)
         if not set(e["metrics"]) <= written.get((e["stage"], e["step"]), set()):
-            out.setdefault(e["stage"], []).append((e["source"], e["step"], e["metrics"]))
+            report = (e["source"], e["step"], e["metrics"], bool(e.get("replay")))
+            out.setdefault(e["stage"], []).append(report)
     return out
 
 
