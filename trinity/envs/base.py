@@ -53,6 +53,7 @@ class TextEnv(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     system_prompt: str | None = None
+    tools: ClassVar[list[dict[str, Any]] | None] = None  # OpenAI function definitions, if any
     max_turns: int = 8
 
     def __init__(self, max_turns: int | None = None) -> None:

@@ -71,6 +71,12 @@ def _evaluate(node: ast.expr) -> Fraction:
     return left / right
 
 
+def evaluate_expression(text: str) -> Fraction:
+    """The exact value of an arithmetic expression under `parse_expression`'s rules; ValueError
+    if `text` is not one, ZeroDivisionError on a division by zero."""
+    return _evaluate(parse_expression(text))
+
+
 @REWARD_FN.register("countdown_reward")
 @needs_task_fields("numbers", "target")
 def countdown_reward(

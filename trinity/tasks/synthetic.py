@@ -259,7 +259,7 @@ _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 _ATOM = 3
 
 
-def _random_expression(nums: list[int], rng: random.Random) -> tuple[str, Fraction] | None:
+def random_expression(nums: list[int], rng: random.Random) -> tuple[str, Fraction] | None:
     """A random expression using every number of `nums` once; None if a division is inexact.
 
     Parentheses only where precedence needs them: `(8+16)*4`, `19+3-19`, `12-(3+4)`.
@@ -311,7 +311,7 @@ def countdown(
 
     def draw(rng: random.Random) -> dict[str, Any] | None:
         nums = sorted(rng.randint(1, max_number) for _ in range(num_numbers))
-        expr = _random_expression(nums, rng)
+        expr = random_expression(nums, rng)
         if expr is None:
             return None
         text, value = expr
