@@ -27,27 +27,9 @@ from trinity.endpoint.app import build_app
 from trinity.endpoint.feedback import FeedbackBook
 from trinity.endpoint.server import EndpointServer, EngineSessions, WorkflowSessions
 from trinity.explorer.engine import HFRolloutEngine
+from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, cut_at_stop
 from trinity.models import load_tokenizer
-
-
-class LocalActor:
-    """`engine.method.remote(...)` runs the method now, as a Ray actor handle's call would."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._engine, name)
-
-        class Remote:
-            @staticmethod
-            def remote(*args: Any) -> Any:
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_result(method(*args))
-                return fut
-
-        return Remote()
 
 
 class ScriptedEngine:
@@ -80,7 +62,7 @@ class Served:
         defaults = SamplingParams(n=1, temperature=1.0, max_tokens=64)
 
         async def start() -> str:
-            client = BatchingClient([LocalActor(engine)])
+            client = BatchingClient([InProcess(engine)])
             self.sessions = EngineSessions(client, tokenizer, defaults, model_name="policy")
             self.server = EndpointServer(build_app(self.sessions, **app_args))
             return await self.server.start()
@@ -297,7 +279,7 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
     threading.Thread(target=loop.run_forever, daemon=True).start()
 
     async def main() -> None:
-        client = BatchingClient([LocalActor(engine)])
+        client = BatchingClient([InProcess(engine)])
         sessions = WorkflowSessions("tiny-policy", len(tokenizer), 64)
         server = EndpointServer(build_app(sessions))
         url = await server.start()

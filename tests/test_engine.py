@@ -5,6 +5,7 @@ import asyncio
 import torch
 
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
+from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.sync.method import sync_method
 
@@ -90,31 +91,12 @@ def test_batcher_merges_concurrent_requests_per_sampling_params():
     assert sizes == [(1, 0.0), (1, 0.0), (3, 1.0), (3, 1.0)]
 
 
-class LocalActor:
-    """An engine behind a Ray-handle-shaped facade: `engine.method.remote(...)` runs it now."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def __getattr__(self, name):
-        method = getattr(self._engine, name)
-
-        class Remote:
-            @staticmethod
-            def remote(*args):
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_result(method(*args))
-                return fut
-
-        return Remote()
-
-
 def test_keyed_tasks_sample_the_same_whatever_the_batching_and_engine_count(tiny_model_dir):
     params = SamplingParams(n=4, temperature=1.0, max_tokens=6)
     questions = ["1+2=", "3+4=", "5+6=", "7+8=", "12+34="]
 
     def engines(k):
-        return [LocalActor(HFRolloutEngine(str(tiny_model_dir), seed=10 * i)) for i in range(k)]
+        return [InProcess(HFRolloutEngine(str(tiny_model_dir), seed=10 * i)) for i in range(k)]
 
     async def task(client, tok, i):
         handle = TaskModelHandle(client, tok, params, key=1000 + i)
@@ -126,12 +108,12 @@ def test_keyed_tasks_sample_the_same_whatever_the_batching_and_engine_count(tiny
 
     async def together(k):  # every task at once: one batch per turn, sharded over k engines
         client = BatchingClient(engines(k))
-        tok = client.engines[0]._engine.tokenizer
+        tok = client.engines[0].engine.tokenizer
         return await asyncio.gather(*(task(client, tok, i) for i in range(len(questions))))
 
     async def one_by_one():  # each task alone in its batches
         client = BatchingClient(engines(1))
-        tok = client.engines[0]._engine.tokenizer
+        tok = client.engines[0].engine.tokenizer
         return [await task(client, tok, i) for i in reversed(range(len(questions)))][::-1]
 
     batched, sharded, alone = (
@@ -179,11 +161,11 @@ def test_an_over_long_prompt_fails_only_its_own_task(tiny_model_dir):
 
     def client():
         return BatchingClient(
-            [LocalActor(HFRolloutEngine(str(tiny_model_dir), seed=0, max_model_len=limit))]
+            [InProcess(HFRolloutEngine(str(tiny_model_dir), seed=0, max_model_len=limit))]
         )
 
     async def task(c, i):
-        handle = TaskModelHandle(c, c.engines[0]._engine.tokenizer, params, key=500 + i)
+        handle = TaskModelHandle(c, c.engines[0].engine.tokenizer, params, key=500 + i)
         try:
             samples = await handle.chat([{"role": "user", "content": questions[i]}])
         except PromptTooLong as e:

@@ -29,6 +29,8 @@ model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 buffer_app = typer.Typer(help="Inspect a run's experience buffers.", no_args_is_help=True)
 app.add_typer(buffer_app, name="buffer")
+debug_app = typer.Typer(help="Run pieces of a config by hand.", no_args_is_help=True)
+app.add_typer(debug_app, name="debug")
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -152,6 +154,32 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
         err.print("[red]run failed[/]")
         sys.stderr.write(f"{e}\n")
         raise typer.Exit(1) from None
+
+
+@debug_app.command("workflow")
+def debug_workflow(
+    config: ConfigOpt,
+    task: Annotated[int, typer.Option(help="Row of the taskset to run.")] = 0,
+    evaluating: Annotated[
+        bool, typer.Option("--eval", help="Take the task from the first eval taskset.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Save the experiences (JSON lines).")
+    ] = None,
+    overrides: SetOpt = None,
+    plugin_dirs: PluginDirOpt = None,
+) -> None:
+    """Run one task's workflow with one engine in this process (no Ray) and print what it
+    trains: the transcript with trained tokens highlighted, rewards and metrics."""
+    from trinity.config import stage_configs
+    from trinity.launcher.debug import debug_workflow as run_debug
+
+    cfg = _check(config, overrides, plugin_dirs)
+    explorer_stages = [s for s in stage_configs(cfg) if s.mode in ("both", "explore", "bench")]
+    try:
+        run_debug(explorer_stages[0] if explorer_stages else cfg, task, evaluating, out, console)
+    except ValueError as e:
+        raise _config_error(str(e)) from None
 
 
 @model_app.command("create")

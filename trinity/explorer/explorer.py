@@ -615,24 +615,10 @@ class Explorer:
         return stable_key(seeds.rollout_seed(self.cfg), self._name, *what)
 
     def _train_params(self, task: Task) -> SamplingParams:
-        m, ra = self.cfg.model, task.rollout_args
-        return SamplingParams(
-            n=ra.get("n") or task.repeat_times or self.cfg.algorithm.repeat_times,
-            temperature=_first(ra.get("temperature"), m.temperature),
-            top_p=_first(ra.get("top_p"), m.top_p),
-            top_k=_first(ra.get("top_k"), m.top_k),
-            max_tokens=_first(ra.get("max_tokens"), m.max_response_tokens, 64),
-        )
+        return task_sampling(self.cfg, task, evaluating=False)
 
     def _eval_params(self, task: Task) -> SamplingParams:
-        m, ra = self.cfg.model, task.rollout_args
-        return SamplingParams(
-            n=ra.get("n") or 1,
-            temperature=_first(ra.get("temperature"), 0.0),
-            top_p=_first(ra.get("top_p"), m.top_p),
-            top_k=_first(ra.get("top_k"), m.top_k),
-            max_tokens=_first(ra.get("max_tokens"), m.max_response_tokens, 64),
-        )
+        return task_sampling(self.cfg, task, evaluating=True)
 
     async def _run_tasks(
         self,
@@ -779,6 +765,24 @@ def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, flo
     if multi:
         out[f"{prefix}flat_group_frac"] = statistics.fmean(float(len(set(g)) == 1) for g in multi)
     return out
+
+
+def task_sampling(cfg: Any, task: Task, evaluating: bool) -> SamplingParams:
+    """How a task is sampled: its taskset's `rollout_args` over `model.*`; training draws
+    `repeat_times` samples at the model's temperature, evaluation one greedy sample."""
+    m, ra = cfg.model, task.rollout_args
+    if evaluating:
+        n, temperature = ra.get("n") or 1, _first(ra.get("temperature"), 0.0)
+    else:
+        n = ra.get("n") or task.repeat_times or cfg.algorithm.repeat_times
+        temperature = _first(ra.get("temperature"), m.temperature)
+    return SamplingParams(
+        n=n,
+        temperature=temperature,
+        top_p=_first(ra.get("top_p"), m.top_p),
+        top_k=_first(ra.get("top_k"), m.top_k),
+        max_tokens=_first(ra.get("max_tokens"), m.max_response_tokens, 64),
+    )
 
 
 def _first(*values: Any) -> Any:

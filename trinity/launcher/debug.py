@@ -1,0 +1,119 @@
+"""`trinity debug workflow`: run one task's workflow in this process and show what it trains.
+
+    trinity debug workflow --config x.yaml [--task 3] [--eval] [--out exps.jsonl]
+
+One engine in this process (no Ray), the config's model, workflow, reward and sampling; the
+task is row `--task` of the first taskset (or eval taskset). Prints each experience as a
+transcript: the prompt dim, trained tokens (action mask 1) green, tokens the model did not
+sample (tool or environment turns, mask 0) yellow, then its reward and metrics; saves the
+experiences as JSON lines (`Experience.to_dict`) when `--out` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from trinity.common.experience import Experience
+from trinity.common.rollout import engine_class
+from trinity.config import seeds
+from trinity.config.resolved import chat_template_kwargs, resolve
+from trinity.explorer.explorer import task_sampling
+from trinity.explorer.in_process import InProcess
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+from trinity.explorer.sampling import stable_key
+from trinity.tasks import Task, load_taskset
+from trinity.workflows import WORKFLOW
+
+
+def pick_task(cfg: Any, index: int, evaluating: bool) -> Task:
+    """Row `index` of the config's first taskset (eval taskset); ValueError naming the problem."""
+    inp = cfg.buffer.explorer_input
+    storages = list(inp.eval_tasksets) if evaluating else [inp.taskset, *inp.tasksets]
+    storages = [s for s in storages if s is not None]
+    if not storages:
+        what = "eval_tasksets" if evaluating else "taskset"
+        raise ValueError(f"the config has no buffer.explorer_input.{what} to take a task from")
+    workflow = (inp.default_eval_workflow_type if evaluating else None) or inp.default_workflow_type
+    tasks = load_taskset(
+        storages[0],
+        is_eval=evaluating,
+        default_workflow_type=workflow,
+        default_reward_fn_type=inp.default_reward_fn_type,
+        default_seed=cfg.seed,
+    )
+    if not 0 <= index < len(tasks):
+        raise ValueError(f"--task {index}: the taskset has tasks 0 to {len(tasks) - 1}")
+    return tasks[index]
+
+
+def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
+    """The task's experiences, sampled by one in-process engine; and the tokenizer."""
+    rm = cfg.explorer.rollout_model
+    engine = engine_class(resolve(cfg).engine_type)(
+        seeds.model_path(cfg),
+        dtype=rm.dtype,
+        seed=seeds.engine_seed(cfg, 0),
+        max_model_len=cfg.model.max_model_len,
+        custom_chat_template=cfg.model.custom_chat_template,
+    )
+    m = cfg.model
+
+    async def main() -> list[Experience]:
+        handle = TaskModelHandle(
+            BatchingClient([InProcess(engine)]),
+            engine.tokenizer,
+            task_sampling(cfg, task, evaluating=task.is_eval),
+            chat_template_kwargs(cfg),
+            key=stable_key(seeds.rollout_seed(cfg), "debug", task.index),
+            max_prompt_tokens=m.max_prompt_tokens if m.enable_prompt_truncation else None,
+        )
+        workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
+        return await workflow.run(task, handle)
+
+    return asyncio.run(main()), engine.tokenizer
+
+
+def transcript(exp: Experience, tokenizer: Any) -> Text:
+    """The experience's tokens as text, styled by what the trainer does with them."""
+    out = Text(tokenizer.decode(exp.tokens[: exp.prompt_length].tolist()), style="dim")
+    mask = exp.action_mask.tolist() if exp.action_mask is not None else []
+    response = exp.response_tokens.tolist()
+    start = 0
+    for i in range(1, len(response) + 1):  # runs of equal mask
+        if i == len(response) or mask[i] != mask[start]:
+            style = "bold green" if mask[start] else "yellow"
+            out.append(tokenizer.decode(response[start:i]), style=style)
+            start = i
+    return out
+
+
+def debug_workflow(
+    cfg: Any, index: int, evaluating: bool, out: Path | None, console: Console
+) -> list[Experience]:
+    task = pick_task(cfg, index, evaluating)
+    console.print(
+        f"task {task.index} of {task.taskset_name!r}: workflow {task.workflow_type!r}, "
+        f"reward {task.reward_fn_type!r}",
+        soft_wrap=True,
+    )
+    exps, tokenizer = run_one(cfg, task)
+    for i, exp in enumerate(exps):
+        trained = int(exp.action_mask.sum()) if exp.action_mask is not None else 0
+        console.rule(
+            f"experience {i}: {exp.kind.value}, reward {exp.reward}, {trained} of "
+            f"{exp.response_length} response tokens trained"
+        )
+        console.print(transcript(exp, tokenizer), soft_wrap=True)
+        if exp.metrics:
+            console.print(f"metrics {json.dumps(exp.metrics)}", soft_wrap=True)
+    console.print("[dim]legend: prompt dim, trained tokens green, not trained yellow[/]")
+    if out is not None:
+        out.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in exps), encoding="utf-8")
+        console.print(f"saved {len(exps)} experiences to {out}", soft_wrap=True)
+    return exps
