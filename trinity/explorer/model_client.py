@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +27,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.experience import Experience
 from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
+from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.sampling import stable_key
+from trinity.explorer.session import ChatSession, Prepared
 
 
 class _Request(NamedTuple):
@@ -250,6 +253,13 @@ class TaskModelHandle:
     "prompt_truncated"); the cut prompts are kept in `truncated_prompts`, and the explorer zeroes
     the action mask of every experience built on one (`mask_prompt_truncated`). None: prompts are
     sent whole, and one with no room under max_model_len fails its own task (`PromptTooLong`).
+
+    Every call is recorded in the handle's exact-token ledger (`ledger`, `explorer/ledger.py`);
+    `chat` continues a conversation from the sampled tokens (`explorer/session.py`), and
+    `extract_experiences()` turns the recorded trajectories into MULTI_TURN experiences.
+    `session()` opens another session (its own ledger and conversation state: one per episode
+    when a workflow runs several at once). `bridging`: a `bridging.BRIDGE` name, None for the
+    template check's choice.
     """
 
     def __init__(
@@ -260,6 +270,10 @@ class TaskModelHandle:
         chat_template_kwargs: dict[str, Any] | None = None,
         key: int | None = None,
         max_prompt_tokens: int | None = None,
+        *,
+        bridging: str | None = None,
+        name: str = "s0",
+        episodes: Iterator[int] | None = None,
     ) -> None:
         self._client = client
         self.tokenizer = tokenizer
@@ -269,6 +283,11 @@ class TaskModelHandle:
         self._calls = 0  # generate calls made, in the workflow's order
         self.max_prompt_tokens = max_prompt_tokens
         self.truncated_prompts: list[list[int]] = []
+        self._bridging = bridging
+        self._episodes = episodes if episodes is not None else itertools.count()
+        self.ledger = SessionLedger(name, self._episodes)
+        self._chat = ChatSession(tokenizer, self.ledger, self.chat_template_kwargs, bridging)
+        self._sessions: list[TaskModelHandle] = []
 
     def _next_key(self) -> int | None:
         self._calls += 1
@@ -285,19 +304,31 @@ class TaskModelHandle:
             raise TypeError(f"unknown sampling args {sorted(unknown)}; valid: {sorted(known)}")
         return dataclasses.replace(self.defaults, **overrides)
 
-    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **self.chat_template_kwargs,
-        )
-        return await self._sample(list(ids), self._params(sampling))
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]:
+        """Sample replies to `messages` (`tools`: the function schemas the template renders).
+
+        A message list that extends an earlier call's messages with one of its sampled replies
+        and new messages is sent as that reply's held tokens + the new messages' delta; any other
+        is rendered whole (`session.ChatSession.prepare`). Each sample's `info["call_id"]` names
+        its ledger record."""
+        params = self._params(sampling)
+        prepared = self._chat.prepare(messages, tools)
+        samples = await self._sample(prepared.prompt_ids, params)
+        self._chat.commit(prepared, messages, tools, samples)
+        return samples
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
+        """Sample continuations of a text or of token ids (recorded; merged into a trajectory
+        when the ids extend one exactly)."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self._sample(ids, self._params(sampling))
+        samples = await self._sample(ids, self._params(sampling))
+        self._chat.commit(Prepared(ids, "tokens"), None, None, samples)
+        return samples
 
     async def _sample(self, ids: list[int], params: SamplingParams) -> list[Sample]:
         key = self._next_key()  # taken either way: later calls keep their keys
@@ -325,6 +356,49 @@ class TaskModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # -- sessions and what they recorded ---------------------------------------------------------
+
+    def session(self) -> TaskModelHandle:
+        """A new session on the same model: its own ledger and conversation state, its own
+        sampling keys (derived from this handle's key and the session's number, so they do not
+        depend on how concurrent sessions interleave), episode numbers shared with this handle."""
+        i = len(self._sessions) + 1
+        child = TaskModelHandle(
+            self._client,
+            self.tokenizer,
+            self.defaults,
+            self.chat_template_kwargs,
+            key=None if self._key is None else stable_key(self._key, "session", i),
+            max_prompt_tokens=self.max_prompt_tokens,
+            bridging=self._bridging,
+            name=f"{self.ledger.session}.{i}",
+            episodes=self._episodes,
+        )
+        child.truncated_prompts = self.truncated_prompts  # one list for the explorer to read
+        self._sessions.append(child)
+        return child
+
+    def bind_reply(self, call_id: str, tool_call_ids: list[str]) -> None:
+        """See `ChatSession.bind_reply`: tool-call ids a parser gave record `call_id`'s reply."""
+        self._chat.bind_reply(call_id, tool_call_ids)
+
+    def extract_experiences(
+        self,
+        reward: float | Mapping[int, float] | None = None,
+        **kwargs: Any,
+    ) -> list[Experience]:
+        """This session's trajectories as MULTI_TURN experiences
+        (`SessionLedger.extract_experiences`; sessions opened with `session()` extract their
+        own)."""
+        return self.ledger.extract_experiences(reward, **kwargs)
+
+    def ledger_stats(self) -> LedgerStats:
+        """The ledger counts of this handle and every session opened from it."""
+        stats = self.ledger.stats
+        for child in self._sessions:
+            stats = stats.merged(child.ledger_stats())
+        return stats
 
 
 def mask_prompt_truncated(experiences: list[Experience], prompts: list[list[int]]) -> int:

@@ -1,8 +1,12 @@
 """The Workflow contract: `async run(task, model) -> list[Experience]`.
 
 A workflow turns one task into experiences by talking to the rollout model through a `ModelHandle`
-(`chat`, `generate`, `logprobs`). Workflows are registered by name; any dotted path
-`package.module.Class` resolves too:
+(`chat`, `generate`, `logprobs`). Every call is recorded token for token in the handle's ledger: a
+multi-turn workflow appends the sampled reply and the next turn's messages to its message list
+and calls `chat` again (the prompt is the sampled tokens + the new turn's delta, never a
+re-rendering), then returns `model.extract_experiences(reward)`: one MULTI_TURN experience per
+trajectory, tool/environment/user tokens masked out (docs/agentic.md). Workflows are registered
+by name; any dotted path `package.module.Class` resolves too:
 
     buffer.explorer_input.default_workflow_type: math_workflow
     buffer.explorer_input.default_workflow_type: my_pkg.workflows.MyWorkflow
@@ -15,6 +19,7 @@ synchronous handle it is given.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
@@ -30,7 +35,12 @@ class ModelHandle(Protocol):
 
     model_version: int
 
-    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]: ...
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]: ...
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]: ...
 
@@ -39,6 +49,16 @@ class ModelHandle(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def session(self) -> ModelHandle:
+        """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
+        ...
+
+    def extract_experiences(
+        self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
+    ) -> list[Experience]:
+        """The session's recorded trajectories as MULTI_TURN experiences."""
+        ...
 
 
 class Workflow:
@@ -62,8 +82,13 @@ class SyncModelHandle:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[Sample]:
-        return self._call(self._handle.chat(messages, **sampling))
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]:
+        return self._call(self._handle.chat(messages, tools, **sampling))
 
     def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
         return self._call(self._handle.generate(prompt, **sampling))
@@ -76,6 +101,14 @@ class SyncModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self._handle.encode(text)
+
+    def session(self) -> SyncModelHandle:
+        return SyncModelHandle(self._handle.session(), self._loop)
+
+    def extract_experiences(
+        self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
+    ) -> list[Experience]:
+        return self._handle.extract_experiences(reward, **kwargs)
 
 
 class SyncWorkflow(Workflow):
