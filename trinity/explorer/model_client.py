@@ -318,8 +318,11 @@ class TaskModelHandle:
         its ledger record."""
         params = self._params(sampling)
         prepared = self._chat.prepare(messages, tools)
-        samples = await self._sample(prepared.prompt_ids, params)
-        self._chat.commit(prepared, messages, tools, samples)
+        try:
+            samples = await self._sample(prepared.prompt_ids, params)
+            self._chat.commit(prepared, messages, tools, samples)
+        finally:
+            self._chat.release(prepared)
         return samples
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
@@ -382,6 +385,11 @@ class TaskModelHandle:
     def bind_reply(self, call_id: str, tool_call_ids: list[str]) -> None:
         """See `ChatSession.bind_reply`: tool-call ids a parser gave record `call_id`'s reply."""
         self._chat.bind_reply(call_id, tool_call_ids)
+
+    def episode_of(self, sample: Sample) -> int:
+        """The episode (`EID.run` of its experience) of a sample this session returned."""
+        record = self.ledger.records[sample.info["call_id"]]
+        return self.ledger.trajectories[record.trajectory].episode
 
     def extract_experiences(
         self,

@@ -3,15 +3,20 @@
 `ChatSession` is what `TaskModelHandle.chat` (and, later, an OpenAI-server session) goes through:
 
     prepared = session.prepare(messages, tools)      # ids to send, and what they continue
-    samples = await engine(prepared.prompt_ids)
-    records = session.commit(prepared, messages, tools, samples)
+    try:
+        samples = await engine(prepared.prompt_ids)
+        records = session.commit(prepared, messages, tools, samples)
+    finally:
+        session.release(prepared)                    # its claim on the record it continues
 
 Which earlier call a message list continues is decided on messages: the longest earlier call
-whose messages are a prefix of the new list, followed by an assistant message that is one of that
-call's sampled replies (by text, whitespace and `<think>` tags aside, or by tool-call ids a
-server registered with `bind_reply`). The new prompt is then that reply's held tokens plus the
-delta of the messages after it (`bridging.Bridge`); a first call, or a fresh prompt, is rendered
-whole exactly as `apply_chat_template` does (single-turn workflows see no change).
+whose messages are a prefix of the new list, followed by an assistant message that is one of
+that call's sampled replies and by no other assistant message. The reply is matched by text
+(whitespace and `<think>` tags aside) or by tool-call ids a server registered with
+`bind_reply`; equal replies go to a record still at its trajectory's tip and not continued by a
+call in flight, in sample order. The new prompt is then that reply's held tokens plus the delta
+of the messages after it (`bridging.Bridge`); a first call, or a fresh prompt, is rendered whole
+exactly as `apply_chat_template` does (single-turn workflows see no change).
 
 A call that means to continue but cannot be bridged (the reply was edited, the template's
 bridging is `full`, a delta is unsafe) and a call that edits an earlier turn of a conversation
@@ -87,6 +92,7 @@ class Prepared:
     prompt_ids: list[int]
     how: str
     intent: Intent = field(default_factory=Intent)
+    claim: str | None = None  # the record it continues, held until `release`
 
 
 class ChatSession:
@@ -111,6 +117,9 @@ class ChatSession:
         self._fingerprint: str | None = None
         self._calls: list[_Call] = []
         self._bound: dict[str, CallRecord] = {}  # tool-call id -> the record that made it
+        # records that prepared calls continue and have not committed yet: concurrent
+        # continuations of equal replies take different ones
+        self._claimed: dict[str, int] = {}
 
     @property
     def fingerprint(self) -> str:
@@ -138,7 +147,8 @@ class ChatSession:
         """The prompt ids for `messages` (module doc).
 
         1. the longest earlier call whose messages (and tools) prefix these, followed by an
-           assistant message: a continuation; its reply is matched to one of that call's records
+           assistant message and then no other (a later assistant message would be rendered
+           again: not a continuation of that call): its reply is matched to one of its records
         2. a matched reply: the bridge's ids (held tokens + delta); a bridge that refuses, or no
            matching reply: the whole list rendered, as drift
         3. no continuation: the whole list rendered; an edit of an earlier conversation (same
@@ -168,7 +178,8 @@ class ChatSession:
             except BridgeError:
                 return self._whole(msgs, tools, Intent(record, "unsafe_delta"))
             reason = "" if bridge.name == "delta" else f"bridging_{bridge.name}"
-            return Prepared(ids, bridge.name, Intent(record, reason))
+            self._claimed[record.call_id] = self._claimed.get(record.call_id, 0) + 1
+            return Prepared(ids, bridge.name, Intent(record, reason), claim=record.call_id)
         # 3.
         edited = self._edited_call(msgs)
         intent = Intent(edited.records[0], "history_edit") if edited is not None else Intent()
@@ -191,6 +202,7 @@ class ChatSession:
                 and len(msgs) > k
                 and call.tools == tools
                 and msgs[k].get("role") == "assistant"
+                and all(m.get("role") != "assistant" for m in msgs[k + 1 :])
                 and msgs[:k] == call.messages
                 and (best is None or k >= len(best.messages))
             ):
@@ -198,18 +210,23 @@ class ChatSession:
         return best
 
     def _match_reply(self, call: _Call, message: Mapping[str, Any]) -> CallRecord | None:
-        """The record of `call` whose sampled reply `message` is: by a bound tool-call id, else
-        by text; among equal texts, one still at its trajectory's tip first."""
+        """The record of `call` whose sampled reply `message` is: by a bound tool-call id whose
+        record's text contains the message's text (the parser moved the calls out of it; an
+        edited text is another reply), else by text; among equal texts, one still at its
+        trajectory's tip first."""
+        key = message_key(message)
         for tc in message.get("tool_calls") or []:
             bound = self._bound.get(str(tc.get("id")))
-            if bound is not None and bound in call.records:
-                return bound
-        key = message_key(message)
+            if bound is None or bound not in call.records:
+                continue
+            keys = call.keys[call.records.index(bound)]
+            return bound if any(key in k for k in keys) else None
         found = [r for r, keys in zip(call.records, call.keys, strict=True) if key in keys]
         if not found:
             return None
         tips = [r for r in found if len(self.ledger.trajectories[r.trajectory].tokens) == r.end]
-        return (tips or found)[0]
+        free = [r for r in tips if not self._claimed.get(r.call_id)]
+        return (free or tips or found)[0]
 
     def _edited_call(self, msgs: list[dict[str, Any]]) -> _Call | None:
         """An earlier call with the same first non-system message and other messages after it
@@ -257,6 +274,16 @@ class ChatSession:
                 )
             )
         return records
+
+    def release(self, prepared: Prepared) -> None:
+        """Drop `prepared`'s claim on the record it continues (after `commit`, or when its
+        call failed)."""
+        if prepared.claim is not None:
+            left = self._claimed.get(prepared.claim, 0) - 1
+            if left > 0:
+                self._claimed[prepared.claim] = left
+            else:
+                self._claimed.pop(prepared.claim, None)
 
     def bind_reply(self, call_id: str, tool_call_ids: Sequence[str]) -> None:
         """Name the tool calls a parser made of record `call_id`'s reply, so an assistant message
