@@ -2,7 +2,7 @@
 
 `TaskModelHandle` talks to it as to `BatchingClient` (`generate(ids, params, key)`,
 `model_version`). Before each call the test queues the texts the "model" will write
-(`plan`); the engine tokenises each one, then re-splits some tokens into two (" numbers" as
+(`plan`, or `plans` for several calls in flight); the engine tokenises each one, then re-splits some tokens into two (" numbers" as
 " num" + "bers": ids a tokenizer would never produce for that text), appends the eos token for
 finish reason "stop" (none for "length"), and draws a logprob per token. Every call is kept in
 `calls` as (prompt ids it received, the samples it returned) for the test to compare against.
@@ -10,6 +10,7 @@ finish reason "stop" (none for "length"), and draws a logprob per token. Every c
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -23,6 +24,7 @@ class FakeEngine:
         self.split_rate = split_rate
         self.model_version = 0
         self.plan: list[tuple[str, str]] = []  # (text, finish reason) per sample of the next call
+        self.plans: list[list[tuple[str, str]]] = []  # plans of later calls, taken in call order
         self.calls: list[tuple[list[int], list[Sample]]] = []
         self.non_canonical = 0  # completions whose ids differ from the tokenizer's for the text
 
@@ -49,6 +51,9 @@ class FakeEngine:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
     ) -> list[Sample]:
+        await asyncio.sleep(0)  # answer later, as an engine does: concurrent calls interleave
+        if not self.plan and self.plans:
+            self.plan = self.plans.pop(0)
         if len(self.plan) != params.n:
             raise AssertionError(f"{len(self.plan)} replies planned for n={params.n}")
         samples = []
