@@ -54,6 +54,10 @@ class ModelHandle(Protocol):
         """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
         ...
 
+    def episode_of(self, sample: Sample) -> int:
+        """The episode (`EID.run` of its experience) a returned sample belongs to."""
+        ...
+
     def extract_experiences(
         self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
     ) -> list[Experience]:
@@ -104,6 +108,9 @@ class SyncModelHandle:
 
     def session(self) -> SyncModelHandle:
         return SyncModelHandle(self._handle.session(), self._loop)
+
+    def episode_of(self, sample: Sample) -> int:
+        return self._handle.episode_of(sample)
 
     def extract_experiences(
         self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
