@@ -365,6 +365,8 @@ _TOKENIZER_HASHES: dict[int, tuple[weakref.ref, str]] = {}
 def _tokenizer_hash(tokenizer: Any) -> str:
     """sha256 of the tokenizer's full definition (the fast tokenizer's JSON: vocabulary, merges,
     normalizer, pre-tokenizer, added tokens), cached per tokenizer object."""
+    if tokenizer is None:  # a token-level handle: ids in, ids out
+        return "none"
     key = id(tokenizer)
     cached = _TOKENIZER_HASHES.get(key)
     if cached is not None and cached[0]() is tokenizer:
