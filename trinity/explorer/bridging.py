@@ -80,7 +80,7 @@ def render_text(
 ) -> str:
     """The chat template's text for `messages` (no tokenising)."""
     kwargs = dict(template_kwargs or {})
-    if tools is not None:
+    if tools:  # an empty list renders as no tools, as TaskModelHandle.chat always did
         kwargs["tools"] = tools
     return tokenizer.apply_chat_template(
         messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
@@ -97,7 +97,7 @@ def render_ids(
     """The whole message list with the generation prompt, tokenised as `apply_chat_template`
     does (the first call of a session, and the `full` bridge)."""
     kwargs = dict(template_kwargs or {})
-    if tools is not None:
+    if tools:  # an empty list renders as no tools, as TaskModelHandle.chat always did
         kwargs["tools"] = tools
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
