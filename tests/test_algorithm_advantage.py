@@ -220,9 +220,10 @@ def test_reinforce_plus_plus_by_hand() -> None:
     close(ret, [[0.5, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
 
 
-def test_reinforce_plus_plus_restarts_the_return_behind_a_masked_token() -> None:
-    # one row [1, 0, 1], reward 3, γ = 0.5: the reward sits on t = 2; t = 1 is masked, so the
-    # running return is cut there (verl's reset) and t = 0 gets 0, not 0.25·3
+def test_reinforce_plus_plus_carries_the_return_through_a_masked_token() -> None:
+    # one row [1, 0, 1] (a multi-turn row: t = 1 is a tool token), reward 3, γ = 0.5: the reward
+    # sits on t = 2; t = 1 is skipped (not trained, not a discount step), so t = 0 gets
+    # 0 + 0.5·3 = 1.5 (verl's reset would give 0: every earlier turn would learn nothing)
     _, ret = advantage(
         "reinforceplusplus",
         torch.tensor([3.0]),
@@ -230,7 +231,7 @@ def test_reinforce_plus_plus_restarts_the_return_behind_a_masked_token() -> None
         torch.tensor([[True, False, True]]),
         gamma=0.5,
     )
-    close(ret, [[0.0, 0.0, 3.0]])
+    close(ret, [[1.5, 0.0, 3.0]])
 
 
 def test_reinforce_plus_plus_matches_a_loop_oracle() -> None:
@@ -241,12 +242,11 @@ def test_reinforce_plus_plus_matches_a_loop_oracle() -> None:
     adv, _ = advantage("reinforceplusplus", rewards, torch.arange(n), mask, gamma=gamma)
     returns = [[0.0] * t for _ in range(n)]
     for i in range(n):
-        last = max((k for k in range(t) if mask[i, k]), default=None)
+        trained = [k for k in range(t) if mask[i, k]]  # the return runs over trained tokens only
         running = 0.0
-        for k in reversed(range(t)):
-            running = (float(rewards[i]) if k == last else 0.0) + gamma * running
+        for k in reversed(trained):
+            running = (float(rewards[i]) if k == trained[-1] else 0.0) + gamma * running
             returns[i][k] = running
-            running = running if mask[i, k] else 0.0
     vals = [returns[i][k] for i in range(n) for k in range(t) if mask[i, k]]
     mu = sum(vals) / len(vals)
     sd = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1) + 1e-8)

@@ -4,6 +4,7 @@ import asyncio
 
 import torch
 
+from trinity.common.rollout import Sample
 from trinity.explorer.engine import HFRolloutEngine, SamplingParams
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
@@ -67,7 +68,11 @@ class FakeEngine:
             def remote(self, prompts, params, keys=None):
                 outer.calls.append((len(prompts), params))
                 fut = asyncio.get_running_loop().create_future()
-                fut.set_result([[f"{p[0]}-{i}" for i in range(params.n)] for p in prompts])
+                # sample i of prompt [p] answers [p, i] (the handle records real Samples)
+                fut.set_result(
+                    [[Sample(p, [p[0], i], [0.0, 0.0], "stop", 0) for i in range(params.n)]
+                     for p in prompts]
+                )  # fmt: skip
                 return fut
 
         self.generate = Method()
@@ -83,9 +88,9 @@ def test_batcher_merges_concurrent_requests_per_sampling_params():
         handles = [TaskModelHandle(client, None, train if i < 6 else greedy) for i in range(8)]
         return await asyncio.gather(*(h.generate([i]) for i, h in enumerate(handles)))
 
-    out = asyncio.run(main())
+    out = [[s.response_ids for s in samples] for samples in asyncio.run(main())]
     # every request got its own answers back, in order
-    assert out[0] == ["0-0", "0-1", "0-2", "0-3"] and out[7] == ["7-0"]
+    assert out[0] == [[0, 0], [0, 1], [0, 2], [0, 3]] and out[7] == [[7, 0]]
     # 6 train prompts split 3/3 over two engines in one call each; 2 greedy prompts 1/1
     sizes = sorted((n, p.temperature) for e in engines for n, p in e.calls)
     assert sizes == [(1, 0.0), (1, 0.0), (3, 1.0), (3, 1.0)]
@@ -202,7 +207,7 @@ def test_a_prompt_over_max_prompt_tokens_is_cut_not_sampled_and_masked():
 
     cut, whole = asyncio.run(main())
     assert [n for n, _ in engine.calls] == [1]  # only the prompt that fits reached the engine
-    assert whole == ["20-0", "20-1"]
+    assert [s.response_ids for s in whole] == [[20, 0], [20, 1]]
     assert len(cut) == 2
     for s in cut:  # the first 4 tokens, the 5th as a one-token response, logprob 0
         assert (s.prompt_ids, s.response_ids, s.logprobs) == ([10, 11, 12, 13], [14], [0.0])

@@ -4,6 +4,7 @@
     trinity validate --config x.yaml --set algorithm.repeat_times=4
     trinity run --config x.yaml --plugin-dir ./my_plugins   # a user's registered pieces
     trinity model create --preset 1m --seed 0 --out ./tiny-model
+    trinity model check-template --model tiny://1m   # how multi-turn prompts are bridged
     trinity buffer stats --config x.yaml
 
 Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is printed), 2 bad input
@@ -210,6 +211,61 @@ def model_presets() -> None:
 
     for name, spec in PRESETS.items():
         console.print(f"{name:>5}  {spec}")
+
+
+@model_app.command("check-template")
+def model_check_template(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model folder or tiny://<preset>?seed=<N>.")
+    ],
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(help="A Jinja chat template file to check instead of the model's own."),
+    ] = None,
+    conversations: Annotated[
+        int, typer.Option(help="Probe conversations to render (seeded, tool-using).")
+    ] = 50,
+    enable_thinking: Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-thinking/--disable-thinking",
+            help="Pass enable_thinking to the template, as model.enable_thinking does.",
+        ),
+    ] = None,
+) -> None:
+    """Probe a chat template and say how multi-turn prompts will be bridged.
+
+    Renders generated tool-using conversations and reports whether the template is
+    append-only, strips earlier reasoning (<think> blocks), rewrites tool-call arguments, and
+    whether a new turn can be rendered as a delta behind the sampled tokens; then names the
+    bridging the runtime will use for it: delta (held tokens + the new turn) or full (each turn
+    rendered whole: exact, but every turn its own segment). Exits 2 when no bridging is safe
+    (no chat template, or none that renders an assistant header), with the reason.
+    """
+    from trinity.explorer.template_check import check_template
+    from trinity.models import load_tokenizer
+    from trinity.models.loading import model_path_problem
+
+    problem = model_path_problem(model)
+    if problem is not None:
+        err.print(f"[red]error:[/] {problem}")
+        raise typer.Exit(2)
+    template = None
+    if chat_template is not None:
+        try:
+            template = chat_template.read_text()
+        except OSError as e:
+            err.print(f"[red]error:[/] cannot read {chat_template}: {e}")
+            raise typer.Exit(2) from None
+    tokenizer = load_tokenizer(model, custom_chat_template=template)
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    report = check_template(tokenizer, kwargs, conversations=conversations)
+    console.print(f"template check: {chat_template or model}", markup=False, soft_wrap=True)
+    for line in report.lines():
+        console.print(f"  {line}", markup=False, soft_wrap=True)
+    if report.bridging is None:
+        err.print(f"[red]refused:[/] {report.refused}", soft_wrap=True)
+        raise typer.Exit(2)
 
 
 @buffer_app.command("stats")

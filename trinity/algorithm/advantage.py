@@ -242,14 +242,19 @@ def reinforce_plus_plus_advantage(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted returns of the outcome reward, whitened over every token of the batch.
 
-        G_it = Σ_{t' ≥ t} γ^(t'-t) r_it'   the running return restarting at 0 behind a masked
-                                          position (verl); with an outcome reward only,
-                                          G_it = r_i · γ^(positions to the last trained token)
+        G_it = r_it + γ·G_i,next(t)        next(t): the row's next TRAINED position; with an
+                                          outcome reward only, G_it = r_i · γ^(trained tokens
+                                          after t up to the last one)
         A_it = (G_it - μ) / sqrt(σ² + 1e-8)     μ, σ² (unbiased): over all masked tokens of the batch
 
     r_it are the token rewards (`inp.token_rewards`): the outcome reward on the row's last trained
     token, minus the per-token KL penalty when `kl_penalty_fn` is set (the paper's reward, and the
-    `reinforceplusplus` record's). With γ = 1 and no penalty every token of a row gets r_i, so a
+    `reinforceplusplus` record's). Untrained positions inside a row (a multi-turn row's tool,
+    environment or user tokens) are skipped, the return carried through them undiscounted, as
+    GAE does here. Departure from verl, which restarts the return at 0 behind a masked position:
+    there every turn before the last of a multi-turn row would get return 0; rows whose trained
+    tokens are one contiguous span (single-turn) get the same returns either way. With γ = 1
+    and no penalty every token of a row gets r_i, so a
     longer response weighs more in μ and σ (token-level whitening, as verl). No group baseline:
     `reinforceplusplus_baseline` subtracts the group mean first. Returns = G.
 
@@ -268,9 +273,9 @@ def reinforce_plus_plus_advantage(
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros(m.shape[0], dtype=torch.float64, device=m.device)
     for t in reversed(range(m.shape[-1])):
-        running = token_rewards[:, t] + gamma * running
+        # a trained position discounts and adds its reward; an untrained one carries it through
+        running = torch.where(m[:, t], token_rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-        running = running * m[:, t]
     adv = _masked_whiten(returns, m) * m
     return adv.to(dtype), (returns * m).to(dtype)
 

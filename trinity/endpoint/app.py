@@ -38,8 +38,7 @@ from trinity.endpoint.openai_api import (
     FeedbackRequest,
 )
 from trinity.endpoint.tool_calls import TOOL_CALL_PARSER, ParsedCalls
-from trinity.explorer.model_client import TemplateError
-from trinity.workflows.base import ModelHandle
+from trinity.explorer.model_client import TaskModelHandle, TemplateError
 
 SESSION_HEADER = "x-session-id"
 VERSION_HEADER = "x-model-version"
@@ -53,7 +52,7 @@ class SessionSource(Protocol):
     vocab_size: int
     max_tokens: int  # the most tokens one reply may ask for (model.max_response_tokens)
 
-    def handle(self, session_id: str) -> ModelHandle: ...
+    def handle(self, session_id: str) -> TaskModelHandle: ...
 
 
 def build_app(
@@ -281,7 +280,7 @@ class _Choice:
         self.index, self.sample, self.message, self.finish_reason = index, sample, message, finish
 
 
-def _text(s: Sample, handle: ModelHandle) -> str:
+def _text(s: Sample, handle: TaskModelHandle) -> str:
     """The reply's text, ending before the stop string that ended it (as OpenAI returns it)."""
     text = handle.decode(s.response_ids)
     stop = s.info.get("stop")
@@ -292,7 +291,7 @@ def _finish(s: Sample) -> str:
     return "length" if s.finish_reason == "length" else "stop"
 
 
-def _chat_choice(i: int, s: Sample, handle: ModelHandle, parse: Any) -> _Choice:
+def _chat_choice(i: int, s: Sample, handle: TaskModelHandle, parse: Any) -> _Choice:
     text = _text(s, handle)
     parsed: ParsedCalls = parse(text) if parse else ParsedCalls("none", text)
     if parse is not None:
@@ -304,6 +303,8 @@ def _chat_choice(i: int, s: Sample, handle: ModelHandle, parse: Any) -> _Choice:
     if parsed.status == "ok":
         message["tool_calls"] = [c.to_openai() for c in parsed.calls]
         finish = "tool_calls"
+        if "call_id" in s.info:  # the ledger's record: its reply comes back as these calls
+            handle.bind_reply(s.info["call_id"], [c.id for c in parsed.calls])
     return _Choice(i, s, message, finish)
 
 
@@ -327,7 +328,7 @@ def _usage(prompt_tokens: int, samples: list[Sample]) -> dict[str, int]:
     }
 
 
-def _token_entry(token_id: int, logprob: float, handle: ModelHandle) -> dict[str, Any]:
+def _token_entry(token_id: int, logprob: float, handle: TaskModelHandle) -> dict[str, Any]:
     token = handle.decode([token_id])
     return {
         "token": token,
@@ -337,7 +338,9 @@ def _token_entry(token_id: int, logprob: float, handle: ModelHandle) -> dict[str
     }
 
 
-def _logprobs(s: Sample, handle: ModelHandle, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
+def _logprobs(
+    s: Sample, handle: TaskModelHandle, lo: int = 0, hi: int | None = None
+) -> dict[str, Any]:
     ids, lps = s.response_ids[lo:hi], s.logprobs[lo:hi]
     return {"content": [_token_entry(t, lp, handle) for t, lp in zip(ids, lps, strict=True)]}
 
@@ -346,7 +349,7 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def _pieces(s: Sample, content: str, handle: ModelHandle) -> list[tuple[str, int, int]]:
+def _pieces(s: Sample, content: str, handle: TaskModelHandle) -> list[tuple[str, int, int]]:
     """`content` cut where its tokens end: (text, first token, end token) per piece, so a
     stream's deltas join to exactly the non-streamed content and carry their tokens' logprobs."""
     pieces, sent, last = [], 0, 0
@@ -367,7 +370,7 @@ async def _chat_stream(
     head: dict[str, Any],
     choices: list[_Choice],
     samples: list[Sample],
-    handle: ModelHandle,
+    handle: TaskModelHandle,
     req: ChatRequest,
 ) -> AsyncIterator[str]:
     head = {**head, "object": "chat.completion.chunk"}

@@ -29,6 +29,7 @@ from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, resolve
+from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.sampling import stable_key
 from trinity.models import load_tokenizer, resolve_model_path
@@ -643,7 +644,7 @@ class Explorer:
         assert self.client is not None
         ecfg = self.cfg.explorer
         limit = asyncio.Semaphore(max(1, ecfg.runner_per_model * len(self.engines)))
-        counts = {"retries": 0, "timeouts": 0, "prompt_truncated": 0}
+        counts = {"retries": 0, "timeouts": 0, "prompt_truncated": 0, **LedgerStats().metrics()}
 
         async def one(i: int, task: Task) -> list[Experience] | WorkflowFailed:
             async with limit:
@@ -669,6 +670,8 @@ class Explorer:
             "timeouts": float(counts["timeouts"]),
             # experiences built on a prompt cut to max_prompt_tokens: zero action mask
             "prompt_truncated": float(counts["prompt_truncated"]),
+            # the exact-token ledgers of the tasks kept: calls, segments opened, drift, forks
+            **{k: float(counts[k]) for k in LedgerStats().metrics()},
         }
         kept = [(i, r) for i, r in enumerate(results) if not isinstance(r, WorkflowFailed)]
         return kept, stats
@@ -708,6 +711,8 @@ class Explorer:
                     counts["prompt_truncated"] += mask_prompt_truncated(
                         exps, handle.truncated_prompts
                     )
+                for k, v in handle.ledger_stats().metrics().items():
+                    counts[k] += v
                 return exps
             except TimeoutError:
                 counts["timeouts"] += 1

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +27,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.experience import Experience
 from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
+from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.sampling import stable_key
+from trinity.explorer.session import ChatSession, Prepared
 
 
 class _Request(NamedTuple):
@@ -254,6 +257,13 @@ class TaskModelHandle:
     "prompt_truncated"); the cut prompts are kept in `truncated_prompts`, and the explorer zeroes
     the action mask of every experience built on one (`mask_prompt_truncated`). None: prompts are
     sent whole, and one with no room under max_model_len fails its own task (`PromptTooLong`).
+
+    Every call is recorded in the handle's exact-token ledger (`ledger`, `explorer/ledger.py`);
+    `chat` continues a conversation from the sampled tokens (`explorer/session.py`), and
+    `extract_experiences()` turns the recorded trajectories into MULTI_TURN experiences.
+    `session()` opens another session (its own ledger and conversation state: one per episode
+    when a workflow runs several at once). `bridging`: a `bridging.BRIDGE` name, None for the
+    template check's choice.
     """
 
     def __init__(
@@ -265,6 +275,10 @@ class TaskModelHandle:
         key: int | None = None,
         max_prompt_tokens: int | None = None,
         endpoint: tuple[str, str] | None = None,
+        *,
+        bridging: str | None = None,
+        name: str = "s0",
+        episodes: Iterator[int] | None = None,
     ) -> None:
         """`endpoint`: (the base URL of this handle's session on the explorer's OpenAI-compatible
         endpoint, the model name it serves), when `enable_openai_api` is on."""
@@ -277,6 +291,11 @@ class TaskModelHandle:
         self._calls = 0  # generate calls made, in the workflow's order
         self.max_prompt_tokens = max_prompt_tokens
         self.truncated_prompts: list[list[int]] = []
+        self._bridging = bridging
+        self._episodes = episodes if episodes is not None else itertools.count()
+        self.ledger = SessionLedger(name, self._episodes)
+        self._chat = ChatSession(tokenizer, self.ledger, self.chat_template_kwargs, bridging)
+        self._sessions: list[TaskModelHandle] = []
 
     def _next_key(self) -> int | None:
         self._calls += 1
@@ -301,21 +320,30 @@ class TaskModelHandle:
     ) -> list[Sample]:
         """Sample replies to `messages` rendered by the chat template (with `tools`, the
         function definitions, when given). `sampling`: SamplingParams fields, plus `stop`
-        (strings that end a reply) and `seed` (the call's samples depend on it alone)."""
-        kwargs = dict(self.chat_template_kwargs)
-        if tools:
-            kwargs["tools"] = tools
+        (strings that end a reply) and `seed` (the call's samples depend on it alone).
+
+        A message list that extends an earlier call's messages with one of its sampled replies
+        and new messages is sent as that reply's held tokens + the new messages' delta; any other
+        is rendered whole (`session.ChatSession.prepare`). Each sample's `info["call_id"]` names
+        its ledger record."""
         try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
-            )
+            prepared = self._chat.prepare(messages, tools)
         except Exception as e:  # the template's own error, whatever its kind (jinja, TypeError)
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
-        return await self._sample(list(ids), sampling)
+        try:
+            samples = await self._sample(prepared.prompt_ids, sampling)
+            self._chat.commit(prepared, messages, tools, samples)
+        finally:
+            self._chat.release(prepared)
+        return samples
 
     async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
+        """Sample continuations of a text or of token ids (recorded; merged into a trajectory
+        when the ids extend one exactly)."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self._sample(ids, sampling)
+        samples = await self._sample(ids, sampling)
+        self._chat.commit(Prepared(ids, "tokens"), None, None, samples)
+        return samples
 
     async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
         stop, seed = tuple(sampling.pop("stop", ()) or ()), sampling.pop("seed", None)
@@ -373,6 +401,54 @@ class TaskModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # -- sessions and what they recorded ---------------------------------------------------------
+
+    def session(self) -> TaskModelHandle:
+        """A new session on the same model: its own ledger and conversation state, its own
+        sampling keys (derived from this handle's key and the session's number, so they do not
+        depend on how concurrent sessions interleave), episode numbers shared with this handle."""
+        i = len(self._sessions) + 1
+        child = TaskModelHandle(
+            self._client,
+            self.tokenizer,
+            self.defaults,
+            self.chat_template_kwargs,
+            key=None if self._key is None else stable_key(self._key, "session", i),
+            max_prompt_tokens=self.max_prompt_tokens,
+            bridging=self._bridging,
+            name=f"{self.ledger.session}.{i}",
+            episodes=self._episodes,
+        )
+        child.truncated_prompts = self.truncated_prompts  # one list for the explorer to read
+        self._sessions.append(child)
+        return child
+
+    def bind_reply(self, call_id: str, tool_call_ids: list[str]) -> None:
+        """See `ChatSession.bind_reply`: tool-call ids a parser gave record `call_id`'s reply."""
+        self._chat.bind_reply(call_id, tool_call_ids)
+
+    def episode_of(self, sample: Sample) -> int:
+        """The episode (`EID.run` of its experience) of a sample this session returned."""
+        record = self.ledger.records[sample.info["call_id"]]
+        return self.ledger.trajectories[record.trajectory].episode
+
+    def extract_experiences(
+        self,
+        reward: float | Mapping[int, float] | None = None,
+        **kwargs: Any,
+    ) -> list[Experience]:
+        """This session's trajectories as MULTI_TURN experiences
+        (`SessionLedger.extract_experiences`; sessions opened with `session()` extract their
+        own)."""
+        return self.ledger.extract_experiences(reward, **kwargs)
+
+    def ledger_stats(self) -> LedgerStats:
+        """The ledger counts of this handle and every session opened from it."""
+        stats = self.ledger.stats
+        for child in self._sessions:
+            stats = stats.merged(child.ledger_stats())
+        return stats
 
 
 def cut_at_stop(

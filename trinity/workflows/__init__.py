@@ -1,6 +1,9 @@
 """Workflows: the contract, the registry and the built-in workflows."""
 
-from trinity.workflows import math_workflow  # noqa: F401  (registers math_workflow)
+from trinity.workflows import (
+    math_workflow,  # noqa: F401  (registers math_workflow)
+    self_correction,  # noqa: F401  (math_self_correction_workflow)
+)
 from trinity.workflows.base import WORKFLOW, ModelHandle, SyncWorkflow, Workflow
 
 __all__ = ["WORKFLOW", "ModelHandle", "SyncWorkflow", "Workflow"]

@@ -2,9 +2,12 @@
 
 A workflow turns one task into experiences by talking to the rollout model through a `ModelHandle`
 (`chat`, `generate`, `logprobs`). Sampling arguments are `SamplingParams` fields, plus `stop`
-(strings that end a reply) and `seed` (the call's samples depend on it alone).
-
-Workflows are registered by name; any dotted path
+(strings that end a reply) and `seed` (the call's samples depend on it alone). Every call is
+recorded token for token in the handle's ledger: a multi-turn workflow appends the sampled reply
+and the next turn's messages to its message list and calls `chat` again (the prompt is the
+sampled tokens + the new turn's delta, never a re-rendering), then returns
+`model.extract_experiences(reward)`: one MULTI_TURN experience per trajectory, tool/environment/
+user tokens masked out (docs/agentic.md). Workflows are registered by name; any dotted path
 `package.module.Class` resolves too:
 
     buffer.explorer_input.default_workflow_type: math_workflow
@@ -18,6 +21,7 @@ synchronous handle it is given.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
@@ -47,6 +51,20 @@ class ModelHandle(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def session(self) -> ModelHandle:
+        """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
+        ...
+
+    def episode_of(self, sample: Sample) -> int:
+        """The episode (`EID.run` of its experience) a returned sample belongs to."""
+        ...
+
+    def extract_experiences(
+        self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
+    ) -> list[Experience]:
+        """The session's recorded trajectories as MULTI_TURN experiences."""
+        ...
 
 
 class Workflow:
@@ -89,6 +107,17 @@ class SyncModelHandle:
 
     def encode(self, text: str) -> list[int]:
         return self._handle.encode(text)
+
+    def session(self) -> SyncModelHandle:
+        return SyncModelHandle(self._handle.session(), self._loop)
+
+    def episode_of(self, sample: Sample) -> int:
+        return self._handle.episode_of(sample)
+
+    def extract_experiences(
+        self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
+    ) -> list[Experience]:
+        return self._handle.extract_experiences(reward, **kwargs)
 
 
 class SyncWorkflow(Workflow):
