@@ -190,6 +190,60 @@ def test_tool_calls_are_parsed_and_a_malformed_one_is_returned_as_text(scripted)
     assert r.choices[0].finish_reason == "stop"
 
 
+def test_an_agent_s_tool_conversation_is_one_exact_trajectory(scripted, tokenizer):
+    """The agent sends back what the endpoint returned (a parsed tool call, then a reply cut at
+    a stop string) plus new turns: the ledger continues one trajectory, sampled tokens trained,
+    the tool and user turns rendered as deltas and masked, nothing counted as drift."""
+    served, engine = scripted
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    c = client(served, "sk-test", session="agent")
+    messages: list[dict] = list(USER)
+    replies = [
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+        "It is 3. Anything else?",
+    ]
+    for reply in replies:
+        engine.reply = reply
+        r = c.chat.completions.create(
+            model="policy", messages=messages, tools=tools, stop=["."], max_tokens=64
+        )
+        msg = r.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if msg.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "3"})
+        else:
+            assert msg.content == "It is 3"  # cut before the stop string
+            messages.append({"role": "user", "content": "thanks"})
+    engine.reply = "Bye"
+    c.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=64)
+    handle = served.sessions.sessions["agent"]
+    stats = handle.ledger_stats()
+    assert (stats.calls, stats.segments, stats.drift, stats.bridged) == (3, 1, 0, 2)
+    [exp] = handle.extract_experiences(1.0)
+    response = exp.response_tokens.tolist()
+    mask = exp.action_mask.tolist()
+    trained = [t for t, m in zip(response, mask, strict=True) if m]
+    sampled = [
+        tokenizer.encode(text, add_special_tokens=False) for text in (replies[0], "It is 3.", "Bye")
+    ]
+    assert trained == [t for ids in sampled for t in ids]  # the sampled tokens, nothing else
+    masked = tokenizer.decode([t for t, m in zip(response, mask, strict=True) if not m])
+    assert "3" in masked and "thanks" in masked  # the tool result and the user turn
+
+
+def test_streamed_and_plain_calls_with_one_seed_record_the_same(tiny):
+    c = client(tiny)
+    args = dict(model="policy", messages=USER, max_tokens=8, seed=21, logprobs=True)
+    c.chat.completions.create(**args, extra_headers={"X-Session-Id": "plain"})
+    list(c.chat.completions.create(**args, stream=True, extra_headers={"X-Session-Id": "streamed"}))
+
+    def record(session: str) -> tuple:
+        [r] = tiny.sessions.sessions[session].ledger.records.values()
+        return r.prompt_ids, r.completion_ids, r.logprobs, r.model_version, r.finish_reason
+
+    assert record("plain") == record("streamed")
+
+
 def test_a_stop_string_ends_the_reply_and_its_tokens(scripted, tokenizer):
     served, engine = scripted
     engine.reply = "one two. three four"
