@@ -334,7 +334,7 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
 
     async def main() -> None:
         client = BatchingClient([InProcess(engine)])
-        sessions = WorkflowSessions("tiny-policy", len(tokenizer), 64)
+        sessions = WorkflowSessions("tiny-policy", len(tokenizer), 64, client)
         server = EndpointServer(build_app(sessions))
         url = await server.start()
         try:

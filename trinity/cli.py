@@ -157,6 +157,18 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
         raise typer.Exit(1) from None
 
 
+@app.command()
+def serve(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
+    """Serve the rollout model to external agents: `trinity run` with `mode: serve`.
+
+    Prints the endpoint's URL. Agents call it with any OpenAI client, in sessions
+    (`/sessions/<id>/v1`), then POST /feedback (rewards) and /commit; rewarded sessions go to
+    the buffer that a `mode: train` process of the same run trains on, and the endpoint loads
+    its new weights. Ends when that trainer has finished (or on Ctrl-C).
+    """
+    run(config, [*(overrides or []), "mode=serve"], plugin_dirs)
+
+
 @debug_app.command("workflow")
 def debug_workflow(
     config: ConfigOpt,

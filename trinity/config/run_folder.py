@@ -27,7 +27,7 @@ def trains_from_queue(cfg: Any) -> bool:
 
 def joins_existing_run(cfg: Any) -> bool:
     """Bench and the processes of a split run use the folder as it is."""
-    return cfg.mode in ("bench", "explore") or trains_from_queue(cfg)
+    return cfg.mode in ("bench", "explore", "serve") or trains_from_queue(cfg)
 
 
 def has_content(run_dir: Path) -> bool:

@@ -308,6 +308,22 @@ class ExplorerConfig(ConfigSection):
     samples of a task in one runner."""
     bench_on_latest_checkpoint: bool = False
     """Mode 'bench': evaluate only the latest checkpoint."""
+    api_port: int = Field(8010, ge=0, le=65535)
+    """Mode 'serve': the endpoint's port (0 = any free port, printed at start)."""
+    listen_address: str = "127.0.0.1"
+    """Mode 'serve': the address the endpoint binds (Trinity-RFT's default is 0.0.0.0; here only
+    this machine, unless set)."""
+    api_key: str | None = None
+    """Mode 'serve': the key clients must send (`Authorization: Bearer <key>`); None = none."""
+    feedback_window: float = Field(600.0, gt=0)
+    """Mode 'serve': seconds after its commit a session waits for its rewards before it is
+    dropped (counted in serve/expired)."""
+    service_status_check_interval: float = Field(60, gt=0)
+    """Mode 'serve': seconds between checks for newer trained weights."""
+    min_running_model_num: Annotated[
+        int, NotApplicable("a crashed engine is restarted by Ray (rollout_model.max_restarts)")
+    ] = Field(1, ge=1)
+    """Mode 'serve': engines kept running at least."""
 
 
 class SynchronizerConfig(ConfigSection):
@@ -468,11 +484,10 @@ Mode = Literal["both", "explore", "train", "bench", "serve"]
 class TrinityConfig(ConfigSection):
     """A whole run. Everything it writes lives under `<checkpoint_root_dir>/<project>/<name>/`."""
 
-    mode: Annotated[Mode, Refused(("serve",), "mode serve (the OpenAI-compatible endpoint)")] = (
-        "both"
-    )
+    mode: Mode = "both"
     """'both' = explorer and trainer together; 'explore' / 'train' = one side; 'bench' = evaluate
-    only; 'serve' = serve the model."""
+    only; 'serve' = the OpenAI-compatible endpoint for external agents, their rewarded sessions
+    written to the buffer a 'train' process reads."""
     project: str = "trinity"
     """Project name (a folder under checkpoints)."""
     group: str = ""

@@ -52,6 +52,9 @@ class SessionSource(Protocol):
     vocab_size: int
     max_tokens: int  # the most tokens one reply may ask for (model.max_response_tokens)
 
+    @property
+    def model_version(self) -> int: ...  # the weights the engines hold now
+
     def handle(self, session_id: str) -> TaskModelHandle: ...
 
 
@@ -132,9 +135,11 @@ def build_app(
                 400, f"session id {sid!r} is not 1-128 of A-Z a-z 0-9 . _ : -", "session"
             )
 
-    def answered(sid: str, head: dict[str, Any]) -> None:
+    def answered(sid: str, head: dict[str, Any], samples: list[Sample]) -> None:
         if book is not None:
-            book.called(sid, head["id"])
+            book.called(
+                sid, head["id"], [s.info["call_id"] for s in samples if "call_id" in s.info]
+            )
 
     async def sample(call: Any) -> list[Sample]:
         try:
@@ -177,7 +182,7 @@ def build_app(
         ]
         version = min(s.model_version for s in samples)
         head = _head("chatcmpl", "chat.completion", req.model, version)
-        answered(sid, head)
+        answered(sid, head, samples)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
         if req.stream:
             chunks = _chat_stream(head, choices, samples, handle, req)
@@ -226,7 +231,7 @@ def build_app(
             samples += got
         version = min(s.model_version for s in samples)
         head = _head("cmpl", "text_completion", req.model, version)
-        answered(sid, head)
+        answered(sid, head, samples)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
         if req.stream:
             return StreamingResponse(
@@ -246,8 +251,8 @@ def build_app(
             ],
         }
 
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model_version": source.model_version}
 
     async def feedback(request: Request) -> dict[str, Any]:
         req: FeedbackRequest = await body_of(request, FeedbackRequest)
@@ -260,12 +265,13 @@ def build_app(
         req: CommitRequest = await body_of(request, CommitRequest)
         valid(req.session_id)
         assert book is not None
-        book.commit(req.session_id)
+        book.commit(req.session_id, req.group)
         return {"session_id": req.session_id, "committed": True}
 
-    if book is not None:
-        app.post("/feedback")(feedback)
-        app.post("/commit")(commit)
+    if book is not None:  # at the root and under /v1 (an OpenAI client's `post` reaches it)
+        for prefix in ("", "/v1"):
+            app.post(prefix + "/feedback")(feedback)
+            app.post(prefix + "/commit")(commit)
 
     for prefix in ("", "/sessions/{session_id}"):
         app.post(prefix + "/v1/chat/completions")(chat)

@@ -39,11 +39,13 @@ class SessionBook:
     """What is known of one session."""
 
     calls: list[str] = field(default_factory=list)  # response ids, in answer order
+    records: list[list[str]] = field(default_factory=list)  # each call's ledger records
     reward: float | None = None  # the session's own
     call_rewards: dict[str, float] = field(default_factory=dict)  # by response id
     turn_rewards: dict[int, float] = field(default_factory=dict)  # by turn, until the call is seen
     committed_at: float | None = None
     touched_at: float = 0.0
+    group: str | None = None
 
     def rewards_by_call(self) -> list[float | None]:
         """The reward of each call, in order (a turn's reward once its call exists)."""
@@ -63,6 +65,16 @@ class ReadySession:
     calls: list[str]
     reward: float | None
     call_rewards: list[float | None]
+    records: list[list[str]] = field(default_factory=list)  # each call's ledger record ids
+    group: str | None = None  # sessions committed with one group are one GRPO group
+
+    def record_rewards(self) -> dict[str, float]:
+        """Each ledger record's reward: its call's, when calls were rewarded one by one."""
+        out: dict[str, float] = {}
+        for reward, records in zip(self.call_rewards, self.records, strict=False):
+            for rid in records:
+                out[rid] = 0.0 if reward is None else reward
+        return out
 
 
 class FeedbackBook:
@@ -83,12 +95,14 @@ class FeedbackBook:
         book.touched_at = self.clock()
         return book
 
-    def called(self, session_id: str, call_id: str) -> None:
-        """A call of the session was answered with response id `call_id`."""
+    def called(self, session_id: str, call_id: str, records: list[str] | None = None) -> None:
+        """A call of the session was answered with response id `call_id`; `records`: the ids
+        of the ledger records its samples made."""
         book = self._open(session_id)
         if book.committed_at is not None:
             raise FeedbackError(409, f"session {session_id!r} is committed: it takes no calls")
         book.calls.append(call_id)
+        book.records.append(list(records or []))
 
     def check_open(self, session_id: str) -> None:
         """Raise if the session may take no more calls (committed, trained or expired)."""
@@ -136,11 +150,13 @@ class FeedbackBook:
         self.counts["feedback"] += 1
         return True
 
-    def commit(self, session_id: str) -> None:
-        """The session is over; a second commit is answered as the first."""
+    def commit(self, session_id: str, group: str | None = None) -> None:
+        """The session is over; a second commit is answered as the first. `group`: sessions
+        committed with the same group are trained as one group (GRPO compares them)."""
         book = self._open(session_id)
         if book.committed_at is None:
             book.committed_at = self.clock()
+            book.group = group
             self.counts["committed"] += 1
 
     def take_ready(self) -> list[ReadySession]:
@@ -148,7 +164,12 @@ class FeedbackBook:
         now, out = self.clock(), []
         for sid, book in list(self.sessions.items()):
             if book.ready():
-                out.append(ReadySession(sid, list(book.calls), book.reward, book.rewards_by_call()))
+                rewards = book.rewards_by_call()
+                out.append(
+                    ReadySession(
+                        sid, list(book.calls), book.reward, rewards, book.records, book.group
+                    )
+                )
                 self._close(sid, "trained", "ready")
             elif now - (book.committed_at or book.touched_at) > self.window_s:
                 self._close(sid, "expired", "expired")

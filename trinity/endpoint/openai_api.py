@@ -242,6 +242,7 @@ class FeedbackRequest(_Strict):
 
 
 class CommitRequest(_Strict):
-    """POST /commit: the session is over."""
+    """POST /commit: the session is over; sessions of one `group` are compared (GRPO)."""
 
     session_id: str
+    group: str | None = Field(None, max_length=256)

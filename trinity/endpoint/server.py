@@ -43,6 +43,10 @@ class EngineSessions:
         self.max_prompt_tokens = max_prompt_tokens
         self.sessions: dict[str, TaskModelHandle] = {}
 
+    @property
+    def model_version(self) -> int:
+        return self.client.model_version
+
     def handle(self, session_id: str) -> TaskModelHandle:
         if session_id not in self.sessions:
             self.sessions[session_id] = TaskModelHandle(
@@ -62,9 +66,16 @@ class WorkflowSessions:
     workflow, whose handle is registered for as long as it runs. A call naming no running
     workflow's session is refused (nothing would record it)."""
 
-    def __init__(self, model_name: str, vocab_size: int, max_tokens: int) -> None:
+    def __init__(
+        self, model_name: str, vocab_size: int, max_tokens: int, client: BatchingClient
+    ) -> None:
         self.model_name, self.vocab_size, self.max_tokens = model_name, vocab_size, max_tokens
+        self.client = client
         self.sessions: dict[str, TaskModelHandle] = {}
+
+    @property
+    def model_version(self) -> int:
+        return self.client.model_version
 
     def handle(self, session_id: str) -> TaskModelHandle:
         try:

@@ -155,7 +155,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     t0 = time.perf_counter()
     joined = init_ray(config.cluster.ray_address, run_namespace(config))
     name_actor = None
-    if config.mode in ("explore", "train") and joins_existing_run(config):
+    if config.mode in ("explore", "train", "serve") and joins_existing_run(config):
         config, name_actor = agree_on_name(config, console)
     else:
         config = _fresh_folder_unless_continuing(config, console)
@@ -205,7 +205,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
 def _process_role(cfg: Any) -> str:
     """Who this process is in a split run: a process started again under its role (after a
     crash) takes its own place (`common.shared.RefCounted`)."""
-    return f"explorer/{cfg.explorer.name}" if cfg.mode == "explore" else "trainer"
+    return f"explorer/{cfg.explorer.name}" if cfg.mode in ("explore", "serve") else "trainer"
 
 
 def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
@@ -287,13 +287,14 @@ def run_stage(
     if mode == "bench":
         return run_bench(cfg, name, model_path, hub, monitor, nodes or [])
     explores = mode in ("both", "explore")
+    serves = mode == "serve"  # the endpoint for external agents: a writer of the buffer
     trains = mode in ("both", "train")
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
     eb = cfg.buffer.trainer_input.experience_buffer
     # mode train reading a queue: the experiences come from `mode: explore` processes
     reads_queue = trains_from_queue(cfg)
     # explore / train as separate processes share the buffer and the synchronizer
-    shared = mode in ("explore", "train")
+    shared = mode in ("explore", "train", "serve")
     # who this process is in the run: a process started again under its role takes its place
     process_role = _process_role(cfg)
     actors: list[Any] = []  # this process's own: killed at the end of the stage
@@ -332,7 +333,7 @@ def run_stage(
             and rcfg.sync_offset == 0
         )
         # a process of a split run: another process computes beside it on the same cluster
-        split = mode == "explore" or reads_queue
+        split = mode in ("explore", "serve") or reads_queue
         nodes = nodes or []
         plan = _resource_plan(
             cfg, trains, explores or evaluates, lockstep, split, nodes, run_shares
@@ -358,7 +359,7 @@ def run_stage(
                 soft_wrap=True,
             )
         buffer = None
-        if explores or reads_queue:
+        if explores or serves or reads_queue:
             buf_name = eb.name if eb and eb.name else "experience_buffer"
             capacity = eb.capacity if eb else 10000
             storage = storage_class(eb.storage_type if eb else "queue")
@@ -373,7 +374,7 @@ def run_stage(
             engines = cfg.explorer.rollout_model.engine_num if explores or evaluates else 0
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
         explorer = None
-        if explores or evaluates:
+        if explores or serves or evaluates:
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
                 offset, plan.engine, nodes, run_shares if mode == "explore" else None,
@@ -396,8 +397,11 @@ def run_stage(
         sizes: dict[str, int] = {}
         for d in ray.get(prep):
             sizes.update(d)
-        total = _plan_steps(cfg, explores, sizes)  # None: a trainer reading until explorers end
-        sources = ({"explorer"} if explores else set()) | ({"trainer"} if trains else set())
+        # None: a trainer reading until explorers end, or an endpoint serving until it does
+        total = None if serves else _plan_steps(cfg, explores, sizes)
+        sources = ({"explorer"} if explores or serves else set()) | (
+            {"trainer"} if trains else set()
+        )
         ray.get(hub.begin_stage.remote(name))
         monitor.begin_stage(
             name,
@@ -408,9 +412,18 @@ def run_stage(
         )
         # 3.
         eval_start: dict[str, float] = {}
-        if explorer is not None and not explores and cfg.explorer.eval_on_startup and not resume:
+        startup_eval = not explores and not serves and cfg.explorer.eval_on_startup
+        if explorer is not None and startup_eval and not resume:
             eval_start = _accuracies(_wait(explorer.evaluate.remote(0), hub, monitor))
         refs = []
+        if serves:
+            url = ray.get(explorer.start_serving.remote())
+            monitor.console.print(
+                f"serving {cfg.model.model_path} at {url} (chat/completions, completions; "
+                f"POST {url.removesuffix('/v1')}/feedback and /commit)",
+                soft_wrap=True,
+            )
+            refs.append(explorer.serve.remote())
         if explores:
             # mode both, fixed: the exact version the schedule names; explore or trainer_driven:
             # the newest, if any; explorer_driven: the trainer's current weights, on request
@@ -442,7 +455,7 @@ def run_stage(
         steps = train_out.get("train_steps", outs[0].get("explore_steps", 0) if outs else 0)
         # 4.
         eval_end: dict[str, float] = {}
-        if explorer is not None and evaluates:
+        if explorer is not None and evaluates and not serves:
             if trainer is not None:
                 _wait(explorer.sync_to.remote(train_out["train_steps"]), hub, monitor)
             eval_end = _accuracies(
@@ -604,7 +617,7 @@ def _run_part(cfg: Any) -> str:
     or mode train reading a queue that explore processes fill. Names its metrics file."""
     if cfg.mode == "bench":
         return "bench"
-    if cfg.mode == "explore":
+    if cfg.mode in ("explore", "serve"):
         return f"explorer-{cfg.explorer.name}"
     if trains_from_queue(cfg):
         return "trainer"

@@ -174,6 +174,10 @@ class SynchronizerActor(RefCounted):
     def latest_version(self) -> int:
         return self.version
 
+    def finished_step(self) -> int | None:
+        """The trainer's last step once it has finished (its budget), else None."""
+        return self._finished
+
     async def trained_step(self, step: int) -> bool:
         """The trainer has trained `step`; True when an explorer asked for weights newer than
         the published ones (`sync_style: explorer_driven`): the trainer should publish now."""

@@ -1,0 +1,139 @@
+"""Mode serve with a train process: an external agent, using only the `openai` client, drives
+episodes, posts rewards and commits; the trainer learns from them; the endpoint takes the new
+weights (slow: two `trinity` processes on a private cluster)."""
+
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+from test_topologies import ROOT, assert_clean, config, counts
+
+from tests.ray_cluster import private_cluster
+
+pytestmark = pytest.mark.slow
+
+GROUP = 4  # sessions committed with one group: GRPO compares them
+TRAIN_STEPS = 3
+
+
+def popen(cmd: str, cfg, cluster, *sets: str) -> subprocess.Popen:
+    args = [a for s in [*sets, f"cluster.ray_address={cluster.address}"] for a in ("--set", s)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "trinity.cli", cmd, "--config", str(cfg), *args],
+        cwd=ROOT,
+        env={**cluster.env, "TRINITY_CACHE_DIR": str(cfg.parent / "cache")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def lines_of(p: subprocess.Popen) -> queue.Queue:
+    """The process's output lines, read in a thread (so reading never blocks the test)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in p.stdout:  # type: ignore[union-attr]
+            q.put(line)
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def episode_of(client: openai.OpenAI, model: object, episode: int) -> list[int]:
+    """One two-turn session, its reward and its commit; the weights versions it was served."""
+    sid, group = f"ep{episode}", f"g{episode // GROUP}"
+    head = {"X-Session-Id": sid}
+    first = client.chat.completions.create(
+        model=str(model), max_tokens=4, extra_headers=head,
+        messages=[{"role": "user", "content": "2+3="}],
+    )  # fmt: skip
+    reply = first.choices[0].message.content or ""
+    second = client.chat.completions.create(
+        model=str(model), max_tokens=4, extra_headers=head,
+        messages=[
+            {"role": "user", "content": "2+3="},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "sure?"},
+        ],
+    )  # fmt: skip
+    # the agent's own judgement: a reward that differs within a group
+    reward = float(len(reply + (second.choices[0].message.content or "")) % 3)
+    client.post(
+        "/feedback", cast_to=object,
+        body={"session_id": sid, "reward": reward, "key": f"{sid}/final"},
+    )  # fmt: skip
+    client.post("/commit", cast_to=object, body={"session_id": sid, "group": group})
+    return [first.model_version, second.model_version]
+
+
+def wait_until(done, bound_s: float, server: subprocess.Popen) -> None:
+    deadline = time.time() + bound_s
+    while not done():
+        assert server.poll() is None, "the serve process ended early"
+        assert time.time() < deadline, f"not within {bound_s} s"
+        time.sleep(0.5)
+
+
+def test_an_openai_client_agent_is_trained_through_serve_mode(tmp_path, tiny_model_dir):
+    cfg = config(
+        tmp_path,
+        tiny_model_dir,
+        "serve",
+        "synchronizer: {sync_method: checkpoint}\n",
+    )
+    with private_cluster() as cluster:
+        server = popen(
+            "serve", cfg, cluster,
+            "explorer.api_port=0", "explorer.service_status_check_interval=1",
+            "explorer.feedback_window=120",
+        )  # fmt: skip
+        out = lines_of(server)
+        url, seen = None, []
+        deadline = time.time() + 180
+        while url is None:
+            line = out.get(timeout=max(1, deadline - time.time()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            m = re.search(r"serving .* at (http://\S+/v1)", line)
+            url = m and m.group(1)
+        trainer = popen(
+            "run", cfg, cluster,
+            "mode=train", f"buffer.total_steps={TRAIN_STEPS}",
+            f"buffer.train_batch_size={2 * GROUP}", "trainer.save_interval=1",
+        )  # fmt: skip
+        client = openai.OpenAI(base_url=url, api_key="-", max_retries=2, timeout=120)
+        versions: list[int] = []
+
+        def served_version() -> int:
+            health = client.get(url.removesuffix("/v1") + "/health", cast_to=object)
+            return health["model_version"]
+
+        try:
+            for step in range(TRAIN_STEPS):
+                # one train batch of sessions (two groups), then wait for the weights it trains
+                for episode in range(step * 2 * GROUP, (step + 1) * 2 * GROUP):
+                    versions += episode_of(client, tiny_model_dir, episode)
+                if step < TRAIN_STEPS - 1:
+                    wait_until(lambda s=step: served_version() > s, 300, server)
+        except openai.APIConnectionError:
+            pass  # the endpoint stopped (the run ended) while a call was on its way: below
+        t_out, _ = trainer.communicate(timeout=600)
+        server.wait(timeout=120)
+        s_out = "".join(seen) + "".join(iter(out.get, None))
+        assert trainer.returncode == 0, t_out[-4000:]
+        assert server.returncode == 0, s_out[-4000:]
+    assert re.search(r"the trainer (has )?finished", s_out), s_out[-3000:]
+    # the weights version the agent saw rose as the trainer published: batch k saw v(k-1)
+    per_batch = 2 * GROUP * 2  # sessions x calls
+    assert versions == [k for k in range(TRAIN_STEPS) for _ in range(per_batch)], versions
+    c = counts(cfg)
+    assert_clean(c, trained=TRAIN_STEPS * 2 * GROUP)
