@@ -15,7 +15,6 @@ Config: ``algorithm: {algorithm_type: grpo, kl_loss_fn_args: {kl_coef: 0.01}}``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from trinity.algorithm.kl import KL_LOSS_FN, KL_PENALTY_FN
 from trinity.algorithm.papers import PAPERS, Paper
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY
-from trinity.common.registry import Registry
+from trinity.common.registry import Registry, keyword_names
 
 __all__ = [
     "ALGORITHM",
@@ -397,10 +396,16 @@ def record_flag(algorithm_config: Any, flag: str) -> bool:
     return bool(getattr(lookup_algorithm(algorithm_config.algorithm_type), flag))
 
 
+def known_algorithm(name: str) -> AlgorithmSpec | None:
+    """The registered record `name` names (an alias resolved); None for any other name (the
+    pre-flight pass reports those)."""
+    name = ALIASES.get(name, name)
+    return ALGORITHM.get(name) if name in ALGORITHM.names() else None
+
+
 def is_pairwise(name: str) -> bool:
     """The record `name` trains on (chosen, rejected) pairs; False for unknown names."""
-    name = ALIASES.get(name, name)
-    return name in ALGORITHM.names() and ALGORITHM.get(name).pairwise
+    return getattr(known_algorithm(name), "pairwise", False)
 
 
 @dataclass(frozen=True)
@@ -440,16 +445,7 @@ class ResolvedAlgorithm:
 
 def accepted_args(piece: str, fn: Callable[..., Any]) -> set[str] | None:
     """The `<piece>_args` names `fn` accepts as keywords; None when it takes `**kwargs`."""
-    params = list(inspect.signature(fn).parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    n_fixed = PIECES[piece][1]
-    return {
-        p.name
-        for p in params[n_fixed:]
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and p.name != "agg"
-    }
+    return keyword_names(fn, PIECES[piece][1], skip=("agg",))
 
 
 def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> None:

@@ -203,6 +203,15 @@ class ExplorerInput(ConfigSection):
     default_reward_fn_type: str | None = None
     """Reward function (registry name) for tasks that name none."""
 
+    def storages(self, training: bool = True) -> list[tuple[str, StorageConfig, bool]]:
+        """(key path, storage, is_eval) of every training taskset (unless `training` is False),
+        then of every eval taskset."""
+        train = [("taskset", self.taskset)] if self.taskset is not None and training else []
+        train += [(f"tasksets[{i}]", s) for i, s in enumerate(self.tasksets) if training]
+        evals = [(f"eval_tasksets[{i}]", s) for i, s in enumerate(self.eval_tasksets)]
+        at = "buffer.explorer_input."
+        return [(at + p, s, False) for p, s in train] + [(at + p, s, True) for p, s in evals]
+
 
 class TrainerInput(ConfigSection):
     """Experience sources of the trainer."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from numbers import Real
+from typing import Any
 
 from trinity.config.problems import Problem
 from trinity.config.resolved import samples_per_task
@@ -122,6 +123,13 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+def _spec(cfg: TrinityConfig) -> Any:
+    """The config's algorithm record; None for a name the pre-flight pass reports."""
+    from trinity.algorithm.algorithms import known_algorithm
+
+    return known_algorithm(cfg.algorithm.algorithm_type)
+
+
 @_check(
     "algorithm.rollout_correction",
     "algorithm.filter_groups",
@@ -129,11 +137,7 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
     "algorithm.algorithm_type",
 )
 def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    offline = name in ALGORITHM.names() and not ALGORITHM.get(name).use_rollout
-    if not offline:
+    if getattr(_spec(cfg), "use_rollout", True):
         return
     why = f"{cfg.algorithm.algorithm_type!r} trains on a dataset"
     if cfg.algorithm.rollout_correction.enabled:
@@ -149,14 +153,10 @@ def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("algorithm.kl_ctrl", "algorithm.kl_penalty_fn")
 def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
     algo = cfg.algorithm
-    if algo.kl_ctrl.type != "adaptive":
-        return
-    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
-    record = ALGORITHM.get(name).kl_penalty_fn if name in ALGORITHM.names() else None
-    if (algo.kl_penalty_fn or record) in (None, "none"):
+    if algo.kl_ctrl.type == "adaptive" and (
+        algo.kl_penalty_fn or getattr(_spec(cfg), "kl_penalty_fn", None)
+    ) in (None, "none"):
         yield Problem(
             "algorithm.kl_ctrl.type",
             "'adaptive' steers the KL reward penalty's coefficient: set algorithm.kl_penalty_fn "
@@ -166,12 +166,9 @@ def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("algorithm.overlong_penalty", "model.max_response_tokens")
 def _overlong_fits(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, NOT_BUILT, record_flag
+    from trinity.algorithm.algorithms import record_flag
 
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    if name in NOT_BUILT or name not in ALGORITHM.names():
-        return  # reported by the pre-flight pass
-    if not record_flag(cfg.algorithm, "overlong_penalty"):
+    if _spec(cfg) is None or not record_flag(cfg.algorithm, "overlong_penalty"):
         return
     horizon, buffer_len = cfg.model.max_response_tokens, cfg.algorithm.overlong_penalty.buffer_len
     if horizon is None:
@@ -208,18 +205,8 @@ def _local_instance_is_one_node(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
-    inp = cfg.buffer.explorer_input
-    named = [("buffer.explorer_input.taskset", inp.taskset)]
-    named += [(f"buffer.explorer_input.tasksets[{i}]", s) for i, s in enumerate(inp.tasksets)]
-    named += [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", s) for i, s in enumerate(inp.eval_tasksets)
-    ]
-    for path, storage in named:
-        if (
-            storage is not None
-            and storage.storage_type in ("file", "synthetic")
-            and not storage.path
-        ):
+    for path, storage, _ in cfg.buffer.explorer_input.storages():
+        if storage.storage_type in ("file", "synthetic") and not storage.path:
             what = "a generator name" if storage.storage_type == "synthetic" else "a dataset path"
             yield Problem(
                 f"{path}.path", f"required for storage_type '{storage.storage_type}': {what}"
@@ -265,11 +252,7 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("explorer.auxiliary_models")
 def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    teacher = name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
-    if teacher and not cfg.explorer.auxiliary_models:
+    if getattr(_spec(cfg), "teacher_from_auxiliary", False) and not cfg.explorer.auxiliary_models:
         yield Problem(
             "explorer.auxiliary_models",
             f"{cfg.algorithm.algorithm_type!r} needs its teacher: set auxiliary_models[0].model_path",
@@ -289,12 +272,9 @@ _PER_SAMPLE_ADVANTAGES = frozenset(
 
 def _uses_groups(cfg: TrinityConfig) -> bool:
     """The algorithm trains on rollouts and normalises each task's samples as a group."""
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    if name not in ALGORITHM.names():
-        return False  # an unknown algorithm is reported by the pre-flight pass
-    spec = ALGORITHM.get(name)
+    spec = _spec(cfg)
+    if spec is None:
+        return False
     advantage = cfg.algorithm.advantage_fn or spec.advantage_fn
     return spec.use_rollout and advantage is not None and advantage not in _PER_SAMPLE_ADVANTAGES
 

@@ -24,13 +24,13 @@ base config and every stage (problems located under `stages[i].`):
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trinity.common.registry import keyword_names
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
 from trinity.config.loader import valid_stages
 from trinity.config.problems import Problem, suggest
@@ -118,7 +118,8 @@ def _check_one(
     report.problems += [p for p in _model_problems(cfg) if not _blocked(skip, p.path)]
     # 2., 3. and 5. for what the explorer and the trainer read
     inp = cfg.buffer.explorer_input
-    storages = [s for s in _explorer_storages(cfg) if not _blocked(skip, s[0])]
+    storages = inp.storages(training=cfg.mode in ("both", "explore"))
+    storages = [s for s in storages if not _blocked(skip, s[0])]
     defaults = [f"buffer.explorer_input.default_{k}" for k in ("workflow_type", "reward_fn_type")]
     if _blocked(skip, *defaults, "buffer.explorer_input.default_eval_workflow_type", "seed"):
         storages = []
@@ -209,19 +210,6 @@ def _lookup(registry: Any, name: str, path: str) -> tuple[Any, Problem | None]:
     )
 
 
-def _accepted(obj: Any, n_fixed: int, skip: tuple[str, ...] = ()) -> set[str] | None:
-    """Keyword names `obj` accepts after its first `n_fixed` parameters; None = any (`**kw`)."""
-    params = list(inspect.signature(obj).parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {
-        p.name
-        for p in params[n_fixed:]
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and p.name not in skip
-    }
-
-
 def _args_problems(
     path: str, callee: str, args: dict[str, Any], accepted: Callable[[], set[str] | None]
 ) -> list[Problem]:
@@ -307,23 +295,6 @@ def _algorithm_problems(algo: AlgorithmConfig, auxiliary: list[str] | None = Non
     return problems
 
 
-def _explorer_storages(cfg: TrinityConfig) -> list[tuple[str, StorageConfig, bool]]:
-    """(key path, storage, is_eval) of every taskset the explorer of this config reads."""
-    inp = cfg.buffer.explorer_input
-    found: list[tuple[str, StorageConfig, bool]] = []
-    if cfg.mode in ("both", "explore"):
-        if inp.taskset is not None:
-            found.append(("buffer.explorer_input.taskset", inp.taskset, False))
-        found += [
-            (f"buffer.explorer_input.tasksets[{i}]", s, False) for i, s in enumerate(inp.tasksets)
-        ]
-    found += [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", s, True)
-        for i, s in enumerate(inp.eval_tasksets)
-    ]
-    return found
-
-
 def _explorer_default_problems(inp: ExplorerInput) -> list[Problem]:
     """The explorer-wide workflow and reward fn names."""
     from trinity.rewards import REWARD_FN
@@ -364,7 +335,7 @@ def _storage_name_problems(
             f"{path}.workflow_args",
             f"workflow {workflow_name!r}",
             storage.workflow_args,
-            lambda: _accepted(workflow, 0),
+            lambda: keyword_names(workflow, 0),
         )
     own = storage.default_reward_fn_type
     reward_name = own or inp.default_reward_fn_type
@@ -377,7 +348,7 @@ def _storage_name_problems(
                 f"{path}.reward_fn_args",
                 f"reward fn {reward_name!r}",
                 storage.reward_fn_args,
-                lambda: _accepted(reward, 3),
+                lambda: keyword_names(reward, 3),
             )
     return problems
 
@@ -395,7 +366,7 @@ def _generator_problems(path: str, storage: StorageConfig) -> list[Problem]:
         f"{path}.generator_args",
         f"generator {storage.path!r}",
         storage.generator_args,
-        lambda: _accepted(generator, 0, skip=("split",)),
+        lambda: keyword_names(generator, 0, skip=("split",)),
     )
 
 

@@ -46,10 +46,9 @@ _ROLLOUT_MODEL = {
 
 def _reads_a_teacher(cfg: Any) -> bool:
     """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+    from trinity.algorithm.algorithms import known_algorithm
 
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    return name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
+    return getattr(known_algorithm(cfg.algorithm.algorithm_type), "teacher_from_auxiliary", False)
 
 
 class OptimizerConfig(ConfigSection):

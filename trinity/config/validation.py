@@ -59,13 +59,12 @@ def _unread_args(cfg: TrinityConfig) -> TrinityConfig:
     - a policy loss's derived arguments (its `derived_args`, e.g. mix_chord's
       `train_batch_size_usual`), which Trinity-RFT fills itself and the trainer derives here.
     """
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, PIECES
+    from trinity.algorithm.algorithms import PIECES, known_algorithm
 
     algo = cfg.algorithm
-    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
-    if name not in ALGORITHM.names():
+    spec = known_algorithm(algo.algorithm_type)
+    if spec is None:
         return cfg  # reported by the pre-flight pass
-    spec = ALGORITHM.get(name)
     updates: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for piece, (registry, _) in PIECES.items():
