@@ -46,9 +46,9 @@ class ConfigSection(BaseModel):
     )
 
     renamed_keys: ClassVar[dict[str, str]] = {}
-    """Deprecated key -> current key of this section (see `aliases.py`)."""
+    """Deprecated key -> current key of this section (see `compat.py`)."""
     renamed_values: ClassVar[dict[str, dict[str, str]]] = {}
-    """Field -> {deprecated value -> current value} (see `aliases.py`)."""
+    """Field -> {deprecated value -> current value} (see `compat.py`)."""
 
 
 def _check_top_k(value: int) -> int:
@@ -160,8 +160,9 @@ def child_annotation(annotation: Any, key: str | int) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         renamed = getattr(ann, "renamed_keys", {}).get(key)  # a deprecated spelling
         name = renamed if renamed is not None else key
-        if isinstance(name, str) and name in ann.model_fields:
-            return ann.model_fields[name].annotation
+        if isinstance(name, str) and name in ann.model_fields:  # with its constraints
+            info = ann.model_fields[name]
+            return Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
         raise UnknownKey(key, list(ann.model_fields))
     origin, args = get_origin(ann), get_args(ann)
     if origin in (list, tuple) or ann in (list, tuple):

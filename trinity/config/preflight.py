@@ -32,7 +32,7 @@ from typing import Any
 
 from trinity.common.registry import keyword_names
 from trinity.config.buffer_schema import ExplorerInput, StorageConfig
-from trinity.config.loader import valid_stages
+from trinity.config.loader import merge_stages, per_stage, valid_stages
 from trinity.config.problems import Problem, suggest
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
@@ -41,6 +41,7 @@ from trinity.trainer.optim import no_budget_problem
 
 Loc = tuple[str | int, ...]
 MAX_ROWS_SHOWN = 10  # bad rows listed per dataset; the rest are counted
+_SAID = ("problems", "skipped")
 
 
 @dataclass
@@ -64,29 +65,23 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
         skip: key paths that failed the schema (`ConfigError.removed`); the steps reading
             them are left out (their stand-in defaults would give knock-on problems).
     """
-    data_cache: dict[str, _Loaded] = {}
-    report = _check_one(cfg, data_cache, skip)
-    if cfg.stages:  # the stages that are invalid are reported by load_config
-        seen = {(p.path, p.message) for p in report.problems}
-        stages = valid_stages(cfg)
-        for i, stage in stages:
-            found = _check_one(stage, data_cache)
-            for p in found.problems:  # shared with the base, or said of this stage already
-                here = p.with_prefix(f"stages[{i}]")
-                if {(p.path, p.message), (here.path, here.message)}.isdisjoint(seen):
-                    report.problems.append(here)
-                    seen.add((here.path, here.message))
-            report.notes += [n for n in found.notes if n not in report.notes]
-            report.skipped += [f"stages[{i}].{s}" for s in found.skipped if s not in report.skipped]
-        last = stages[-1] if stages and stages[-1][0] == len(cfg.stages) - 1 else None
-        if cfg.mode == "bench" and last and not last[1].buffer.explorer_input.eval_tasksets:
-            report.problems.append(
-                Problem(
-                    f"stages[{len(cfg.stages) - 1}].buffer.explorer_input.eval_tasksets",
-                    "mode 'bench' on a staged config evaluates the run's checkpoints on the last "
-                    "stage's eval tasksets: it has none",
-                )
+    cache: dict[str, _Loaded] = {}
+    reports = per_stage(cfg, lambda c: _check_one(c, cache, skip if c is cfg else ()))
+    problems, skipped = (merge_stages([(at, getattr(r, k)) for at, r in reports]) for k in _SAID)
+    report = PreflightReport(not_built_problems(cfg) + problems, not_applicable_notes(cfg), skipped)
+    stages, last = dict(valid_stages(cfg)), len(cfg.stages) - 1
+    if (
+        cfg.mode == "bench"
+        and last in stages
+        and not stages[last].buffer.explorer_input.eval_tasksets
+    ):
+        report.problems.append(
+            Problem(
+                f"stages[{last}].buffer.explorer_input.eval_tasksets",
+                "mode 'bench' on a staged config evaluates the run's checkpoints on the last "
+                "stage's eval tasksets: it has none",
             )
+        )
     return report
 
 
@@ -100,14 +95,11 @@ def _blocked(skip: Sequence[Loc], *paths: str) -> bool:
 
 
 def _check_one(
-    cfg: TrinityConfig, data_cache: dict[str, _Loaded], skip: Sequence[Loc] = ()
+    cfg: TrinityConfig, cache: dict[str, _Loaded], skip: Sequence[Loc] = ()
 ) -> PreflightReport:
     """Steps 1-5 of the module docstring on one (stage) config, leaving out the steps that
     read a key path in `skip`."""
     report = PreflightReport()
-    # 1.
-    report.problems += not_built_problems(cfg)
-    report.notes += not_applicable_notes(cfg)
     # 2. and 3.
     auxiliary = list(cfg.buffer.trainer_input.auxiliary_buffers or {})
     if not _blocked(skip, "algorithm", "buffer.trainer_input.auxiliary_buffers"):
@@ -141,7 +133,7 @@ def _check_one(
             "default_reward_fn_type": inp.default_reward_fn_type,
             "default_seed": cfg.seed,
         }
-        _check_data(path, storage, kwargs, data_cache, report)
+        _check_data(path, storage, kwargs, cache, report)
     buf = cfg.buffer.trainer_input.experience_buffer
     # a queue (mode train fed by `mode: explore` processes) holds nothing to read now
     blocked = _blocked(skip, "mode", "algorithm", "buffer.trainer_input.experience_buffer", "seed")
@@ -167,7 +159,7 @@ def _check_one(
                 "require_response": not pairwise,
                 "require_pair": pairwise,
             }
-            _check_data(path, buf, kwargs, data_cache, report)
+            _check_data(path, buf, kwargs, cache, report)
     return report
 
 

@@ -374,7 +374,7 @@ class TrainerConfig(ConfigSection):
     """Devices one sequence is split over (Ulysses sequence parallel)."""
     trainer_config: dict[str, Any] = Field(default_factory=dict)
     """An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the keys that mean
-    something here map to our fields (see trainer_config.py)."""
+    something here map to our fields (see compat.py)."""
     enable_preview: Annotated[bool, NotApplicable(f"rollout preview {_WANDB}")] = True
     """Show sample rollouts in the wandb monitor."""
     save_interval: int | None = Field(None, ge=0)
@@ -559,7 +559,7 @@ StageConfig = create_model(  # derived from TrinityConfig: one field per overrid
     __base__=ConfigSection,
     __doc__="One stage of a multi-stage run: a name plus overrides deep-merged onto the base "
     "config. Values are kept raw here; the merged config is validated as a whole "
-    "(`validation.validate_stages`).",
+    "(`loader.py`, step 8).",
     stage_name=(str, Field(..., min_length=1, description="Name of the stage (required).")),
     **{
         name: (Any, Field(None, description=f"Override deep-merged onto the top-level `{name}`."))

@@ -31,9 +31,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trinity.config.base import DEFAULT, NotApplicable, NotBuilt, Refused, walk
+from trinity.config.compat import unmapped_keys
+from trinity.config.loader import merge_stages, per_stage
 from trinity.config.problems import Problem
 from trinity.config.schema import TrinityConfig
-from trinity.config.trainer_config import unmapped_keys
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def _refused(entry: KeyState, value: Any) -> Any:
     return None
 
 
-def _own_problems(cfg: TrinityConfig) -> list[Problem]:
+def own_problems(cfg: TrinityConfig) -> list[Problem]:
+    """`not_built_problems` of one config, its stages left out."""
     problems: list[Problem] = []
     for entry in KEY_STATES:
         for path, value, _ in _values(cfg, _split(entry.path), "", True):
@@ -154,8 +156,9 @@ def _own_problems(cfg: TrinityConfig) -> list[Problem]:
     return problems
 
 
-def _own_notes(cfg: TrinityConfig) -> list[str]:
-    notes: list[str] = []
+def own_notes(cfg: TrinityConfig) -> list[str]:
+    """`not_applicable_notes` of one config, its stages left out."""
+    notes = list(cfg.rename_notes)
     for entry in KEY_STATES:
         for path, value, is_set in _values(cfg, _split(entry.path), "", True):
             later_item = entry.first_only and "[0]" not in path
@@ -169,35 +172,16 @@ def _own_notes(cfg: TrinityConfig) -> list[str]:
     return notes + list(cfg.compat_notes)
 
 
-def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:
-    """`own(cfg)` plus, for each stage, what is new in that stage's merged config."""
-    found = list(own(cfg))
-    if not cfg.stages:
-        return found
-    from trinity.config.loader import valid_stages
-
-    seen = {str(x) for x in found}
-    for i, stage_cfg in valid_stages(cfg):
-        for item in own(stage_cfg):
-            if str(item) in seen:
-                continue
-            seen.add(str(item))
-            if isinstance(item, Problem):
-                found.append(item.with_prefix(f"stages[{i}]"))
-            else:
-                found.append(f"stages[{i}].{item}")
-    return found
-
-
 def not_built_problems(cfg: TrinityConfig) -> list[Problem]:
-    """One problem per key set to a value whose feature is not built yet (pure: no I/O)."""
-    return _with_stages(cfg, _own_problems)
+    """One problem per key set to a value whose feature is not built yet, stages included
+    (pure: no I/O)."""
+    return merge_stages(per_stage(cfg, own_problems))
 
 
 def not_applicable_notes(cfg: TrinityConfig) -> list[str]:
     """One line per deprecated spelling the file used and per key that is set but has no effect
-    here, with the reason (pure: no I/O)."""
-    return [*cfg.rename_notes, *_with_stages(cfg, _own_notes)]
+    here, with the reason, stages included (pure: no I/O)."""
+    return merge_stages(per_stage(cfg, own_notes))
 
 
 def not_built_markdown() -> str:
