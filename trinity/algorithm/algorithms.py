@@ -15,7 +15,7 @@ Config: ``algorithm: {algorithm_type: grpo, kl_loss_fn_args: {kl_coef: 0.01}}``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -458,6 +458,23 @@ def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, A
         )
 
 
+def chosen_pieces(
+    algorithm_config: Any, base: AlgorithmSpec
+) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """(piece, name, args) of each piece of `PIECES` as `algorithm_config` chooses it over the
+    spec `base`: the user's name, else the spec's (None: no such piece; `advantage_fn: none` is
+    None); the spec's default args while its piece is kept, updated with the user's."""
+    for piece in PIECES:
+        default_name = getattr(base, piece)
+        user_name = getattr(algorithm_config, piece, None)
+        name = default_name if user_name is None else user_name
+        if piece == "advantage_fn" and name == "none":
+            name = None
+        args = dict(base.default_args.get(f"{piece}_args", {})) if name == default_name else {}
+        args.update(getattr(algorithm_config, f"{piece}_args", None) or {})
+        yield piece, name, args
+
+
 def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
     """Resolves `algorithm_config` (an object with `algorithm_type`, `<piece>`, `<piece>_args` for
     each of `PIECES`, and `loss_agg_mode`; None or a missing attribute = the spec's default).
@@ -476,16 +493,7 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
     base = lookup_algorithm(algo_type)
     names: dict[str, str | None] = {}
     fns: dict[str, Any] = {}
-    for piece, (registry, _) in PIECES.items():
-        # 2.
-        default_name = getattr(base, piece)
-        user_name = getattr(algorithm_config, piece, None)
-        name = default_name if user_name is None else user_name
-        if piece == "advantage_fn" and name == "none":
-            name = None
-        user_args = dict(getattr(algorithm_config, f"{piece}_args", None) or {})
-        args = dict(base.default_args.get(f"{piece}_args", {})) if name == default_name else {}
-        args.update(user_args)
+    for piece, name, args in chosen_pieces(algorithm_config, base):  # 2.
         names[piece] = name
         # 3.
         if name is None:
@@ -495,7 +503,7 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
                 )
             fns[piece], fns[f"{piece}_args"] = None, {}
             continue
-        fn = registry.get(name)
+        fn = PIECES[piece][0].get(name)
         _check_args(piece, name, fn, args)
         fns[piece], fns[f"{piece}_args"] = fn, args
     # 4.

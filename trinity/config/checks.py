@@ -7,6 +7,7 @@ generator of `Problem`s and decorate it with `@_check("dotted.key.path", ...)`.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from numbers import Real
@@ -18,23 +19,27 @@ from trinity.config.schema import TrinityConfig
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
 Loc = tuple[str | int, ...]
-_CHECKS: list[tuple[tuple[Loc, ...], CheckFn]] = []
+_CHECKS: list[tuple[tuple[str, ...], CheckFn]] = []
 
 
 def _check(*reads: str) -> Callable[[CheckFn], CheckFn]:
     """Register a cross-field check that reads the given dotted key paths."""
 
     def register(fn: CheckFn) -> CheckFn:
-        _CHECKS.append((tuple(tuple(r.split(".")) for r in reads), fn))
+        _CHECKS.append((reads, fn))
         return fn
 
     return register
 
 
-def _overlaps(a: Loc, b: Loc) -> bool:
-    """True when one key path lies inside the other."""
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
+def blocked(skip: Collection[Loc], *paths: str) -> bool:
+    """True when one of the dotted `paths` (`a.b[0].c`) lies inside a key path of `skip` or
+    holds one."""
+    for path in paths:
+        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
+        if any(loc[: len(s)] == s[: len(loc)] for s in skip):
+            return True
+    return False
 
 
 def check_config(cfg: TrinityConfig, skip: Collection[Loc] = ()) -> list[Problem]:
@@ -44,12 +49,7 @@ def check_config(cfg: TrinityConfig, skip: Collection[Loc] = ()) -> list[Problem
         cfg: a validated config (values at the paths in `skip` may be stand-in defaults).
         skip: key paths (as tuples) that failed validation; checks reading them are skipped.
     """
-    return [
-        p
-        for reads, fn in _CHECKS
-        if not any(_overlaps(r, s) for r in reads for s in skip)
-        for p in fn(cfg)
-    ]
+    return [p for reads, fn in _CHECKS if not blocked(skip, *reads) for p in fn(cfg)]
 
 
 @_check("model.model_path")
