@@ -167,7 +167,7 @@ def lift_verl_keys(cfg: TrinityConfig) -> tuple[TrinityConfig, list[Problem]]:
 
 def drop_unread_args(cfg: TrinityConfig) -> TrinityConfig:
     """`cfg` without the Trinity-RFT piece arguments nothing here reads (item 3 of the module
-    docstring), each with a note (`compat_notes`); `cfg` itself when there are none."""
+    docstring), each with a note (`_compat_notes`); `cfg` itself when there are none."""
     from trinity.algorithm.algorithms import PIECES, known_algorithm
 
     algo = cfg.algorithm
@@ -195,5 +195,5 @@ def drop_unread_args(cfg: TrinityConfig) -> TrinityConfig:
     if not updates:
         return cfg
     out = cfg.model_copy(update={"algorithm": algo.model_copy(update=updates)})
-    out.add_compat_notes(notes)
+    out._compat_notes = (*out._compat_notes, *notes)
     return out

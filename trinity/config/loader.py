@@ -74,7 +74,7 @@ def _validate(
     cfg, more, partial, removed = _effective(data)
     found += more
     for c in {id(x): x for x in (cfg, partial) if x is not None}.values():
-        c.set_source(notes, data)
+        c._rename_notes, c._written = tuple(notes), data
     if isinstance(data.get("stages"), list):
         found += _stages(data, data["stages"], known=found)[1]
     problems = [*problems, *(p for p in found if p.path not in unreported)]

@@ -11,7 +11,6 @@ batch sizes or paths); derived numbers are computed by `trinity.config.resolve()
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
@@ -27,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from trinity.config.base import ConfigSection, Dtype, Inside, NotApplicable, NotBuilt, Refused, TopK
 from trinity.config.buffer_schema import BufferConfig
 from trinity.config.engine_schema import InferenceModelConfig
+from trinity.config.problems import suggest
 from trinity.config.side_schema import (
     DataProcessorConfig,
     LogConfig,
@@ -51,6 +51,9 @@ def _reads_a_teacher(cfg: Any) -> bool:
     return getattr(known_algorithm(cfg.algorithm.algorithm_type), "teacher_from_auxiliary", False)
 
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimizerConfig(ConfigSection):
     """Optimizer and learning-rate schedule of the trainer."""
 
@@ -72,20 +75,12 @@ class OptimizerConfig(ConfigSection):
     ] = "adamw"
     """Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with decoupled
     weight_decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam β1, β2, each in [0, 1)."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """Adam β1, β2."""
     weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay."""
     clip_grad: float = Field(1.0, gt=0)
     """Max global gradient norm (trainer.grad_clip overrides it)."""
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        """Each β must lie in [0, 1)."""
-        if not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
-        return betas
 
 
 LossAggMode = Literal[
@@ -441,22 +436,15 @@ class MonitorConfig(ConfigSection):
         try:
             return handler(value)
         except ValidationError:
-            bad = next(
-                (
-                    v
-                    for v in (value if isinstance(value, list) else [value])
-                    if v not in _MONITOR_TYPES
-                ),
-                value,
-            )
-            close = difflib.get_close_matches(str(bad), _MONITOR_TYPES, n=1)
+            values = value if isinstance(value, list) else [value]
+            bad = next((v for v in values if v not in _MONITOR_TYPES), value)
             raise PydanticCustomError(
                 "literal_error",
                 "{bad} is not allowed; expected one of: {allowed}, or a list of them",
                 {
                     "bad": repr(bad),
                     "allowed": ", ".join(repr(t) for t in _MONITOR_TYPES),
-                    "did_you_mean": close[0] if close else None,
+                    "did_you_mean": suggest(str(bad), _MONITOR_TYPES),
                 },
             ) from None
 
@@ -523,35 +511,16 @@ class TrinityConfig(ConfigSection):
     previous stage's model."""
 
     _rename_notes: tuple[str, ...] = PrivateAttr(default=())
-    _written: dict[str, Any] | None = PrivateAttr(default=None)
+    """Set at load: a line per deprecated key or value the file used (read as its new name)."""
     _compat_notes: tuple[str, ...] = PrivateAttr(default=())
-
-    @property
-    def rename_notes(self) -> tuple[str, ...]:
-        """One line per deprecated key or value the loaded file used (read as its new name)."""
-        return self._rename_notes
+    """Set at load: a line per Trinity-RFT value the effective config leaves out."""
+    _written: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def written(self) -> dict[str, Any]:
-        """The config as the user wrote it (renames applied, verl keys not lifted): what
-        stages merge onto. Without a source, the explicitly set values."""
-        if self._written is not None:
-            return self._written
-        return self.model_dump(exclude_unset=True)
-
-    @property
-    def compat_notes(self) -> tuple[str, ...]:
-        """One line per Trinity-RFT value the effective config leaves out (derived or unread)."""
-        return self._compat_notes
-
-    def add_compat_notes(self, notes: list[str]) -> None:
-        """Record notes about values the load left out of the effective config (loader only)."""
-        self._compat_notes = (*self._compat_notes, *notes)
-
-    def set_source(self, notes: list[str], written: dict[str, Any] | None) -> None:
-        """Record the rename notes and the data of the file this config was loaded from."""
-        self._rename_notes = tuple(notes)
-        self._written = written
+        """What stages merge onto: the config as written (renames applied, verl keys not
+        lifted); without a source file, the explicitly set values."""
+        return self.model_dump(exclude_unset=True) if self._written is None else self._written
 
 
 StageConfig = create_model(  # derived from TrinityConfig: one field per overridable key

@@ -128,7 +128,7 @@ def own_problems(cfg: TrinityConfig) -> list[Problem]:
 
 def own_notes(cfg: TrinityConfig) -> list[str]:
     """`not_applicable_notes` of one config, its stages left out."""
-    notes = list(cfg.rename_notes)
+    notes = list(cfg._rename_notes)
     for k, path, value, is_set in _placed(cfg):
         later_item = k.first_only and "[0]" not in path
         refused = _refused(k, value) is not None  # said as a problem
@@ -138,7 +138,7 @@ def own_notes(cfg: TrinityConfig) -> list[str]:
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)
     ]
-    return notes + list(cfg.compat_notes)
+    return notes + list(cfg._compat_notes)
 
 
 def not_built_problems(cfg: TrinityConfig) -> list[Problem]:
