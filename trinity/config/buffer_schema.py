@@ -1,11 +1,8 @@
-"""Schema of the `buffer` section: where tasks come from and where experiences go.
+"""Schema of the `buffer` section: where tasks come from and where experiences go. Batch units,
+the most-asked question in RL fine-tuning, are in each field's docs (`batch_size` counts tasks,
+`train_batch_size` experiences).
 
-Batch units, because they are the most-asked question in RL fine-tuning:
-- `buffer.batch_size` counts *tasks* per explore step;
-- each task is rolled out `algorithm.repeat_times` times, giving that many *experiences*;
-- `buffer.train_batch_size` counts *experiences* per train step (0 = tasks × samples).
-
-Example: `buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}}`.
+    buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}}
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ def _validate(
     data, found, notes = apply_renames(dict(data), TrinityConfig)
     cfg, more, partial, removed = _effective(data)
     found += more
-    for c in {id(x): x for x in (cfg, partial) if x is not None}.values():
-        c._rename_notes, c._written = tuple(notes), data
+    if partial is not None:  # `cfg` is it, or None
+        partial._rename_notes, partial._written = tuple(notes), data
     if isinstance(data.get("stages"), list):
         found += _stages(data, data["stages"], known=found)[1]
     problems = [*problems, *(p for p in found if p.path not in unreported)]

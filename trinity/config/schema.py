@@ -1,12 +1,9 @@
-"""The typed config schema, in Trinity-RFT's documented key layout.
+"""The typed config schema, in Trinity-RFT's documented key layout (`buffer` in
+`buffer_schema.py`). Every section is default-constructible; rules spanning sections live in
+`checks.py`, so `TrinityConfig()` stays usable in tests.
 
-Top-level sections: `algorithm`, `model`, `cluster`, `buffer` (see `buffer_schema.py`),
-`explorer`, `synchronizer`, `trainer`, `monitor`, plus `stages` for multi-stage runs. Every section
-is default-constructible; the checks that need several sections (e.g. "mode 'both' needs a
-taskset") live in `checks.py` and run at load time, so `TrinityConfig()` stays usable in tests.
-
-Departure from Trinity-RFT: validation never rewrites what the user wrote (no filling in derived
-batch sizes or paths); derived numbers are computed by `trinity.config.resolve()`.
+Departure from Trinity-RFT: validation never fills in derived batch sizes or paths; those are
+computed by `trinity.config.resolve()`.
 """
 
 from __future__ import annotations

@@ -13,13 +13,11 @@ acted upon. `KEY_STATES` lists the declared states, read from the schema by its 
   the transformers engine serves rollouts); when a config sets it, `validate` and `run` print one
   line naming the key and the reason.
 
-    from trinity.config.support import not_built_problems, not_applicable_notes
     problems = not_built_problems(cfg)   # list[Problem], each naming the key and the feature
-    notes = not_applicable_notes(cfg)    # list[str], printed by validate and run
+    notes = not_applicable_notes(cfg)    # list[str], printed by validate and run; with the
+                                         # deprecated spellings and unread Trinity-RFT values
 
-`not_applicable_notes` also carries the notes about deprecated spellings the file used and the
-Trinity-RFT values the effective config leaves out, so `validate` prints everything said about
-keys in one place; `docs/architecture.md` lists the not-built states (`not_built_markdown`).
+`docs/architecture.md` lists the not-built states (`not_built_markdown`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Reading config YAML, merging dotted overrides and resolving `${...}` interpolations, as
-OmegaConf does.
-
-Trinity-RFT loads its configs with OmegaConf, so this build does too and its YAML agrees with
-upstream: OmegaConf's YAML loader (YAML 1.1 booleans such as `yes`/`on`, `1e-6` a float, no
-timestamps), `${a.b}` / `${.sibling}` references, `${oc.env:VAR,default}` (a string, as in
-OmegaConf) and the other `oc.*` resolvers. Two things are added on top: a key written twice in one
-mapping is an error naming every such key and its line (OmegaConf stops at the first), and every
-interpolation that cannot be resolved is reported with its key path, all at once.
+Trinity-RFT does with OmegaConf: its YAML loader (YAML 1.1 booleans such as `yes`/`on`, `1e-6` a
+float, no timestamps), `${a.b}` / `${.sibling}` references, `${oc.env:VAR,default}` (a string)
+and the other `oc.*` resolvers. Added on top: every key written twice in a mapping is an error
+with its line (OmegaConf stops at the first), and every interpolation that cannot be resolved is
+reported with its key path, all at once.
 
 Overrides (`algorithm.optimizer.lr=2e-6`, list items by index: `stages.1.buffer.total_steps=40`
 or, as reports print them, `stages[1].buffer.total_steps=40`) are typed and merged as OmegaConf's
