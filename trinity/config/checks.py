@@ -96,10 +96,7 @@ def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
             "(or a non-empty tasksets list)",
         )
     if inp.taskset is not None and inp.tasksets:
-        yield Problem(
-            "buffer.explorer_input.tasksets",
-            "set either taskset or tasksets, not both",
-        )
+        yield Problem("buffer.explorer_input.tasksets", "set either taskset or tasksets, not both")
 
 
 @_check("mode", "buffer.trainer_input.experience_buffer")
@@ -223,21 +220,13 @@ def _one_total_steps(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
-_CLIP_KEYS = ("clip_range", "clip_range_low", "clip_range_high")
-
-
 @_check("algorithm.policy_loss_fn_args")
 def _clip_ranges_positive(cfg: TrinityConfig) -> Iterator[Problem]:
     args = cfg.algorithm.policy_loss_fn_args
-    for key in _CLIP_KEYS:
-        if key not in args:
-            continue
-        value = args[key]
-        if isinstance(value, bool) or not isinstance(value, Real) or value <= 0:
-            yield Problem(
-                f"algorithm.policy_loss_fn_args.{key}",
-                f"must be a positive number, got {value!r}",
-            )
+    for key in (k for k in ("clip_range", "clip_range_low", "clip_range_high") if k in args):
+        if isinstance(args[key], bool) or not isinstance(args[key], Real) or args[key] <= 0:
+            why = f"must be a positive number, got {args[key]!r}"
+            yield Problem(f"algorithm.policy_loss_fn_args.{key}", why)
 
 
 @_check("stages")

@@ -251,13 +251,9 @@ def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Proble
 def apply_overrides(
     data: dict[str, Any], overrides: Sequence[str], root: type[BaseModel]
 ) -> tuple[dict[str, Any], list[Problem]]:
-    """A copy of `data` with every override applied, and a problem per override that failed.
-
-    Args:
-        data: the raw config dict as read from YAML; not modified.
-        overrides: strings `dotted.key.path=value`; list items are addressed by index.
-        root: the schema the keys are checked against (TrinityConfig).
-    """
+    """A copy of `data` (raw, as read; not modified) with every `dotted.key.path=value` of
+    `overrides` applied, its keys checked against the schema `root`, and a problem per override
+    that failed (each is applied whole or not at all)."""
     out = copy.deepcopy(data)
     problems = [p for text in overrides if (p := _apply_one(out, text, root)) is not None]
     return out, problems
