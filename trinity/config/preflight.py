@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from trinity.common.registry import keyword_names
@@ -270,30 +271,25 @@ def _storage_name_problems(
     """Names and `*_args` of one taskset's workflow and reward fn. A name inherited from
     `explorer_input` is reported there, once; here it only serves to check the arguments."""
     problems: list[Problem] = []
+
+    def check(key: str, what: str, own: str | None, name: str | None, n_fixed: int) -> Any:
+        if not name:
+            return None
+        found, said = _lookup(_registry(f"{key}_type"), name, f"{path}.default_{key}_type")
+        problems.extend(said if own else [])
+        if found is not None:
+            args, accepted = getattr(storage, f"{key}_args"), partial(keyword_names, found, n_fixed)
+            problems.extend(
+                _args_problems(f"{path}.{key}_args", f"{what} {name!r}", args, accepted)
+            )
+        return found
+
     own = storage.default_workflow_type
-    name = own or (inp.default_eval_workflow_type if is_eval else None) or inp.default_workflow_type
-    workflow, found = _lookup(_registry("workflow_type"), name, f"{path}.default_workflow_type")
-    problems += found if own else []
-    if workflow is not None:
-        problems += _args_problems(
-            f"{path}.workflow_args",
-            f"workflow {name!r}",
-            storage.workflow_args,
-            lambda: keyword_names(workflow, 0),
-        )
+    inherited = (inp.default_eval_workflow_type if is_eval else None) or inp.default_workflow_type
+    workflow = check("workflow", "workflow", own, own or inherited, 0)
     own = storage.default_reward_fn_type
     name = own or inp.default_reward_fn_type or getattr(workflow, "default_reward_fn_type", None)
-    if not name:
-        return problems
-    reward, found = _lookup(_registry("reward_fn_type"), name, f"{path}.default_reward_fn_type")
-    problems += found if own else []
-    if reward is not None:
-        problems += _args_problems(
-            f"{path}.reward_fn_args",
-            f"reward fn {name!r}",
-            storage.reward_fn_args,
-            lambda: keyword_names(reward, 3),
-        )
+    check("reward_fn", "reward fn", own, name, 3)
     return problems
 
 
