@@ -232,6 +232,19 @@ def test_trainer_config_fills_unset_keys_only() -> None:
     assert validate_config(base).trainer == TrinityConfig().trainer
 
 
+def test_verl_critic_lr_fills_the_critic_default() -> None:
+    # trainer.critic.optimizer.lr has a default (1e-5) the user did not write: the verl value
+    # is lifted into it, not refused as a disagreement
+    cfg = validate_config(
+        {
+            "model": {"model_path": "m"},
+            "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
+            "trainer": {"trainer_config": {"critic": {"optim": {"lr": 2e-5}}}},
+        }
+    )
+    assert cfg.trainer.critic.optimizer.lr == 2e-5
+
+
 # --- best available here -----------------------------------------------------------------------
 
 

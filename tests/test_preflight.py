@@ -329,3 +329,15 @@ def test_staged_config_with_problems_everywhere_is_one_report(tmp_path, no_ray):
         "stages[0].algorithm.repeat_times",
         "stages[1].trainer.trainer_strategy",
     ]
+
+
+def test_a_stage_s_note_is_printed_once_under_its_stage(tmp_path, no_ray):
+    cfg = tmp_path / "staged.yaml"
+    cfg.write_text(
+        'model: {model_path: "tiny://1m?seed=0"}\n'
+        "buffer: {explorer_input: {taskset: {storage_type: synthetic, path: arithmetic}}}\n"
+        "stages:\n"
+        "  - {stage_name: a, explorer: {rollout_model: {enforce_eager: false}}}\n"
+    )
+    notes = preflight(load_config(cfg)).notes
+    assert [n.split(":")[0] for n in notes] == ["stages[0].explorer.rollout_model.enforce_eager"]

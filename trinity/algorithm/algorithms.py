@@ -15,8 +15,7 @@ Config: ``algorithm: {algorithm_type: grpo, kl_loss_fn_args: {kl_coef: 0.01}}``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from trinity.algorithm.kl import KL_LOSS_FN, KL_PENALTY_FN
 from trinity.algorithm.papers import PAPERS, Paper
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY
-from trinity.common.registry import Registry
+from trinity.common.registry import Registry, keyword_names
 
 __all__ = [
     "ALGORITHM",
@@ -397,10 +396,16 @@ def record_flag(algorithm_config: Any, flag: str) -> bool:
     return bool(getattr(lookup_algorithm(algorithm_config.algorithm_type), flag))
 
 
+def known_algorithm(name: str) -> AlgorithmSpec | None:
+    """The registered record `name` names (an alias resolved); None for any other name (the
+    pre-flight pass reports those)."""
+    name = ALIASES.get(name, name)
+    return ALGORITHM.get(name) if name in ALGORITHM.names() else None
+
+
 def is_pairwise(name: str) -> bool:
     """The record `name` trains on (chosen, rejected) pairs; False for unknown names."""
-    name = ALIASES.get(name, name)
-    return name in ALGORITHM.names() and ALGORITHM.get(name).pairwise
+    return getattr(known_algorithm(name), "pairwise", False)
 
 
 @dataclass(frozen=True)
@@ -440,16 +445,7 @@ class ResolvedAlgorithm:
 
 def accepted_args(piece: str, fn: Callable[..., Any]) -> set[str] | None:
     """The `<piece>_args` names `fn` accepts as keywords; None when it takes `**kwargs`."""
-    params = list(inspect.signature(fn).parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    n_fixed = PIECES[piece][1]
-    return {
-        p.name
-        for p in params[n_fixed:]
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and p.name != "agg"
-    }
+    return keyword_names(fn, PIECES[piece][1], skip=("agg",))
 
 
 def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> None:
@@ -460,6 +456,23 @@ def _check_args(piece: str, name: str, fn: Callable[..., Any], args: dict[str, A
         raise TypeError(
             f"{piece} {name!r} got unknown {piece}_args {unknown}; it accepts {sorted(accepted)}"
         )
+
+
+def chosen_pieces(
+    algorithm_config: Any, base: AlgorithmSpec
+) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """(piece, name, args) of each piece of `PIECES` as `algorithm_config` chooses it over the
+    spec `base`: the user's name, else the spec's (None: no such piece; `advantage_fn: none` is
+    None); the spec's default args while its piece is kept, updated with the user's."""
+    for piece in PIECES:
+        default_name = getattr(base, piece)
+        user_name = getattr(algorithm_config, piece, None)
+        name = default_name if user_name is None else user_name
+        if piece == "advantage_fn" and name == "none":
+            name = None
+        args = dict(base.default_args.get(f"{piece}_args", {})) if name == default_name else {}
+        args.update(getattr(algorithm_config, f"{piece}_args", None) or {})
+        yield piece, name, args
 
 
 def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
@@ -480,16 +493,7 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
     base = lookup_algorithm(algo_type)
     names: dict[str, str | None] = {}
     fns: dict[str, Any] = {}
-    for piece, (registry, _) in PIECES.items():
-        # 2.
-        default_name = getattr(base, piece)
-        user_name = getattr(algorithm_config, piece, None)
-        name = default_name if user_name is None else user_name
-        if piece == "advantage_fn" and name == "none":
-            name = None
-        user_args = dict(getattr(algorithm_config, f"{piece}_args", None) or {})
-        args = dict(base.default_args.get(f"{piece}_args", {})) if name == default_name else {}
-        args.update(user_args)
+    for piece, name, args in chosen_pieces(algorithm_config, base):  # 2.
         names[piece] = name
         # 3.
         if name is None:
@@ -499,7 +503,7 @@ def resolve_algorithm(algorithm_config: Any) -> ResolvedAlgorithm:
                 )
             fns[piece], fns[f"{piece}_args"] = None, {}
             continue
-        fn = registry.get(name)
+        fn = PIECES[piece][0].get(name)
         _check_args(piece, name, fn, args)
         fns[piece], fns[f"{piece}_args"] = fn, args
     # 4.

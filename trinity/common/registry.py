@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -98,3 +99,15 @@ def _load_dotted(path: str, kind: str) -> Any:
         return getattr(module, attr)
     except AttributeError as e:
         raise RegistryError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from e
+
+
+def keyword_names(
+    fn: Callable[..., Any], n_fixed: int, skip: tuple[str, ...] = ()
+) -> set[str] | None:
+    """The names `fn` accepts as keywords after its first `n_fixed` parameters, less `skip`;
+    None when it takes `**kwargs` (any name)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in params[n_fixed:] if p.kind in kinds and p.name not in skip}

@@ -4,12 +4,10 @@
     cfg = load_config("run.yaml", ["algorithm.repeat_times=8"])   # raises ConfigError
     print(format_batch_table(resolve(cfg)))
 
-`load_config` reads, merges (dotted overrides) and interpolates (`${oc.env:VAR,default}`,
-`${other.key}`) with OmegaConf as Trinity-RFT does, rejects unknown keys with a suggestion,
-reports every problem at once with its key path, reads
-Trinity-RFT's deprecated spellings as current names, and never does I/O beyond reading
-the file or rewrites user values. Derived numbers (batch sizes in their units, run directory) come
-from `resolve()`; multi-stage runs expand with `stage_configs()`.
+`load_config` reads, merges and interpolates as OmegaConf does, rejects unknown keys with a
+suggestion and reports every problem at once with its key path (`loader.py`); it does no I/O but
+reading the file. Derived numbers (batch sizes in their units, run directory) come from
+`resolve()`; multi-stage runs expand with `stage_configs()`.
 """
 
 from trinity.config.buffer_schema import (

@@ -1,9 +1,9 @@
 """The base of every config section, the key states declared on its fields, and the one walker
 over the schema.
 
-Every section rejects unknown keys (`extra="forbid"`), so a typo is an error with a suggestion
-instead of a silently ignored setting. Numbers given where a string is expected (`name: 2024`) are
-accepted as strings, because YAML and `${oc.env:...}` interpolation type them eagerly.
+Every section rejects unknown keys (`extra="forbid"`): a typo is an error with a suggestion, not a
+silently ignored setting. A number where a string is expected (`name: 2024`) is taken as a string,
+because YAML and `${oc.env:...}` type them eagerly.
 
 Key states are field metadata: a field with no marker is acted upon; otherwise
 
@@ -34,8 +34,8 @@ DEFAULT: Any = object()  # inert value of a not-built key: the schema default
 
 
 class ConfigSection(BaseModel):
-    """A strict config section: unknown keys are errors and every field carries a description
-    (the docstring under it)."""
+    """A strict config section: unknown keys are errors; each field's docstring is its
+    description."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -46,13 +46,12 @@ class ConfigSection(BaseModel):
     )
 
     renamed_keys: ClassVar[dict[str, str]] = {}
-    """Deprecated key -> current key of this section (see `aliases.py`)."""
+    """Deprecated key -> current key of this section (see `compat.py`)."""
     renamed_values: ClassVar[dict[str, dict[str, str]]] = {}
-    """Field -> {deprecated value -> current value} (see `aliases.py`)."""
+    """Field -> {deprecated value -> current value} (see `compat.py`)."""
 
 
 def _check_top_k(value: int) -> int:
-    """Validate a top-k sampling cutoff: -1 disables it, otherwise it must be at least 1."""
     if value != -1 and value < 1:
         raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {value}")
     return value
@@ -134,19 +133,6 @@ def strip(annotation: Any) -> Any:
             return annotation
 
 
-def section_below(annotation: Any) -> tuple[type[BaseModel] | None, str]:
-    """(the section reached through Optional / list / dict, the '[*]' suffixes on the way)."""
-    ann, suffix = strip(annotation), ""
-    while True:
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            return ann, suffix
-        args = get_args(ann)
-        if get_origin(ann) in (list, dict) and args:
-            ann, suffix = strip(args[-1]), suffix + "[*]"
-            continue
-        return None, suffix
-
-
 def child_annotation(annotation: Any, key: str | int) -> Any:
     """The annotation of `key` inside a value typed `annotation`; `Any` where keys are free.
 
@@ -160,8 +146,9 @@ def child_annotation(annotation: Any, key: str | int) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         renamed = getattr(ann, "renamed_keys", {}).get(key)  # a deprecated spelling
         name = renamed if renamed is not None else key
-        if isinstance(name, str) and name in ann.model_fields:
-            return ann.model_fields[name].annotation
+        if isinstance(name, str) and name in ann.model_fields:  # with its constraints
+            info = ann.model_fields[name]
+            return Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
         raise UnknownKey(key, list(ann.model_fields))
     origin, args = get_origin(ann), get_args(ann)
     if origin in (list, tuple) or ann in (list, tuple):
@@ -196,8 +183,10 @@ def walk(
         own = tuple(m for m in info.metadata if isinstance(m, Marker))
         marks = inside.get(name, own)
         yield path, info, marks if isinstance(marks, tuple) else (marks,)
-        section, suffix = section_below(info.annotation)
-        if section is not None:
+        section, suffix = strip(info.annotation), ""  # through Optional, list and dict items
+        while get_origin(section) in (list, dict) and get_args(section):
+            section, suffix = strip(get_args(section)[-1]), suffix + "[*]"
+        if isinstance(section, type) and issubclass(section, BaseModel):
             below = {k.split(".", 1)[1]: v for k, v in inside.items() if k.startswith(name + ".")}
             for m in info.metadata:
                 below |= m.states if isinstance(m, Inside) else {}

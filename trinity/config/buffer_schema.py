@@ -1,11 +1,8 @@
-"""Schema of the `buffer` section: where tasks come from and where experiences go.
+"""Schema of the `buffer` section: where tasks come from and where experiences go. Batch units,
+the most-asked question in RL fine-tuning, are in each field's docs (`batch_size` counts tasks,
+`train_batch_size` experiences).
 
-Batch units, because they are the most-asked question in RL fine-tuning:
-- `buffer.batch_size` counts *tasks* per explore step;
-- each task is rolled out `algorithm.repeat_times` times, giving that many *experiences*;
-- `buffer.train_batch_size` counts *experiences* per train step (0 = tasks × samples).
-
-Example: `buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}}`.
+    buffer: {batch_size: 16, explorer_input: {taskset: {path: data/gsm8k}}}
 """
 
 from __future__ import annotations
@@ -202,6 +199,15 @@ class ExplorerInput(ConfigSection):
     """Workflow for eval tasks; None = default_workflow_type."""
     default_reward_fn_type: str | None = None
     """Reward function (registry name) for tasks that name none."""
+
+    def storages(self, training: bool = True) -> list[tuple[str, StorageConfig, bool]]:
+        """(key path, storage, is_eval) of every training taskset (unless `training` is False),
+        then of every eval taskset."""
+        train = [("taskset", self.taskset)] if self.taskset is not None and training else []
+        train += [(f"tasksets[{i}]", s) for i, s in enumerate(self.tasksets) if training]
+        evals = [(f"eval_tasksets[{i}]", s) for i, s in enumerate(self.eval_tasksets)]
+        at = "buffer.explorer_input."
+        return [(at + p, s, False) for p, s in train] + [(at + p, s, True) for p, s in evals]
 
 
 class TrainerInput(ConfigSection):

@@ -7,9 +7,11 @@ generator of `Problem`s and decorate it with `@_check("dotted.key.path", ...)`.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from numbers import Real
+from typing import Any
 
 from trinity.config.problems import Problem
 from trinity.config.resolved import samples_per_task
@@ -17,23 +19,27 @@ from trinity.config.schema import TrinityConfig
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
 Loc = tuple[str | int, ...]
-_CHECKS: list[tuple[tuple[Loc, ...], CheckFn]] = []
+_CHECKS: list[tuple[tuple[str, ...], CheckFn]] = []
 
 
 def _check(*reads: str) -> Callable[[CheckFn], CheckFn]:
     """Register a cross-field check that reads the given dotted key paths."""
 
     def register(fn: CheckFn) -> CheckFn:
-        _CHECKS.append((tuple(tuple(r.split(".")) for r in reads), fn))
+        _CHECKS.append((reads, fn))
         return fn
 
     return register
 
 
-def _overlaps(a: Loc, b: Loc) -> bool:
-    """True when one key path lies inside the other."""
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
+def blocked(skip: Collection[Loc], *paths: str) -> bool:
+    """True when one of the dotted `paths` (`a.b[0].c`) lies inside a key path of `skip` or
+    holds one."""
+    for path in paths:
+        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
+        if any(loc[: len(s)] == s[: len(loc)] for s in skip):
+            return True
+    return False
 
 
 def check_config(cfg: TrinityConfig, skip: Collection[Loc] = ()) -> list[Problem]:
@@ -43,12 +49,7 @@ def check_config(cfg: TrinityConfig, skip: Collection[Loc] = ()) -> list[Problem
         cfg: a validated config (values at the paths in `skip` may be stand-in defaults).
         skip: key paths (as tuples) that failed validation; checks reading them are skipped.
     """
-    return [
-        p
-        for reads, fn in _CHECKS
-        if not any(_overlaps(r, s) for r in reads for s in skip)
-        for p in fn(cfg)
-    ]
+    return [p for reads, fn in _CHECKS if not blocked(skip, *reads) for p in fn(cfg)]
 
 
 @_check("model.model_path")
@@ -95,10 +96,7 @@ def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
             "(or a non-empty tasksets list)",
         )
     if inp.taskset is not None and inp.tasksets:
-        yield Problem(
-            "buffer.explorer_input.tasksets",
-            "set either taskset or tasksets, not both",
-        )
+        yield Problem("buffer.explorer_input.tasksets", "set either taskset or tasksets, not both")
 
 
 @_check("mode", "buffer.trainer_input.experience_buffer")
@@ -122,6 +120,13 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+def _spec(cfg: TrinityConfig) -> Any:
+    """The config's algorithm record; None for a name the pre-flight pass reports."""
+    from trinity.algorithm.algorithms import known_algorithm
+
+    return known_algorithm(cfg.algorithm.algorithm_type)
+
+
 @_check(
     "algorithm.rollout_correction",
     "algorithm.filter_groups",
@@ -129,11 +134,7 @@ def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
     "algorithm.algorithm_type",
 )
 def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    offline = name in ALGORITHM.names() and not ALGORITHM.get(name).use_rollout
-    if not offline:
+    if getattr(_spec(cfg), "use_rollout", True):
         return
     why = f"{cfg.algorithm.algorithm_type!r} trains on a dataset"
     if cfg.algorithm.rollout_correction.enabled:
@@ -149,14 +150,10 @@ def _correction_needs_rollouts(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("algorithm.kl_ctrl", "algorithm.kl_penalty_fn")
 def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
     algo = cfg.algorithm
-    if algo.kl_ctrl.type != "adaptive":
-        return
-    name = ALIASES.get(algo.algorithm_type, algo.algorithm_type)
-    record = ALGORITHM.get(name).kl_penalty_fn if name in ALGORITHM.names() else None
-    if (algo.kl_penalty_fn or record) in (None, "none"):
+    if algo.kl_ctrl.type == "adaptive" and (
+        algo.kl_penalty_fn or getattr(_spec(cfg), "kl_penalty_fn", None)
+    ) in (None, "none"):
         yield Problem(
             "algorithm.kl_ctrl.type",
             "'adaptive' steers the KL reward penalty's coefficient: set algorithm.kl_penalty_fn "
@@ -166,12 +163,9 @@ def _adaptive_kl_has_a_penalty(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("algorithm.overlong_penalty", "model.max_response_tokens")
 def _overlong_fits(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES, NOT_BUILT, record_flag
+    from trinity.algorithm.algorithms import record_flag
 
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    if name in NOT_BUILT or name not in ALGORITHM.names():
-        return  # reported by the pre-flight pass
-    if not record_flag(cfg.algorithm, "overlong_penalty"):
+    if _spec(cfg) is None or not record_flag(cfg.algorithm, "overlong_penalty"):
         return
     horizon, buffer_len = cfg.model.max_response_tokens, cfg.algorithm.overlong_penalty.buffer_len
     if horizon is None:
@@ -208,18 +202,8 @@ def _local_instance_is_one_node(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
-    inp = cfg.buffer.explorer_input
-    named = [("buffer.explorer_input.taskset", inp.taskset)]
-    named += [(f"buffer.explorer_input.tasksets[{i}]", s) for i, s in enumerate(inp.tasksets)]
-    named += [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", s) for i, s in enumerate(inp.eval_tasksets)
-    ]
-    for path, storage in named:
-        if (
-            storage is not None
-            and storage.storage_type in ("file", "synthetic")
-            and not storage.path
-        ):
+    for path, storage, _ in cfg.buffer.explorer_input.storages():
+        if storage.storage_type in ("file", "synthetic") and not storage.path:
             what = "a generator name" if storage.storage_type == "synthetic" else "a dataset path"
             yield Problem(
                 f"{path}.path", f"required for storage_type '{storage.storage_type}': {what}"
@@ -236,21 +220,13 @@ def _one_total_steps(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
-_CLIP_KEYS = ("clip_range", "clip_range_low", "clip_range_high")
-
-
 @_check("algorithm.policy_loss_fn_args")
 def _clip_ranges_positive(cfg: TrinityConfig) -> Iterator[Problem]:
     args = cfg.algorithm.policy_loss_fn_args
-    for key in _CLIP_KEYS:
-        if key not in args:
-            continue
-        value = args[key]
-        if isinstance(value, bool) or not isinstance(value, Real) or value <= 0:
-            yield Problem(
-                f"algorithm.policy_loss_fn_args.{key}",
-                f"must be a positive number, got {value!r}",
-            )
+    for key in (k for k in ("clip_range", "clip_range_low", "clip_range_high") if k in args):
+        if isinstance(args[key], bool) or not isinstance(args[key], Real) or args[key] <= 0:
+            why = f"must be a positive number, got {args[key]!r}"
+            yield Problem(f"algorithm.policy_loss_fn_args.{key}", why)
 
 
 @_check("stages")
@@ -265,11 +241,7 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("explorer.auxiliary_models")
 def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    teacher = name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
-    if teacher and not cfg.explorer.auxiliary_models:
+    if getattr(_spec(cfg), "teacher_from_auxiliary", False) and not cfg.explorer.auxiliary_models:
         yield Problem(
             "explorer.auxiliary_models",
             f"{cfg.algorithm.algorithm_type!r} needs its teacher: set auxiliary_models[0].model_path",
@@ -295,12 +267,9 @@ _PER_SAMPLE_ADVANTAGES = frozenset(
 
 def _uses_groups(cfg: TrinityConfig) -> bool:
     """The algorithm trains on rollouts and normalises each task's samples as a group."""
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
-
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    if name not in ALGORITHM.names():
-        return False  # an unknown algorithm is reported by the pre-flight pass
-    spec = ALGORITHM.get(name)
+    spec = _spec(cfg)
+    if spec is None:
+        return False
     advantage = cfg.algorithm.advantage_fn or spec.advantage_fn
     return spec.use_rollout and advantage is not None and advantage not in _PER_SAMPLE_ADVANTAGES
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from trinity.config.base import annotation_at, literal_values, locate_field, strip
 
@@ -122,48 +123,34 @@ def _describe(value: Any) -> str:
 
 def problems_from_validation_error(error: ValidationError, root: type[BaseModel]) -> list[Problem]:
     """Translate pydantic's errors for a `root` model into `Problem`s with dotted key paths."""
-    problems: list[Problem] = []
-    for err in error.errors(include_url=False):
-        loc = tuple(err["loc"])
-        kind = err["type"]
-        ctx = err.get("ctx") or {}
-        path = format_path(loc)
-        value = err.get("input")
-        if kind == "extra_forbidden":
-            parent = annotation_at(root, loc[:-1])
-            names: list[str] = []
-            ann = strip(parent)
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                names = [n for n in ann.model_fields if n != "stage_name" or ann is not root]
-            key = str(loc[-1])
-            hint = locate_field(root, key) or suggest(key, names)
-            problems.append(Problem(path, "unknown key", hint))
-        elif kind == "missing":
-            problems.append(Problem(path, "required key is missing"))
-        elif kind == "literal_error":
-            allowed = literal_values(annotation_at(root, loc))
-            if allowed is None:  # raised by a validator with its own message
-                problems.append(Problem(path, err["msg"], ctx.get("did_you_mean")))
-                continue
-            listed = ", ".join(repr(a) for a in allowed)
-            problems.append(
-                Problem(
-                    path,
-                    f"{value!r} is not allowed; expected one of: {listed}",
-                    suggest(str(value), [str(a) for a in allowed]),
-                )
-            )
-        elif kind.endswith(("_type", "_parsing")) and kind.split("_")[0] in _TYPE_WORDS:
-            want = _TYPE_WORDS[kind.split("_")[0]]
-            problems.append(Problem(path, f"expected {want}, got {_describe(value)}"))
-        elif kind in _BOUNDS:
-            bound = next(iter(ctx.values()), "?")
-            problems.append(Problem(path, f"must be {_BOUNDS[kind]} {bound}, got {value!r}"))
-        elif kind == "int_from_float":
-            problems.append(Problem(path, f"expected an integer, got {value!r}"))
-        elif kind == "value_error":
-            problems.append(Problem(path, err["msg"].removeprefix("Value error, ")))
-        else:  # too_short, string_too_short, ...: pydantic's own wording
-            msg = err["msg"]
-            problems.append(Problem(path, msg if "got" in msg else f"{msg}, got {value!r}"))
-    return problems
+    return [_problem(err, root) for err in error.errors(include_url=False)]
+
+
+def _problem(err: ErrorDetails, root: type[BaseModel]) -> Problem:
+    loc, kind, value, ctx = tuple(err["loc"]), err["type"], err.get("input"), err.get("ctx") or {}
+    path = format_path(loc)
+    if kind == "extra_forbidden":
+        ann, key = strip(annotation_at(root, loc[:-1])), str(loc[-1])
+        names = [
+            n for n in getattr(ann, "model_fields", {}) if n != "stage_name" or ann is not root
+        ]
+        return Problem(path, "unknown key", locate_field(root, key) or suggest(key, names))
+    if kind == "missing":
+        return Problem(path, "required key is missing")
+    if kind == "literal_error" and (allowed := literal_values(annotation_at(root, loc))):
+        listed = ", ".join(repr(a) for a in allowed)
+        hint = suggest(str(value), [str(a) for a in allowed])
+        return Problem(path, f"{value!r} is not allowed; expected one of: {listed}", hint)
+    if kind == "literal_error":  # raised by a validator with its own message
+        return Problem(path, err["msg"], ctx.get("did_you_mean"))
+    if kind.endswith(("_type", "_parsing")) and kind.split("_")[0] in _TYPE_WORDS:
+        return Problem(path, f"expected {_TYPE_WORDS[kind.split('_')[0]]}, got {_describe(value)}")
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "?")
+        return Problem(path, f"must be {_BOUNDS[kind]} {bound}, got {value!r}")
+    if kind == "int_from_float":
+        return Problem(path, f"expected an integer, got {value!r}")
+    if kind == "value_error":
+        return Problem(path, err["msg"].removeprefix("Value error, "))
+    msg = err["msg"]  # too_short, string_too_short, ...: pydantic's own wording
+    return Problem(path, msg if "got" in msg else f"{msg}, got {value!r}")

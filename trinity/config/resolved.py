@@ -20,7 +20,7 @@ from typing import Any
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
-# (value, why) chosen for each "best available here" key when it is unset
+# when unset, each "best available here" key gets (value, why)
 BEST_ENGINE = ("transformers", "unset: the vLLM engine is not built, transformers serves rollouts")
 BEST_SYNC = ("memory", "unset: trainer and explorer share one Ray cluster, the object store")
 BEST_SYNC_SPLIT = (
@@ -29,11 +29,14 @@ BEST_SYNC_SPLIT = (
     "outlive either of them",
 )
 BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
+OPEN_RUN_SAVE_INTERVAL = 10
+"""Train steps per checkpoint of a run whose length is not known (no step budget)."""
 
 
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """Numbers derived from a `TrinityConfig`; units are in each field's comment."""
+    """Numbers derived from a `TrinityConfig`; units are in each field's comment. A `*_source`
+    field says the key a value came from, or why it was chosen."""
 
     run_dir: str  # <checkpoint_root_dir>/<project>/<name>, joined as text
     mode: str
@@ -50,14 +53,14 @@ class ResolvedConfig:
     grad_accum_steps: int | None  # micro-batches per train step; None = dynamic (token packing)
     total_steps: int | None  # None = from taskset size × total_epochs at run time, or (mode
     # train reading a queue) until every writer has closed the buffer
-    total_steps_source: str  # the key total_steps came from, "" when None
+    total_steps_source: str  # "" when None
     save_interval: int | None  # train steps per checkpoint; 0 = only at the end; None = a
     # tenth of the steps planned at run time (`save_interval_for`)
     save_interval_source: str
     sync_interval: int  # train steps between weight syncs
     sync_offset: int  # explore steps the explorer runs ahead
     sync_method: str  # memory | checkpoint | nccl
-    sync_method_source: str  # the key, or why it was chosen when unset
+    sync_method_source: str
     engine_type: str  # rollout engine of explorer.rollout_model
     engine_type_source: str
     trainer_strategy: str  # torch | fsdp | fsdp2
@@ -74,18 +77,9 @@ class ResolvedConfig:
         `OPEN_RUN_SAVE_INTERVAL` steps."""
         if self.save_interval is not None:
             return self.save_interval
-        return save_interval_of(None, total_steps) or OPEN_RUN_SAVE_INTERVAL
-
-
-OPEN_RUN_SAVE_INTERVAL = 10
-"""Train steps per checkpoint of a run whose length is not known (no step budget)."""
-
-
-def save_interval_of(explicit: int | None, total_steps: int | None) -> int | None:
-    """`trainer.save_interval` when set, else ceil(total_steps / 10) (None while unknown)."""
-    if explicit is not None:
-        return explicit
-    return None if total_steps is None else max(1, math.ceil(total_steps / 10))
+        return (
+            OPEN_RUN_SAVE_INTERVAL if total_steps is None else max(1, math.ceil(total_steps / 10))
+        )
 
 
 def samples_per_task(cfg: TrinityConfig) -> list[int]:
@@ -100,51 +94,46 @@ def samples_per_task(cfg: TrinityConfig) -> list[int]:
 
 def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     """Derive the run directory, batch numbers and sync settings of `cfg` (pure function)."""
-    engine, engine_src = _chosen(
-        cfg.explorer.rollout_model.engine_type, "explorer.rollout_model.engine_type", BEST_ENGINE
-    )
+    engine = cfg.explorer.rollout_model.engine_type
+    sync = cfg.synchronizer.sync_method
+    strategy = cfg.trainer.trainer_strategy
     best_sync = BEST_SYNC_SPLIT if cfg.mode in ("explore", "train") else BEST_SYNC
-    sync, sync_src = _chosen(cfg.synchronizer.sync_method, "synchronizer.sync_method", best_sync)
+    chosen = {
+        "engine_type": (engine, "explorer.rollout_model.engine_type") if engine else BEST_ENGINE,
+        "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,
+        "trainer_strategy": (strategy, "trainer.trainer_strategy") if strategy else BEST_STRATEGY,
+    }
     if sync == "nccl" and cfg.mode != "both":
-        sync, sync_src = (
+        chosen["sync_method"] = (
             "checkpoint",
-            (
-                f"synchronizer.sync_method nccl needs trainer and engines in one run (mode both); "
-                f"mode {cfg.mode} sends weights by checkpoint, as Trinity-RFT does"
-            ),
+            f"synchronizer.sync_method nccl needs trainer and engines in one run (mode both); "
+            f"mode {cfg.mode} sends weights by checkpoint, as Trinity-RFT does",
         )
-    strategy, strategy_src = _chosen(
-        cfg.trainer.trainer_strategy, "trainer.trainer_strategy", BEST_STRATEGY
-    )
-    clip = cfg.trainer.grad_clip
-    tasks = cfg.buffer.batch_size
-    groups = samples_per_task(cfg)
+    tasks, groups = cfg.buffer.batch_size, samples_per_task(cfg)
     samples = groups[0] if len(groups) == 1 else cfg.algorithm.repeat_times
     derived = cfg.buffer.train_batch_size <= 0
     train_batch = tasks * samples if derived else cfg.buffer.train_batch_size
-    micro = cfg.trainer.micro_batch_size_per_gpu
-    dynamic = cfg.trainer.use_dynamic_bsz
-    if cfg.buffer.total_steps is not None:
-        total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
-    elif cfg.trainer.total_steps is not None:
+    micro, dynamic = cfg.trainer.micro_batch_size_per_gpu, cfg.trainer.use_dynamic_bsz
+    total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
+    if total is None:
         total, total_source = cfg.trainer.total_steps, "trainer.total_steps"
-    elif trains_from_queue(cfg):
-        total, total_source = None, "until every writer has closed the buffer (mode train, queue)"
-    else:
-        total, total_source = None, ""
-    save = save_interval_of(cfg.trainer.save_interval, total)
-    if cfg.trainer.save_interval is not None:
-        save_source = "trainer.save_interval"
-    elif total is not None:
-        save_source = f"unset: a tenth of the run, ceil({total} / 10)"
-    elif trains_from_queue(cfg):
+    if total is None:
+        open_run = "until every writer has closed the buffer (mode train, queue)"
+        total_source = open_run if trains_from_queue(cfg) else ""
+    save, save_source = cfg.trainer.save_interval, "trainer.save_interval"
+    if save is None and total is not None:
+        save, save_source = (
+            max(1, math.ceil(total / 10)),
+            f"unset: a tenth of the run, ceil({total} / 10)",
+        )
+    elif save is None and trains_from_queue(cfg):
         save = OPEN_RUN_SAVE_INTERVAL
         save_source = f"unset, and the run's length is open: every {save} train steps"
-    else:
+    elif save is None:
         save_source = "unset: a tenth of the steps planned at run time"
-    root = cfg.checkpoint_root_dir.rstrip("/")
+    clip = cfg.trainer.grad_clip
     return ResolvedConfig(
-        run_dir=f"{root}/{cfg.project}/{cfg.name}",
+        run_dir=f"{cfg.checkpoint_root_dir.rstrip('/')}/{cfg.project}/{cfg.name}",
         mode=cfg.mode,
         algorithm_type=cfg.algorithm.algorithm_type,
         stage_name=cfg.stage_name,
@@ -163,21 +152,12 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         save_interval_source=save_source,
         sync_interval=cfg.synchronizer.sync_interval,
         sync_offset=cfg.synchronizer.sync_offset,
-        sync_method=sync,
-        sync_method_source=sync_src,
-        engine_type=engine,
-        engine_type_source=engine_src,
-        trainer_strategy=strategy,
-        trainer_strategy_source=strategy_src,
+        **{key: value for key, (value, _) in chosen.items()},
+        **{f"{key}_source": why for key, (_, why) in chosen.items()},
         ppo_epochs=cfg.trainer.ppo_epochs,
         ppo_mini_batch_size=cfg.trainer.ppo_mini_batch_size,
         grad_clip=clip if clip is not None else cfg.algorithm.optimizer.clip_grad,
     )
-
-
-def _chosen(value: str | None, key: str, best: tuple[str, str]) -> tuple[str, str]:
-    """(value, where it came from): the user's value, or the best available here and why."""
-    return (value, key) if value is not None else best
 
 
 def format_batch_table(r: ResolvedConfig) -> str:
@@ -185,41 +165,23 @@ def format_batch_table(r: ResolvedConfig) -> str:
 
     Example line: `tasks per explore step            16  (buffer.batch_size)`.
     """
-    train_note = (
-        "buffer.train_batch_size is 0 → tasks × samples"
-        if r.train_batch_size_derived
-        else "buffer.train_batch_size"
-    )
     if r.use_dynamic_bsz:
-        tokens = r.max_token_len_per_micro_batch
-        micro_rows = [
-            (
-                "tokens per micro-batch",
-                "unset" if tokens is None else str(tokens),
-                "trainer.max_token_len_per_gpu, per GPU; use_dynamic_bsz packs by tokens",
-            ),
-            ("micro-batches per train step", "dynamic", "depends on sequence lengths"),
-        ]
+        micro = "tokens per micro-batch", str(r.max_token_len_per_micro_batch or "unset")
+        micro_note = "trainer.max_token_len_per_gpu, per GPU; use_dynamic_bsz packs by tokens"
+        accum, accum_note = "dynamic", "depends on sequence lengths"
     else:
-        micro_rows = [
-            (
-                "experiences per micro-batch",
-                str(r.micro_batch_size),
-                "trainer.micro_batch_size_per_gpu, per GPU",
-            ),
-            (
-                "micro-batches per train step",
-                str(r.grad_accum_steps),
-                f"gradient accumulation = ceil({r.train_batch_size} / {r.micro_batch_size})",
-            ),
-        ]
-    steps = (
-        ("total steps", str(r.total_steps), r.total_steps_source)
-        if r.total_steps is not None
-        else ("total steps", "open", r.total_steps_source)
-        if r.total_steps_source
-        else ("total steps", "auto", "from taskset size × buffer.total_epochs at run time")
+        micro = "experiences per micro-batch", str(r.micro_batch_size)
+        micro_note = "trainer.micro_batch_size_per_gpu, per GPU"
+        accum = str(r.grad_accum_steps)
+        accum_note = f"gradient accumulation = ceil({r.train_batch_size} / {r.micro_batch_size})"
+    if r.total_steps is not None or r.total_steps_source:
+        steps = (str(r.total_steps) if r.total_steps is not None else "open", r.total_steps_source)
+    else:
+        steps = ("auto", "from taskset size × buffer.total_epochs at run time")
+    train_note = "buffer.train_batch_size" + (
+        " is 0 → tasks × samples" if r.train_batch_size_derived else ""
     )
+    checkpoint = "end only" if r.save_interval == 0 else str(r.save_interval or "auto")
     rows = [
         ("run directory", r.run_dir, ""),
         ("mode", r.mode, ""),
@@ -227,19 +189,12 @@ def format_batch_table(r: ResolvedConfig) -> str:
         *([("stage", r.stage_name, "")] if r.stage_name else []),
         ("tasks per explore step", str(r.tasks_per_step), "buffer.batch_size"),
         ("samples per task", str(r.samples_per_task), "algorithm.repeat_times"),
-        (
-            "experiences per explore step",
-            str(r.experiences_per_explore_step),
-            "tasks × samples",
-        ),
+        ("experiences per explore step", str(r.experiences_per_explore_step), "tasks × samples"),
         ("experiences per train step", str(r.train_batch_size), train_note),
-        *micro_rows,
-        steps,
-        (
-            "train steps per checkpoint",
-            "end only" if r.save_interval == 0 else str(r.save_interval or "auto"),
-            r.save_interval_source,
-        ),
+        (*micro, micro_note),
+        ("micro-batches per train step", accum, accum_note),
+        ("total steps", *steps),
+        ("train steps per checkpoint", checkpoint, r.save_interval_source),
         ("train steps per weight sync", str(r.sync_interval), "synchronizer.sync_interval"),
         ("explore steps ahead (offset)", str(r.sync_offset), "synchronizer.sync_offset"),
         ("weight sync method", r.sync_method, r.sync_method_source),
@@ -248,13 +203,12 @@ def format_batch_table(r: ResolvedConfig) -> str:
     ]
     label_w = max(len(label) for label, _, _ in rows)
     value_w = max(len(value) for _, value, note in rows if note)
-    lines = []
-    for label, value, note in rows:
-        if note:
-            lines.append(f"{label:<{label_w}}  {value:>{value_w}}  ({note})")
-        else:
-            lines.append(f"{label:<{label_w}}  {value}")
-    return "\n".join(lines)
+    return "\n".join(
+        f"{label:<{label_w}}  {value:>{value_w}}  ({note})"
+        if note
+        else f"{label:<{label_w}}  {value}"
+        for label, value, note in rows
+    )
 
 
 def chat_template_kwargs(cfg: TrinityConfig) -> dict[str, Any]:

@@ -1,17 +1,13 @@
-"""The typed config schema, in Trinity-RFT's documented key layout.
+"""The typed config schema, in Trinity-RFT's documented key layout (`buffer` in
+`buffer_schema.py`). Every section is default-constructible; rules spanning sections live in
+`checks.py`, so `TrinityConfig()` stays usable in tests.
 
-Top-level sections: `algorithm`, `model`, `cluster`, `buffer` (see `buffer_schema.py`),
-`explorer`, `synchronizer`, `trainer`, `monitor`, plus `stages` for multi-stage runs. Every section
-is default-constructible; the checks that need several sections (e.g. "mode 'both' needs a
-taskset") live in `checks.py` and run at load time, so `TrinityConfig()` stays usable in tests.
-
-Departure from Trinity-RFT: validation never rewrites what the user wrote (no filling in derived
-batch sizes or paths); derived numbers are computed by `trinity.config.resolve()`.
+Departure from Trinity-RFT: validation never fills in derived batch sizes or paths; those are
+computed by `trinity.config.resolve()`.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
@@ -27,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from trinity.config.base import ConfigSection, Dtype, Inside, NotApplicable, NotBuilt, Refused, TopK
 from trinity.config.buffer_schema import BufferConfig
 from trinity.config.engine_schema import InferenceModelConfig
+from trinity.config.problems import suggest
 from trinity.config.side_schema import (
     DataProcessorConfig,
     LogConfig,
@@ -46,10 +43,12 @@ _ROLLOUT_MODEL = {
 
 def _reads_a_teacher(cfg: Any) -> bool:
     """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
-    from trinity.algorithm.algorithms import ALGORITHM, ALIASES
+    from trinity.algorithm.algorithms import known_algorithm
 
-    name = ALIASES.get(cfg.algorithm.algorithm_type, cfg.algorithm.algorithm_type)
-    return name in ALGORITHM.names() and ALGORITHM.get(name).teacher_from_auxiliary
+    return getattr(known_algorithm(cfg.algorithm.algorithm_type), "teacher_from_auxiliary", False)
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class OptimizerConfig(ConfigSection):
@@ -73,20 +72,12 @@ class OptimizerConfig(ConfigSection):
     ] = "adamw"
     """Optimizer; 'adam' (Trinity-RFT's name) and 'adamw' both mean AdamW with decoupled
     weight_decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam β1, β2, each in [0, 1)."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """Adam β1, β2."""
     weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay."""
     clip_grad: float = Field(1.0, gt=0)
     """Max global gradient norm (trainer.grad_clip overrides it)."""
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        """Each β must lie in [0, 1)."""
-        if not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
-        return betas
 
 
 LossAggMode = Literal[
@@ -391,7 +382,7 @@ class TrainerConfig(ConfigSection):
     """Devices one sequence is split over (Ulysses sequence parallel)."""
     trainer_config: dict[str, Any] = Field(default_factory=dict)
     """An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the keys that mean
-    something here map to our fields (see trainer_config.py)."""
+    something here map to our fields (see compat.py)."""
     enable_preview: Annotated[bool, NotApplicable(f"rollout preview {_WANDB}")] = True
     """Show sample rollouts in the wandb monitor."""
     save_interval: int | None = Field(None, ge=0)
@@ -458,22 +449,15 @@ class MonitorConfig(ConfigSection):
         try:
             return handler(value)
         except ValidationError:
-            bad = next(
-                (
-                    v
-                    for v in (value if isinstance(value, list) else [value])
-                    if v not in _MONITOR_TYPES
-                ),
-                value,
-            )
-            close = difflib.get_close_matches(str(bad), _MONITOR_TYPES, n=1)
+            values = value if isinstance(value, list) else [value]
+            bad = next((v for v in values if v not in _MONITOR_TYPES), value)
             raise PydanticCustomError(
                 "literal_error",
                 "{bad} is not allowed; expected one of: {allowed}, or a list of them",
                 {
                     "bad": repr(bad),
                     "allowed": ", ".join(repr(t) for t in _MONITOR_TYPES),
-                    "did_you_mean": close[0] if close else None,
+                    "did_you_mean": suggest(str(bad), _MONITOR_TYPES),
                 },
             ) from None
 
@@ -539,35 +523,16 @@ class TrinityConfig(ConfigSection):
     previous stage's model."""
 
     _rename_notes: tuple[str, ...] = PrivateAttr(default=())
-    _written: dict[str, Any] | None = PrivateAttr(default=None)
+    """Set at load: a line per deprecated key or value the file used (read as its new name)."""
     _compat_notes: tuple[str, ...] = PrivateAttr(default=())
-
-    @property
-    def rename_notes(self) -> tuple[str, ...]:
-        """One line per deprecated key or value the loaded file used (read as its new name)."""
-        return self._rename_notes
+    """Set at load: a line per Trinity-RFT value the effective config leaves out."""
+    _written: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def written(self) -> dict[str, Any]:
-        """The config as the user wrote it (renames applied, verl keys not lifted): what
-        stages merge onto. Without a source, the explicitly set values."""
-        if self._written is not None:
-            return self._written
-        return self.model_dump(exclude_unset=True)
-
-    @property
-    def compat_notes(self) -> tuple[str, ...]:
-        """One line per Trinity-RFT value the effective config leaves out (derived or unread)."""
-        return self._compat_notes
-
-    def add_compat_notes(self, notes: list[str]) -> None:
-        """Record notes about values the load left out of the effective config (loader only)."""
-        self._compat_notes = (*self._compat_notes, *notes)
-
-    def set_source(self, notes: list[str], written: dict[str, Any] | None) -> None:
-        """Record the rename notes and the data of the file this config was loaded from."""
-        self._rename_notes = tuple(notes)
-        self._written = written
+        """What stages merge onto: the config as written (renames applied, verl keys not
+        lifted); without a source file, the explicitly set values."""
+        return self.model_dump(exclude_unset=True) if self._written is None else self._written
 
 
 StageConfig = create_model(  # derived from TrinityConfig: one field per overridable key
@@ -575,7 +540,7 @@ StageConfig = create_model(  # derived from TrinityConfig: one field per overrid
     __base__=ConfigSection,
     __doc__="One stage of a multi-stage run: a name plus overrides deep-merged onto the base "
     "config. Values are kept raw here; the merged config is validated as a whole "
-    "(`validation.validate_stages`).",
+    "(`loader.py`, step 8).",
     stage_name=(str, Field(..., min_length=1, description="Name of the stage (required).")),
     **{
         name: (Any, Field(None, description=f"Override deep-merged onto the top-level `{name}`."))

@@ -13,13 +13,11 @@ acted upon. `KEY_STATES` lists the declared states, read from the schema by its 
   the transformers engine serves rollouts); when a config sets it, `validate` and `run` print one
   line naming the key and the reason.
 
-    from trinity.config.support import not_built_problems, not_applicable_notes
     problems = not_built_problems(cfg)   # list[Problem], each naming the key and the feature
-    notes = not_applicable_notes(cfg)    # list[str], printed by validate and run
+    notes = not_applicable_notes(cfg)    # list[str], printed by validate and run; with the
+                                         # deprecated spellings and unread Trinity-RFT values
 
-`not_applicable_notes` also carries the notes about deprecated spellings the file used and the
-Trinity-RFT values the effective config leaves out, so `validate` prints everything said about
-keys in one place; `docs/architecture.md` lists the not-built states (`not_built_markdown`).
+`docs/architecture.md` lists the not-built states (`not_built_markdown`).
 """
 
 from __future__ import annotations
@@ -29,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from trinity.config.base import DEFAULT, NotApplicable, NotBuilt, Refused, walk
+from trinity.config.base import DEFAULT, Marker, NotApplicable, NotBuilt, Refused, walk
+from trinity.config.compat import unmapped_keys
+from trinity.config.loader import merge_stages, per_stage
 from trinity.config.problems import Problem
 from trinity.config.schema import TrinityConfig
-from trinity.config.trainer_config import unmapped_keys
 
 
 @dataclass(frozen=True)
@@ -56,28 +56,21 @@ class KeyState:
     default: Any = None
 
 
-def _declared() -> tuple[KeyState, ...]:
-    out = []
-    for path, info, marks in walk(TrinityConfig):
-        if not marks:
-            continue
-        kw: dict[str, Any] = {
-            "state": "acted",
-            "default": info.get_default(call_default_factory=True),
-        }
-        for m in marks:
-            if isinstance(m, NotBuilt):
-                kw.update(state="not_built", reason=m.feature, inert=m.inert, unless=m.unless)
-            elif isinstance(m, NotApplicable):
-                kw.update(reason=m.reason)
-                kw.update(first_only=True) if m.after_first else kw.update(state="not_applicable")
-            elif isinstance(m, Refused):
-                kw.update(refused=m.values, refused_reason=m.feature)
-        out.append(KeyState(path, **kw))
-    return tuple(out)
+def _state(path: str, info: FieldInfo, marks: tuple[Marker, ...]) -> KeyState:
+    kw: dict[str, Any] = {"state": "acted", "default": info.get_default(call_default_factory=True)}
+    for m in marks:
+        if isinstance(m, NotBuilt):
+            kw.update(state="not_built", reason=m.feature, inert=m.inert, unless=m.unless)
+        elif isinstance(m, NotApplicable) and m.after_first:
+            kw.update(reason=m.reason, first_only=True)
+        elif isinstance(m, NotApplicable):
+            kw.update(reason=m.reason, state="not_applicable")
+        elif isinstance(m, Refused):
+            kw.update(refused=m.values, refused_reason=m.feature)
+    return KeyState(path, **kw)
 
 
-KEY_STATES: tuple[KeyState, ...] = _declared()
+KEY_STATES: tuple[KeyState, ...] = tuple(_state(*f) for f in walk(TrinityConfig) if f[2])
 """Every declared state, in schema order."""
 
 
@@ -86,118 +79,76 @@ def schema_paths() -> list[str]:
     return [path for path, _, _ in walk(TrinityConfig)]
 
 
-# --- the values of a config, by entry ---------------------------------------------------------
-
-
-def _values(
-    node: Any, parts: list[str], where: str, is_set: bool
-) -> Iterator[tuple[str, Any, bool]]:
+def _values(node: Any, parts: list[str], where: str = "", is_set: bool = True) -> Iterator[Any]:
     """(concrete path, value, explicitly set?) for each place a key pattern matches in a config."""
     if not parts:
         yield where, node, is_set
-        return
-    part, rest = parts[0], parts[1:]
-    if part == "[*]":
+    elif parts[0] == "[*]":
         items = node.items() if isinstance(node, dict) else enumerate(node or [])
         for key, item in items:
-            yield from _values(item, rest, f"{where}[{key}]", is_set)
-        return
-    if not isinstance(node, BaseModel):
-        return
-    value = getattr(node, part)
-    if value is None and rest:
-        return
-    here = f"{where}.{part}" if where else part
-    yield from _values(value, rest, here, part in node.model_fields_set)
+            yield from _values(item, parts[1:], f"{where}[{key}]", is_set)
+    elif isinstance(node, BaseModel) and (getattr(node, parts[0]) is not None or not parts[1:]):
+        here = f"{where}.{parts[0]}" if where else parts[0]
+        set_here = parts[0] in node.model_fields_set
+        yield from _values(getattr(node, parts[0]), parts[1:], here, set_here)
 
 
-def _split(pattern: str) -> list[str]:
-    return [p for p in pattern.replace("[*]", ".[*]").split(".") if p]
+def _placed(cfg: TrinityConfig) -> Iterator[tuple[KeyState, str, Any, bool]]:
+    """(state, concrete path, value, explicitly set?) of every declared key in `cfg`."""
+    for k in KEY_STATES:
+        parts = [p for p in k.path.replace("[*]", ".[*]").split(".") if p]
+        for path, value, is_set in _values(cfg, parts):
+            yield k, path, value, is_set
+
+
+def _refused(k: KeyState, value: Any) -> Any:
+    """The first refused value in `value` (a value or a list of them), else None."""
+    values = value if isinstance(value, list) else [value]
+    return next((v for v in values if isinstance(v, str) and v in k.refused), None)
 
 
 def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
-def _is_inert(entry: KeyState, value: Any) -> bool:
-    if entry.inert is DEFAULT:
-        return _plain(value) == _plain(entry.default)
-    return value in entry.inert
-
-
-def _refused(entry: KeyState, value: Any) -> Any:
-    """The first refused value in `value` (a value or a list of them), else None."""
-    for v in value if isinstance(value, list) else [value]:
-        if isinstance(v, str) and v in entry.refused:
-            return v
-    return None
-
-
-def _own_problems(cfg: TrinityConfig) -> list[Problem]:
+def own_problems(cfg: TrinityConfig) -> list[Problem]:
+    """`not_built_problems` of one config, its stages left out."""
     problems: list[Problem] = []
-    for entry in KEY_STATES:
-        for path, value, _ in _values(cfg, _split(entry.path), "", True):
-            bad = _refused(entry, value) if entry.refused else None
-            if bad is not None:
-                problems.append(Problem(path, f"{bad!r} is not built yet ({entry.refused_reason})"))
-            elif (
-                entry.state == "not_built"
-                and not _is_inert(entry, value)
-                and not (entry.unless is not None and entry.unless(cfg))
-            ):
-                problems.append(
-                    Problem(
-                        path,
-                        f"not built yet: {entry.reason}; remove the key (or set its default) to run",
-                    )
-                )
+    for k, path, value, _ in _placed(cfg):
+        inert = _plain(value) == _plain(k.default) if k.inert is DEFAULT else value in k.inert
+        if (bad := _refused(k, value)) is not None:
+            problems.append(Problem(path, f"{bad!r} is not built yet ({k.refused_reason})"))
+        elif k.state == "not_built" and not inert and not (k.unless and k.unless(cfg)):
+            why = f"not built yet: {k.reason}; remove the key (or set its default) to run"
+            problems.append(Problem(path, why))
     return problems
 
 
-def _own_notes(cfg: TrinityConfig) -> list[str]:
-    notes: list[str] = []
-    for entry in KEY_STATES:
-        for path, value, is_set in _values(cfg, _split(entry.path), "", True):
-            later_item = entry.first_only and "[0]" not in path
-            refused = entry.refused and _refused(entry, value) is not None  # said as a problem
-            if is_set and not refused and (entry.state == "not_applicable" or later_item):
-                notes.append(f"{path}: not applicable here ({entry.reason})")
+def own_notes(cfg: TrinityConfig) -> list[str]:
+    """`not_applicable_notes` of one config, its stages left out."""
+    notes = list(cfg._rename_notes)
+    for k, path, value, is_set in _placed(cfg):
+        later_item = k.first_only and "[0]" not in path
+        refused = _refused(k, value) is not None  # said as a problem
+        if is_set and not refused and (k.state == "not_applicable" or later_item):
+            notes.append(f"{path}: not applicable here ({k.reason})")
     notes += [
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)
     ]
-    return notes + list(cfg.compat_notes)
-
-
-def _with_stages(cfg: TrinityConfig, own: Any) -> list[Any]:
-    """`own(cfg)` plus, for each stage, what is new in that stage's merged config."""
-    found = list(own(cfg))
-    if not cfg.stages:
-        return found
-    from trinity.config.loader import valid_stages
-
-    seen = {str(x) for x in found}
-    for i, stage_cfg in valid_stages(cfg):
-        for item in own(stage_cfg):
-            if str(item) in seen:
-                continue
-            seen.add(str(item))
-            if isinstance(item, Problem):
-                found.append(item.with_prefix(f"stages[{i}]"))
-            else:
-                found.append(f"stages[{i}].{item}")
-    return found
+    return notes + list(cfg._compat_notes)
 
 
 def not_built_problems(cfg: TrinityConfig) -> list[Problem]:
-    """One problem per key set to a value whose feature is not built yet (pure: no I/O)."""
-    return _with_stages(cfg, _own_problems)
+    """One problem per key set to a value whose feature is not built yet, stages included
+    (pure: no I/O)."""
+    return merge_stages(per_stage(cfg, own_problems))
 
 
 def not_applicable_notes(cfg: TrinityConfig) -> list[str]:
     """One line per deprecated spelling the file used and per key that is set but has no effect
-    here, with the reason (pure: no I/O)."""
-    return [*cfg.rename_notes, *_with_stages(cfg, _own_notes)]
+    here, with the reason, stages included (pure: no I/O)."""
+    return merge_stages(per_stage(cfg, own_notes))
 
 
 def not_built_markdown() -> str:

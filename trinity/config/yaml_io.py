@@ -1,13 +1,19 @@
-"""Reading config YAML and resolving `${...}` interpolations, both through OmegaConf.
+"""Reading config YAML, merging dotted overrides and resolving `${...}` interpolations, as
+Trinity-RFT does with OmegaConf: its YAML loader (YAML 1.1 booleans such as `yes`/`on`, `1e-6` a
+float, no timestamps), `${a.b}` / `${.sibling}` references, `${oc.env:VAR,default}` (a string)
+and the other `oc.*` resolvers. Added on top: every key written twice in a mapping is an error
+with its line (OmegaConf stops at the first), and every interpolation that cannot be resolved is
+reported with its key path, all at once.
 
-Trinity-RFT loads its configs with OmegaConf, so this build does too and its YAML agrees with
-upstream: OmegaConf's YAML loader (YAML 1.1 booleans such as `yes`/`on`, `1e-6` a float, no
-timestamps), `${a.b}` / `${.sibling}` references, `${oc.env:VAR,default}` (a string, as in
-OmegaConf) and the other `oc.*` resolvers. Two things are added on top: a key written twice in one
-mapping is an error naming every such key and its line (OmegaConf stops at the first), and every
-interpolation that cannot be resolved is reported with its key path, all at once.
+Overrides (`algorithm.optimizer.lr=2e-6`, list items by index: `stages.1.buffer.total_steps=40`
+or, as reports print them, `stages[1].buffer.total_steps=40`) are typed and merged as OmegaConf's
+dotlist does (`4` -> int, `on` -> True, `null` -> None, `[a, b]` -> list; a mapping merges into a
+mapping), before interpolation, so `${...}` sees the overridden value. Each key is checked against
+the schema first, so a typo is reported with a suggestion instead of silently added; list items
+must exist.
 
     data = read_yaml("run.yaml")              # plain dicts and lists; raises ConfigError
+    data, problems = apply_overrides(data, ["seed=3"], TrinityConfig)
     data, problems = interpolate(data)        # resolved copy + one Problem per bad `${...}`
 """
 
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +29,10 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf._yaml import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel
 
-from trinity.config.problems import ConfigError, Problem, format_path
+from trinity.config.base import NotAContainer, UnknownKey, child_annotation, locate_field
+from trinity.config.problems import ConfigError, Problem, format_path, suggest
 
 Loc = tuple[str | int, ...]
 _BASE_LOADER = get_yaml_loader()
@@ -172,4 +180,80 @@ def interpolate(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
         for loc, text in found
         if loc in failed
     ]
+    return out, problems
+
+
+def _check_keys(parts: list[str], text: str, root: type[BaseModel]) -> Problem | None:
+    """Check every key of an override against the schema, before anything is set."""
+    ann: Any = root
+    done: list[str | int] = []
+    for part in parts:
+        try:
+            ann = child_annotation(ann, part)
+        except UnknownKey as exc:
+            allowed = [a for a in exc.allowed if a != "stage_name" or done]
+            return Problem(
+                format_path([*done, part]),
+                f"unknown key in override {text!r}",
+                locate_field(root, part) or suggest(part, allowed),
+            )
+        except NotAContainer as exc:
+            return Problem(format_path(done), f"cannot apply override {text!r}: {exc}")
+        done.append(int(part) if part.isdigit() else part)
+    return None
+
+
+def _merge_at(node: Any, parts: list[str], value: Any, text: str) -> Problem | None:
+    """Merge `value` at `parts` into `node` (in place), creating missing mappings on the way."""
+    done: list[str | int] = []
+    for i, part in enumerate(parts):
+        if isinstance(node, dict):
+            key: str | int = part
+        elif isinstance(node, list):  # the schema check made sure `part` is an index
+            key = int(part)
+            if key >= len(node):
+                return Problem(
+                    format_path([*done, key]),
+                    f"override {text!r}: index out of range (the list has {len(node)} items)",
+                )
+        else:
+            where = format_path(done) or "<top level>"
+            return Problem(where, f"cannot apply override {text!r}: {where} holds a single value")
+        done.append(key)
+        old = node[key] if isinstance(node, list) else node.get(key)
+        if i == len(parts) - 1:  # as OmegaConf.update(merge=True): a mapping merges
+            merge = isinstance(value, dict) and isinstance(old, dict)
+            node[key] = deep_merge(old, value) if merge else value
+        elif old is None:
+            node[key] = old = [] if parts[i + 1].isdigit() else {}
+        node = old
+    return None
+
+
+def _apply_one(data: dict[str, Any], text: str, root: type[BaseModel]) -> Problem | None:
+    """Set one `key.path=value` in `data` (in place, all or nothing); or return a problem."""
+    key_text, sep, value_text = text.partition("=")
+    key_text = re.sub(r"\[(\d+)\]", r".\1", key_text.strip())  # a[1].b -> a.1.b
+    parts = key_text.split(".")
+    if not sep or not all(parts):
+        return Problem("", f"override {text!r} must look like key.path=value")
+    problem = _check_keys(parts, text, root)
+    if problem is not None:
+        return problem
+    trial = copy.deepcopy(data)
+    problem = _merge_at(trial, parts, parse_scalar(value_text), text)
+    if problem is None:
+        data.clear()
+        data.update(trial)
+    return problem
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str], root: type[BaseModel]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """A copy of `data` (raw, as read; not modified) with every `dotted.key.path=value` of
+    `overrides` applied, its keys checked against the schema `root`, and a problem per override
+    that failed (each is applied whole or not at all)."""
+    out = copy.deepcopy(data)
+    problems = [p for text in overrides if (p := _apply_one(out, text, root)) is not None]
     return out, problems
