@@ -59,7 +59,6 @@ def test_defaults_are_neither_refused_nor_noted() -> None:
 def test_refusals_name_the_key_and_feature() -> None:
     cfg = TrinityConfig.model_validate(
         {
-            "mode": "serve",
             "model": {"lora_configs": [{"lora_rank": 8}], "logprobs": 0},
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
@@ -72,7 +71,6 @@ def test_refusals_name_the_key_and_feature() -> None:
     )
     probs = {p.path: p.message for p in not_built_problems(cfg)}
     assert set(probs) == {
-        "mode",
         "model.lora_configs",
         "explorer.rollout_model.tensor_parallel_size",
         "explorer.rollout_model.reasoning_parser",
@@ -80,7 +78,6 @@ def test_refusals_name_the_key_and_feature() -> None:
         "monitor.monitor_type",
         "trainer.trainer_strategy",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
-    assert "'serve' is not built yet" in probs["mode"]
     assert "LoRA" in probs["model.lora_configs"]
     assert "'swanlab'" in probs["monitor.monitor_type"]
     assert "tensor-parallel" in probs["explorer.rollout_model.tensor_parallel_size"]
@@ -135,7 +132,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.lora_configs", "mode", "explorer.auxiliary_models"} <= listed
+    assert {"model.lora_configs", "explorer.auxiliary_models"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:

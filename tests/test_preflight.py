@@ -199,7 +199,9 @@ def test_not_applicable_notes_printed_by_both_verbs(verb, monkeypatch, tmp_path,
 
     monkeypatch.setattr(pf, "not_applicable_notes", lambda cfg: ["explorer.foo: not used here"])
     # a config with a problem, so that `run` stops after printing the notes
-    result = CliRunner().invoke(app, [verb, "--config", str(CORPUS / "mode_serve.yaml")])
+    result = CliRunner().invoke(
+        app, [verb, "--config", str(CORPUS / "serve_tool_call_parser_typo.yaml")]
+    )
     assert result.exit_code == 2
     assert "not applicable here:\n  explorer.foo: not used here" in result.output
 
