@@ -1,9 +1,10 @@
-"""Mode serve with a train process: an external agent, using only the `openai` client, drives
-episodes, posts rewards and commits; the trainer learns from them; the endpoint takes the new
-weights (slow: two `trinity` processes on a private cluster)."""
+"""Mode serve with a train process: the example agent (examples/serve/agent.py, only the `openai`
+client) drives episodes, posts rewards and commits; the trainer learns from them; the endpoint
+takes the new weights (slow: two `trinity` processes on a private cluster)."""
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import subprocess
@@ -11,7 +12,6 @@ import sys
 import threading
 import time
 
-import openai
 import pytest
 from test_topologies import ROOT, assert_clean, config, counts
 
@@ -48,41 +48,6 @@ def lines_of(p: subprocess.Popen) -> queue.Queue:
     return q
 
 
-def episode_of(client: openai.OpenAI, model: object, episode: int) -> list[int]:
-    """One two-turn session, its reward and its commit; the weights versions it was served."""
-    sid, group = f"ep{episode}", f"g{episode // GROUP}"
-    head = {"X-Session-Id": sid}
-    first = client.chat.completions.create(
-        model=str(model), max_tokens=4, extra_headers=head,
-        messages=[{"role": "user", "content": "2+3="}],
-    )  # fmt: skip
-    reply = first.choices[0].message.content or ""
-    second = client.chat.completions.create(
-        model=str(model), max_tokens=4, extra_headers=head,
-        messages=[
-            {"role": "user", "content": "2+3="},
-            {"role": "assistant", "content": reply},
-            {"role": "user", "content": "sure?"},
-        ],
-    )  # fmt: skip
-    # the agent's own judgement: a reward that differs within a group
-    reward = float(len(reply + (second.choices[0].message.content or "")) % 3)
-    client.post(
-        "/feedback", cast_to=object,
-        body={"session_id": sid, "reward": reward, "key": f"{sid}/final"},
-    )  # fmt: skip
-    client.post("/commit", cast_to=object, body={"session_id": sid, "group": group})
-    return [first.model_version, second.model_version]
-
-
-def wait_until(done, bound_s: float, server: subprocess.Popen) -> None:
-    deadline = time.time() + bound_s
-    while not done():
-        assert server.poll() is None, "the serve process ended early"
-        assert time.time() < deadline, f"not within {bound_s} s"
-        time.sleep(0.5)
-
-
 def test_an_openai_client_agent_is_trained_through_serve_mode(tmp_path, tiny_model_dir):
     cfg = config(
         tmp_path,
@@ -110,22 +75,14 @@ def test_an_openai_client_agent_is_trained_through_serve_mode(tmp_path, tiny_mod
             "mode=train", f"buffer.total_steps={TRAIN_STEPS}",
             f"buffer.train_batch_size={2 * GROUP}", "trainer.save_interval=1",
         )  # fmt: skip
-        client = openai.OpenAI(base_url=url, api_key="-", max_retries=2, timeout=120)
-        versions: list[int] = []
-
-        def served_version() -> int:
-            health = client.get(url.removesuffix("/v1") + "/health", cast_to=object)
-            return health["model_version"]
-
-        try:
-            for step in range(TRAIN_STEPS):
-                # one train batch of sessions (two groups), then wait for the weights it trains
-                for episode in range(step * 2 * GROUP, (step + 1) * 2 * GROUP):
-                    versions += episode_of(client, tiny_model_dir, episode)
-                if step < TRAIN_STEPS - 1:
-                    wait_until(lambda s=step: served_version() > s, 300, server)
-        except openai.APIConnectionError:
-            pass  # the endpoint stopped (the run ended) while a call was on its way: below
+        # the example agent (docs/agentic.md): the openai client, /feedback, /commit
+        agent = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "serve" / "agent.py"), "--url", url,
+             "--batches", str(TRAIN_STEPS), "--groups", "2", "--group-size", str(GROUP)],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert agent.returncode == 0, agent.stderr[-3000:]
+        versions = json.loads(agent.stdout.strip().splitlines()[-1])["versions"]
         t_out, _ = trainer.communicate(timeout=600)
         server.wait(timeout=120)
         s_out = "".join(seen) + "".join(iter(out.get, None))
