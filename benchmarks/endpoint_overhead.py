@@ -1,0 +1,204 @@
+"""What recording, bridging and HTTP cost per model call, against calling the engine directly.
+
+    .venv/bin/python benchmarks/endpoint_overhead.py [--sessions 16] [--turns 8] [--repeats 3]
+
+The engine is an instant fake (it returns a fixed reply), so every number is overhead, not
+sampling. `--sessions` concurrent conversations of `--turns` turns each (a reply, then a user
+turn), through:
+  direct      BatchingClient.generate on ids the caller tokenised itself (no ledger, no template)
+  handle      TaskModelHandle.chat: the chat template, the ledger, bridged prompts
+  http        the same conversations through the OpenAI-compatible endpoint with the real
+              openai AsyncOpenAI client (sessions by header)
+Rows: p50 / p90 ms per call and the p50 added over `direct` (targets: handle and http add
+<= 5 ms at p50 with 16 sessions). Then the cost of preparing turn 4 and turn 64 of one long
+conversation (rendering the delta, not the history: target turn 64 <= 2 x turn 4).
+Writes benchmarks/results/endpoint_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trinity.common.rollout import Sample, SamplingParams
+from trinity.endpoint.app import build_app
+from trinity.endpoint.server import EndpointServer, EngineSessions
+from trinity.explorer.in_process import InProcess
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+from trinity.models import create_tiny_model, load_tokenizer
+
+REPLY = "The answer is 42."
+
+
+class InstantEngine:
+    def __init__(self, tokenizer) -> None:
+        self.ids = [*tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_id]
+
+    def generate(self, prompts, params, keys=None):
+        return [
+            [Sample(list(p), list(self.ids), [-0.1] * len(self.ids), "stop", 0)] * params.n
+            for p in prompts
+        ]
+
+    def weights_version(self) -> int:
+        return 0
+
+
+def percentiles(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {"p50_ms": 1000 * xs[len(xs) // 2], "p90_ms": 1000 * xs[int(len(xs) * 0.9)]}
+
+
+async def timed(calls: list[float], coro):
+    t0 = time.perf_counter()
+    out = await coro
+    calls.append(time.perf_counter() - t0)
+    return out
+
+
+async def run_direct(client, tokenizer, sessions: int, turns: int) -> list[float]:
+    calls: list[float] = []
+    params = SamplingParams(n=1, max_tokens=16)
+
+    async def conversation(i: int) -> None:
+        ids = tokenizer.encode(f"user {i}: question", add_special_tokens=False)
+        for t in range(turns):
+            (s,) = await timed(calls, client.generate(ids, params))
+            ids = ids + s.response_ids + tokenizer.encode(f" turn {t}", add_special_tokens=False)
+
+    await asyncio.gather(*(conversation(i) for i in range(sessions)))
+    return calls
+
+
+async def run_handle(client, tokenizer, sessions: int, turns: int) -> list[float]:
+    calls: list[float] = []
+
+    async def conversation(i: int) -> None:
+        handle = TaskModelHandle(client, tokenizer, SamplingParams(n=1, max_tokens=16))
+        msgs = [{"role": "user", "content": f"user {i}: question"}]
+        for t in range(turns):
+            (s,) = await timed(calls, handle.chat(msgs))
+            msgs += [
+                {"role": "assistant", "content": handle.decode(s.response_ids)},
+                {"role": "user", "content": f"turn {t}"},
+            ]
+        assert handle.ledger_stats().drift == 0
+
+    await asyncio.gather(*(conversation(i) for i in range(sessions)))
+    return calls
+
+
+async def run_http(client, tokenizer, sessions: int, turns: int) -> list[float]:
+    import openai
+
+    source = EngineSessions(client, tokenizer, SamplingParams(n=1, max_tokens=16), "bench")
+    server = EndpointServer(build_app(source))
+    url = await server.start()
+    calls: list[float] = []
+    oai = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+
+    async def conversation(i: int) -> None:
+        msgs = [{"role": "user", "content": f"user {i}: question"}]
+        head = {"X-Session-Id": f"s{i}"}
+        for t in range(turns):
+            r = await timed(
+                calls,
+                oai.chat.completions.create(
+                    model="bench", messages=msgs, max_tokens=16, extra_headers=head
+                ),
+            )
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": f"turn {t}"},
+            ]
+
+    try:
+        await asyncio.gather(*(conversation(i) for i in range(sessions)))
+    finally:
+        await oai.close()
+        await server.stop()
+    drift = sum(h.ledger_stats().drift for h in source.sessions.values())
+    assert drift == 0, f"{drift} drifted calls"
+    return calls
+
+
+async def turn_costs(client, tokenizer, turns: int = 64) -> dict[int, float]:
+    """Seconds to prepare (render + bridge) each turn's prompt of one long conversation."""
+    handle = TaskModelHandle(client, tokenizer, SamplingParams(n=1, max_tokens=16))
+    msgs = [{"role": "user", "content": "question"}]
+    cost: dict[int, float] = {}
+    for t in range(1, turns + 1):
+        t0 = time.perf_counter()
+        prepared = handle._chat.prepare(msgs, None)
+        cost[t] = time.perf_counter() - t0
+        handle._chat.release(prepared)
+        (s,) = await handle.chat(msgs)
+        msgs += [
+            {"role": "assistant", "content": handle.decode(s.response_ids)},
+            {"role": "user", "content": f"turn {t}: please go on with the next step"},
+        ]
+    return cost
+
+
+async def main_async(args) -> dict:
+    model_dir = create_tiny_model(Path(tempfile.mkdtemp()) / "tiny", preset="1m", seed=0)
+    tokenizer = load_tokenizer(str(model_dir))
+    client = BatchingClient([InProcess(InstantEngine(tokenizer))])
+    await run_handle(client, tokenizer, 2, 2)  # warm-up: template compile, one-time check
+    rows: dict[str, list[float]] = {"direct": [], "handle": [], "http": []}
+    for _ in range(args.repeats):  # interleaved: the three see the same machine state
+        rows["direct"] += await run_direct(client, tokenizer, args.sessions, args.turns)
+        rows["handle"] += await run_handle(client, tokenizer, args.sessions, args.turns)
+        rows["http"] += await run_http(client, tokenizer, args.sessions, args.turns)
+    table = {k: percentiles(v) for k, v in rows.items()}
+    for k in ("handle", "http"):
+        table[k]["p50_added_ms"] = table[k]["p50_ms"] - table["direct"]["p50_ms"]
+    costs = await turn_costs(client, tokenizer)
+    # the median over turns 3..5 and 62..64: one turn's cost is a few hundred microseconds
+    t4 = statistics.median(costs[t] for t in (3, 4, 5))
+    t64 = statistics.median(costs[t] for t in (62, 63, 64))
+    return {
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "calls_per_row": len(rows["direct"]),
+        "calls": table,
+        "prepare_turn4_ms": 1000 * t4,
+        "prepare_turn64_ms": 1000 * t64,
+        "turn64_over_turn4": t64 / t4,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    out = asyncio.run(main_async(args))
+    print(
+        f"{args.sessions} concurrent sessions x {args.turns} turns, {out['calls_per_row']} calls each"
+    )
+    print(f"{'path':8} {'p50 ms':>8} {'p90 ms':>8} {'p50 added':>10}")
+    for k, v in out["calls"].items():
+        added = f"{v['p50_added_ms']:10.2f}" if "p50_added_ms" in v else f"{'':10}"
+        print(f"{k:8} {v['p50_ms']:8.2f} {v['p90_ms']:8.2f} {added}")
+    print(
+        f"prepare turn 4: {out['prepare_turn4_ms']:.3f} ms, turn 64: {out['prepare_turn64_ms']:.3f}"
+        f" ms, ratio {out['turn64_over_turn4']:.2f}"
+    )
+    path = Path(__file__).parent / "results" / "endpoint_overhead.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
