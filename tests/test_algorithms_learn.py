@@ -45,7 +45,7 @@ def sft_model(tmp_path_factory) -> tuple[Path, dict, dict]:
     sft_stage["buffer"]["total_steps"] = 400
     sft_stage["algorithm"]["optimizer"]["lr_scheduler_type"] = "constant"
     cfg = {**base, "name": "sft", "stages": [sft_stage]}
-    r = run_trinity(write(cfg, work / "sft.yaml"), timeout=600, cache=work / "cache")
+    r = run_trinity(write(cfg, work / "sft.yaml"), timeout=1500, cache=work / "cache")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ckpt = work / "ckpt" / base["project"] / "sft" / "global_step_400"  # one stage: no subfolder
     assert ckpt.is_dir(), sorted((work / "ckpt").rglob("global_step_*"))
