@@ -367,12 +367,16 @@ def _storage_name_problems(
     workflow, problem = _lookup(WORKFLOW, workflow_name, f"{path}.default_workflow_type")
     problems += [problem] if problem and own else []
     if workflow is not None:
-        problems += _args_problems(
+        arg_problems = _args_problems(
             f"{path}.workflow_args",
             f"workflow {workflow_name!r}",
             storage.workflow_args,
             lambda: _accepted(workflow, 0),
         )
+        check = getattr(workflow, "arg_problems", None)  # a workflow's own check of its values
+        if not arg_problems and check is not None:
+            arg_problems = [Problem(f"{path}.workflow_args", m) for m in check(storage.workflow_args)]
+        problems += arg_problems
     own = storage.default_reward_fn_type
     reward_name = own or inp.default_reward_fn_type
     reward_name = reward_name or getattr(workflow, "default_reward_fn_type", None)
