@@ -375,7 +375,9 @@ def _storage_name_problems(
         )
         check = getattr(workflow, "arg_problems", None)  # a workflow's own check of its values
         if not arg_problems and check is not None:
-            arg_problems = [Problem(f"{path}.workflow_args", m) for m in check(storage.workflow_args)]
+            arg_problems = [
+                Problem(f"{path}.workflow_args", m) for m in check(storage.workflow_args)
+            ]
         problems += arg_problems
     own = storage.default_reward_fn_type
     reward_name = own or inp.default_reward_fn_type

@@ -160,9 +160,7 @@ class _Episode:
         self.truncated = self.done and not terminated
         judge = getattr(self.env, "success", None)
         if terminated:
-            self.success = bool(
-                judge(True, float(reward), info) if judge else float(reward) > 0
-            )
+            self.success = bool(judge(True, float(reward), info) if judge else float(reward) > 0)
 
 
 @WORKFLOW.register("frozen_lake_workflow")
