@@ -101,6 +101,26 @@ def test_guess_number_episodes_share_the_secret_and_sum_their_step_rewards():
     assert handle.ledger.stats.drift == 0 and handle.ledger.stats.bridged == 3
 
 
+def test_episodes_that_go_the_same_way_keep_their_own_trajectories():
+    """Equal replies make equal conversations (a greedy eval, a tiny model): each episode's
+    next call must still continue its own trajectory, not fork another's (the chat session
+    matches a reply among every earlier call with equal messages)."""
+    env = ENV.get("guess_number")(low=1, high=10)
+    env.reset(seed=2)
+    wrong = env.secret % 10 + 1
+    workflow = WORKFLOW.get("env_workflow")(
+        env="guess_number", env_args={"low": 1, "high": 10}, max_turns=3
+    )
+    task = Task(index=0, raw={"seed": 2}, prompt="episode 2")
+    same = (str(wrong), "stop")
+    tok, handle, exps = _run(workflow, task, 3, [[same] * 3] + [[same]] * 6)
+    assert [e.eid.run for e in exps] == [0, 1, 2]  # one experience per episode, no fork
+    assert [e.metrics["turns"] for e in exps] == [3.0, 3.0, 3.0]
+    assert len({tuple(e.tokens.tolist()) for e in exps}) == 1  # the same conversation, 3 times
+    stats = handle.ledger.stats
+    assert (stats.forks, stats.drift, stats.bridged) == (0, 0, 6)  # 3 episodes x 2 continuations
+
+
 def test_countdown_calls_its_tool_and_scores_the_row_s_problem():
     workflow = WORKFLOW.get("env_workflow")(env="countdown_calculator")
     row = {"question": "Use 3 5 7 to make 22", "numbers": [3, 5, 7], "target": 22}
