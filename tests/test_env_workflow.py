@@ -113,7 +113,7 @@ def test_episodes_that_go_the_same_way_keep_their_own_trajectories():
     )
     task = Task(index=0, raw={"seed": 2}, prompt="episode 2")
     same = (str(wrong), "stop")
-    tok, handle, exps = _run(workflow, task, 3, [[same] * 3] + [[same]] * 6)
+    _, handle, exps = _run(workflow, task, 3, [[same] * 3] + [[same]] * 6)
     assert [e.eid.run for e in exps] == [0, 1, 2]  # one experience per episode, no fork
     assert [e.metrics["turns"] for e in exps] == [3.0, 3.0, 3.0]
     assert len({tuple(e.tokens.tolist()) for e in exps}) == 1  # the same conversation, 3 times
