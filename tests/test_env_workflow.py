@@ -245,7 +245,7 @@ def test_env_example_raises_its_reward_on_cpu(name, tmp_path):
         ROOT / "examples" / "envs" / f"{name}.yaml",
         overrides=overrides,
         cache=tmp_path / "cache",
-        timeout=900,
+        timeout=1500,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = (tmp_path / "ckpt" / "envs" / name / "metrics.jsonl").read_text().splitlines()

@@ -80,7 +80,7 @@ class EnvWorkflow(Workflow):
            episodes still open, concurrently, in episode order
         4. one MULTI_TURN experience per episode, rewarded by its summed step rewards
         """
-        seed = int(task.raw.get("seed", task.index))
+        seed = int(task.raw["seed"] if task.raw.get("seed") is not None else task.index)
         options = dict(task.raw)
         # 1.
         probe = self._make()
