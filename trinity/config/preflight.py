@@ -285,9 +285,11 @@ def _storage_name_problems(
         problems.extend(said if own else [])
         if found is not None:
             args, accepted = getattr(storage, f"{key}_args"), partial(keyword_names, found, n_fixed)
-            problems.extend(
-                _args_problems(f"{path}.{key}_args", f"{what} {name!r}", args, accepted)
-            )
+            said = _args_problems(f"{path}.{key}_args", f"{what} {name!r}", args, accepted)
+            values = getattr(found, "arg_problems", None)  # a workflow's own check of its values
+            if not said and values is not None:
+                said = [Problem(f"{path}.{key}_args", m) for m in values(args)]
+            problems.extend(said)
         return found
 
     own = storage.default_workflow_type

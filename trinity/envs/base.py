@@ -12,6 +12,8 @@ observations are chat messages.
   step, and whether the episode ended (`terminated`) or ran out of turns (`truncated`).
 - `info["reward_components"]`: the named parts of the step's reward (each a float; they sum to
   the reward), reported as metrics by the workflow that runs the environment.
+- `success(terminated, reward, info)` (given the last step's results): whether the episode
+  solved its task; by default terminated with a positive last reward.
 - An environment never raises on a bad reply: a reply it cannot parse is answered with a message
   saying so (and usually a step penalty), as a real environment would answer a confused agent.
 
@@ -66,6 +68,11 @@ class TextEnv(gym.Env):
             {"role": spaces.Text(16, charset=string.ascii_lowercase), "content": text_space()}
         )
         self.turns = 0
+
+    def success(self, terminated: bool, reward: float, info: dict[str, Any]) -> bool:
+        """Whether an episode that ended with this last step solved its task (the `success`
+        metric of `env_workflow`): by default, it terminated with a positive last reward."""
+        return terminated and reward > 0
 
     def _turn(self) -> bool:
         """Count a step; True when it was the last one allowed (the episode is truncated)."""

@@ -9,7 +9,8 @@ run as Python; `trinity.rewards.countdown`).
 The problem comes from `options={"numbers": [...], "target": n}` (a task row's), or else is drawn
 by the reset seed as the synthetic `countdown` tasks are. Reward of the answer step:
 `countdown_reward`'s (1 correct, 0.1 well-formed but wrong, 0 not an expression); a reply that
-neither calls the tool nor answers: -0.1. Components: "accuracy", "format".
+neither calls the tool nor answers: -0.1. Components: "accuracy", "format". `success`: the
+answer reaches the target.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class CountdownCalculator(TextEnv):
             expr = random_expression(nums, rng)
             if expr and expr[1].denominator == 1 and 1 <= expr[1] <= self.max_target:
                 return nums, int(expr[1])
+
+    def success(self, terminated: bool, reward: float, info: dict[str, Any]) -> bool:
+        """Solved: the answer reaches the target (a wrong but well-formed answer scores 0.1)."""
+        return terminated and info["reward_components"]["accuracy"] == 1.0
 
     def step(self, action: str) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
         last = self._turn()

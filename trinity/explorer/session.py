@@ -166,12 +166,12 @@ class ChatSession:
         """
         msgs = [dict(m) for m in messages]
         # 1.
-        prev = self._continued_call(msgs, tools)
-        if prev is not None:
-            k = len(prev.messages)
-            record = self._match_reply(prev, msgs[k])
+        calls = self._continued_calls(msgs, tools)
+        if calls:
+            k = len(calls[0].messages)
+            record = self._match_reply(calls, msgs[k])
             if record is None:
-                return self._whole(msgs, tools, Intent(prev.records[0], "reply_mismatch"))
+                return self._whole(msgs, tools, Intent(calls[-1].records[0], "reply_mismatch"))
             # 2.
             bridge = self.bridge
             try:
@@ -201,10 +201,13 @@ class ChatSession:
         ids = render_ids(self.tokenizer, msgs, tools=tools, template_kwargs=self.template_kwargs)
         return Prepared(ids, "full", intent)
 
-    def _continued_call(
+    def _continued_calls(
         self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> _Call | None:
-        best: _Call | None = None
+    ) -> list[_Call]:
+        """Every earlier call that `msgs` may continue, all with the longest such messages: two
+        calls can hold equal messages (episodes that went the same way), and the reply is then
+        matched among all of their records, in call order."""
+        best: list[_Call] = []
         for call in self._calls:
             k = len(call.messages)
             if (
@@ -214,24 +217,32 @@ class ChatSession:
                 and msgs[k].get("role") == "assistant"
                 and all(m.get("role") != "assistant" for m in msgs[k + 1 :])
                 and msgs[:k] == call.messages
-                and (best is None or k >= len(best.messages))
             ):
-                best = call
+                if best and k > len(best[0].messages):
+                    best = []
+                if not best or k == len(best[0].messages):
+                    best.append(call)
         return best
 
-    def _match_reply(self, call: _Call, message: Mapping[str, Any]) -> CallRecord | None:
-        """The record of `call` whose sampled reply `message` is: by a bound tool-call id whose
-        record's text contains the message's text (the parser moved the calls out of it; an
-        edited text is another reply), else by text; among equal texts, one still at its
-        trajectory's tip first."""
+    def _match_reply(self, calls: list[_Call], message: Mapping[str, Any]) -> CallRecord | None:
+        """The record of one of `calls` whose sampled reply `message` is: by a bound tool-call id
+        whose record's text contains the message's text (the parser moved the calls out of it;
+        an edited text is another reply), else by text; among equal texts, one still at its
+        trajectory's tip and not claimed by a call in flight first, in call and sample order."""
         key = message_key(message)
         for tc in message.get("tool_calls") or []:
             bound = self._bound.get(str(tc.get("id")))
-            if bound is None or bound not in call.records:
+            call = next((c for c in calls if bound is not None and bound in c.records), None)
+            if call is None:
                 continue
             keys = call.keys[call.records.index(bound)]
             return bound if any(key in k for k in keys) else None
-        found = [r for r, keys in zip(call.records, call.keys, strict=True) if key in keys]
+        found = [
+            r
+            for call in calls
+            for r, keys in zip(call.records, call.keys, strict=True)
+            if key in keys
+        ]
         if not found:
             return None
         tips = [r for r in found if len(self.ledger.trajectories[r.trajectory].tokens) == r.end]

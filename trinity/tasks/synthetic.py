@@ -331,6 +331,46 @@ def countdown(
     )
 
 
+# -- environment episodes ----------------------------------------------------------------------
+
+
+@GENERATORS.register("env_episodes")
+def env_episodes(
+    split: str,
+    seed: int = 0,
+    num_tasks: int = 1000,
+    num_seeds: int = 100_000,
+    eval_fraction: float = 0.1,
+) -> list[dict[str, Any]]:
+    """Rows `{"question": "episode 17", "seed": 17}` for environments that need no problem file:
+    `env_workflow` resets its environment with the row's `seed`, which alone decides the episode.
+
+    Seeds are drawn from [0, num_seeds); a seed lands in the train or the held-out split by the
+    hash of its question, as every generator's problems do, so train and test episodes never
+    share a seed.
+    """
+    _check_common("env_episodes", num_tasks, eval_fraction)
+    if num_seeds < 1:
+        raise ValueError(f"env_episodes: num_seeds must be >= 1, got {num_seeds}")
+
+    def row(s: int) -> dict[str, Any]:
+        return {"question": f"episode {s}", "seed": s}
+
+    def draw(rng: random.Random) -> dict[str, Any]:
+        return row(rng.randrange(num_seeds))
+
+    return _select(
+        "env_episodes",
+        split,
+        seed,
+        num_tasks,
+        eval_fraction,
+        num_seeds,
+        lambda: (row(s) for s in range(num_seeds)),
+        draw,
+    )
+
+
 def generate(name: str, split: str, seed: int, num_tasks: int, **args: Any) -> list[dict[str, Any]]:
     """Run the generator registered as `name` (or a dotted path)."""
     return GENERATORS.get(name)(split=split, seed=seed, num_tasks=num_tasks, **args)
