@@ -26,6 +26,9 @@ class FormatConfig(ConfigSection):
     """Column holding the reference answer or SFT response."""
     messages_key: str = "messages"
     """Column holding a chat message list (prompt_type 'messages')."""
+    tools_key: str = "tools"
+    """Column holding the OpenAI tool (function) definitions offered with the prompt: rendered by
+    the chat template in SFT rows and sent with the task's chat calls; a row without it has none."""
     chosen_key: str = "chosen"
     """Column holding the preferred response (DPO)."""
     rejected_key: str = "rejected"

@@ -58,7 +58,13 @@ class InferenceModelConfig(ConfigSection):
     """vLLM: fraction of GPU memory the engine may take."""
     enable_log_requests: Annotated[bool, _VLLM] = False
     """vLLM: log every request."""
-    enable_history: Annotated[bool, NotBuilt("recording model calls for workflows")] = False
+    enable_history: Annotated[
+        bool,
+        NotApplicable(
+            "every call of a workflow's model handle and its OpenAI clients is always recorded "
+            "in the task's ledger (model.extract_experiences())"
+        ),
+    ] = False
     """Record every request and response of this model for the workflow."""
     enable_auto_tool_choice: Annotated[
         bool, NotApplicable("tool_choice 'auto' is always served to a request with tools")

@@ -14,6 +14,9 @@ observations are chat messages.
   the reward), reported as metrics by the workflow that runs the environment.
 - `success(terminated, reward, info)` (given the last step's results): whether the episode
   solved its task; by default terminated with a positive last reward.
+- `expert_action()` (optional): a good next reply in the current state, decided only from what
+  the observations have shown; the `env_demos` task generator plays it to write SFT warm-up
+  conversations (`trinity.envs.demos`). Environments without one raise NotImplementedError.
 - An environment never raises on a bad reply: a reply it cannot parse is answered with a message
   saying so (and usually a step penalty), as a real environment would answer a confused agent.
 
@@ -74,7 +77,29 @@ class TextEnv(gym.Env):
         metric of `env_workflow`): by default, it terminated with a positive last reward."""
         return terminated and reward > 0
 
+    def expert_action(self) -> str:
+        """A good next reply in the current state, decided only from what the observations
+        have shown (see the module doc)."""
+        raise NotImplementedError(
+            f"environment {type(self).__name__} has no expert_action: it cannot write demonstrations"
+        )
+
     def _turn(self) -> bool:
         """Count a step; True when it was the last one allowed (the episode is truncated)."""
         self.turns += 1
         return self.turns >= self.max_turns
+
+
+def episode_seed(row: dict[str, Any], index: int) -> int:
+    """The reset seed of a task row's episodes: the row's `seed`, else its index in the taskset."""
+    return int(row["seed"] if row.get("seed") is not None else index)
+
+
+def first_prompt(
+    env: Any, seed: int, options: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Reset `env`; (its first observation, the episode's first messages: the environment's
+    system prompt, if any, then that observation)."""
+    obs, _ = env.reset(seed=seed, options=options)
+    system = getattr(env, "system_prompt", None)
+    return dict(obs), ([message(system, "system")] if system else []) + [dict(obs)]

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from trinity.endpoint.tool_calls import hermes
 from trinity.envs.base import ENV, TextEnv, message
 from trinity.rewards.countdown import countdown_reward, evaluate_expression
-from trinity.tasks.synthetic import countdown_question, random_expression
+from trinity.tasks.synthetic import countdown_question, random_expression, solve_countdown
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -90,6 +90,13 @@ class CountdownCalculator(TextEnv):
             expr = random_expression(nums, rng)
             if expr and expr[1].denominator == 1 and 1 <= expr[1] <= self.max_target:
                 return nums, int(expr[1])
+
+    def expert_action(self) -> str:
+        """The answer found by exhaustive search over the problem's numbers."""
+        found = solve_countdown(self.problem["numbers"], self.problem["target"])
+        if found is None:
+            raise ValueError(f"countdown_calculator: no expression solves {self.problem}")
+        return f"<answer>{found}</answer>"
 
     def success(self, terminated: bool, reward: float, info: dict[str, Any]) -> bool:
         """Solved: the answer reaches the target (a wrong but well-formed answer scores 0.1)."""

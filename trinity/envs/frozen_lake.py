@@ -21,26 +21,38 @@ MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 _MOVE = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
 
 
-def reachable(grid: list[str]) -> bool:
-    """A path of 4-neighbour moves over non-hole cells joins S and G."""
+def shortest_path(grid: list[str], start: tuple[int, int] | None = None) -> list[str] | None:
+    """The moves of a shortest 4-neighbour walk over non-hole cells from `start` (default: S)
+    to G (breadth-first search, moves tried in `MOVES` order); None if G cannot be reached."""
     n = len(grid)
-    start = next((r, c) for r in range(n) for c in range(n) if grid[r][c] == "S")
-    seen, todo = {start}, deque([start])
+    if start is None:
+        start = next((r, c) for r in range(n) for c in range(n) if grid[r][c] == "S")
+    came: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    todo = deque([start])
     while todo:
-        r, c = todo.popleft()
-        if grid[r][c] == "G":
-            return True
-        for dr, dc in MOVES.values():
-            nxt = (r + dr, c + dc)
+        cell = todo.popleft()
+        if grid[cell[0]][cell[1]] == "G":
+            moves: list[str] = []
+            while (back := came[cell]) is not None:
+                cell, move = back
+                moves.append(move)
+            return moves[::-1]
+        for move, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
             if (
                 0 <= nxt[0] < n
                 and 0 <= nxt[1] < n
-                and nxt not in seen
+                and nxt not in came
                 and grid[nxt[0]][nxt[1]] != "H"
             ):
-                seen.add(nxt)
+                came[nxt] = (cell, move)
                 todo.append(nxt)
-    return False
+    return None
+
+
+def reachable(grid: list[str]) -> bool:
+    """A path of 4-neighbour moves over non-hole cells joins S and G."""
+    return shortest_path(grid) is not None
 
 
 @ENV.register("frozen_lake_text")
@@ -78,6 +90,14 @@ class FrozenLakeText(TextEnv):
                 break
         self.grid, self.pos, self.turns = grid, divmod(int(start), n), 0
         return message(self.render_text()), {}
+
+    def expert_action(self) -> str:
+        """The first move of a shortest safe path from here to G (the map is in every
+        observation)."""
+        path = shortest_path(self.grid, self.pos)
+        if not path:
+            raise ValueError(f"frozen_lake_text: no path to G from {self.pos} on {self.grid}")
+        return path[0]
 
     def render_text(self) -> str:
         rows = [

@@ -26,6 +26,7 @@ class GuessNumber(TextEnv):
             raise ValueError(f"low ({low}) must be <= high ({high})")
         self.low, self.high = low, high
         self.secret = low
+        self.bounds = (low, high)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -33,8 +34,14 @@ class GuessNumber(TextEnv):
         super().reset(seed=seed)
         self.secret = int(self.np_random.integers(self.low, self.high + 1))
         self.turns = 0
+        self.bounds = (self.low, self.high)  # what the answers so far leave possible
         text = f"I picked an integer from {self.low} to {self.high}. Your guess?"
         return message(text), {}
+
+    def expert_action(self) -> str:
+        """Binary search: the middle of the range the "higher"/"lower" answers left open."""
+        lo, hi = self.bounds
+        return str((lo + hi) // 2)
 
     def step(self, action: str) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
         last = self._turn()
@@ -47,5 +54,10 @@ class GuessNumber(TextEnv):
             done = guess == self.secret
             comps = {"solved": float(done), "format": 0.0}
             reply = "Correct!" if done else ("Higher." if guess < self.secret else "Lower.")
+            lo, hi = self.bounds
+            if guess < self.secret:
+                self.bounds = (max(lo, guess + 1), hi)
+            elif guess > self.secret:
+                self.bounds = (lo, min(hi, guess - 1))
         info = {"reward_components": comps, "secret": self.secret}
         return message(reply), sum(comps.values()), done, last and not done, info

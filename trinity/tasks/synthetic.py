@@ -27,7 +27,9 @@ from typing import Any
 from trinity.common.registry import Registry
 
 GeneratorFn = Callable[..., list[dict[str, Any]]]
-GENERATORS: Registry[GeneratorFn] = Registry("task generator")
+GENERATORS: Registry[GeneratorFn] = Registry(
+    "task generator", modules={"env_demos": "trinity.envs.demos"}
+)
 
 TRAIN_SPLITS = ("train",)
 HELDOUT_SPLITS = ("test", "eval", "validation")
@@ -259,26 +261,61 @@ _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 _ATOM = 3
 
 
+_Item = tuple[str, Fraction, int]  # (expression text, exact value, precedence of its top op)
+
+
+def _combine(left: _Item, op: str, right: _Item) -> _Item | None:
+    """`left op right` with parentheses only where precedence needs them (`(8+16)*4`,
+    `12-(3+4)`); None for a division that is inexact or by zero."""
+    (ls, lv, lp), (rs, rv, rp) = left, right
+    if op == "/" and (rv == 0 or (lv / rv).denominator != 1):
+        return None
+    val = {"+": lv + rv, "-": lv - rv, "*": lv * rv}[op] if op != "/" else lv / rv
+    prec = _PREC[op]
+    text_l = f"({ls})" if lp < prec else ls
+    text_r = f"({rs})" if rp < prec or (rp == prec and op in "-/") else rs
+    return text_l + op + text_r, val, prec
+
+
 def random_expression(nums: list[int], rng: random.Random) -> tuple[str, Fraction] | None:
     """A random expression using every number of `nums` once; None if a division is inexact.
 
     Parentheses only where precedence needs them: `(8+16)*4`, `19+3-19`, `12-(3+4)`.
     """
-    items: list[tuple[str, Fraction, int]] = [(str(n), Fraction(n), _ATOM) for n in nums]
+    items: list[_Item] = [(str(n), Fraction(n), _ATOM) for n in nums]
     while len(items) > 1:
         i, j = rng.sample(range(len(items)), 2)
-        (ls, lv, lp), (rs, rv, rp) = items[i], items[j]
-        op = rng.choice("+-*/")
-        if op == "/" and (rv == 0 or (lv / rv).denominator != 1):
+        joined = _combine(items[i], rng.choice("+-*/"), items[j])
+        if joined is None:
             return None
-        val = {"+": lv + rv, "-": lv - rv, "*": lv * rv}[op] if op != "/" else lv / rv
-        prec = _PREC[op]
-        left = f"({ls})" if lp < prec else ls
-        right = f"({rs})" if rp < prec or (rp == prec and op in "-/") else rs
-        items = [it for k, it in enumerate(items) if k not in (i, j)] + [
-            (left + op + right, val, prec)
-        ]
+        items = [it for k, it in enumerate(items) if k not in (i, j)] + [joined]
     return items[0][0], items[0][1]
+
+
+def solve_countdown(numbers: list[int], target: int) -> str | None:
+    """An expression reaching `target` with each of `numbers` used at most once, by exhaustive
+    search over the same moves `random_expression` makes (any two values joined by + - * or an
+    exact /); the fewest numbers first, so a number alone equal to the target is its own
+    answer. None when there is none. Exponential in len(numbers): meant for a handful."""
+
+    def search(items: list[_Item]) -> str | None:
+        for text, value, _ in items:
+            if value == target:
+                return text
+        for i, j in itertools.permutations(range(len(items)), 2):
+            rest = [it for k, it in enumerate(items) if k not in (i, j)]
+            for op in "+-*/":
+                joined = _combine(items[i], op, items[j])
+                if joined is not None and (found := search([*rest, joined])) is not None:
+                    return found
+        return None
+
+    atoms = [(str(n), Fraction(n), _ATOM) for n in sorted(numbers)]
+    for size in range(1, len(atoms) + 1):
+        for subset in itertools.combinations(atoms, size):
+            if (found := search(list(subset))) is not None:
+                return found
+    return None
 
 
 def countdown_question(numbers: list[int], target: int) -> str:

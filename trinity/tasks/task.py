@@ -30,6 +30,7 @@ class Task:
     repeat_times: int | None = None
     reply_prefix: str | None = None  # text the assistant reply is forced to start with
     pair: tuple[str, str] | None = None  # (chosen, rejected) replies of a preference row (DPO)
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions (`format.tools_key`)
 
     def to_messages(self) -> list[dict[str, Any]]:
         """The prompt in chat form (a fresh copy: callers may append to it)."""

@@ -87,6 +87,7 @@ def load_taskset(
                 _check_response(row, fmt, messages, loc)
             _check_fields(row, need_fields, reward_fn_type, loc)
             pair = _pair_of(row, fmt, loc) if require_pair else None
+            tools = _tools_of(row, fmt, loc)
         except TasksetError as e:
             if collected is None:
                 raise
@@ -110,6 +111,7 @@ def load_taskset(
                 repeat_times=storage.repeat_times,
                 reply_prefix=getattr(fmt, "reply_prefix", None),
                 pair=pair,
+                tools=tools,
             )
         )
     # 3.
@@ -230,6 +232,24 @@ def _prompt_of(row: dict, fmt: Any, loc: str) -> tuple[str | None, list[dict] | 
             {"role": "user", "content": prompt},
         ]
     return prompt, None
+
+
+def _tools_of(row: dict, fmt: Any, loc: str) -> list[dict[str, Any]] | None:
+    """The row's tool definitions (`format.tools_key`): None when absent, else a list of
+    OpenAI function definitions (`{"type": "function", "function": {"name": ...}}`)."""
+    key = getattr(fmt, "tools_key", "tools")
+    tools = row.get(key)
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name")
+        for t in tools
+    ):
+        raise TasksetError(
+            f"{loc}: {key!r} (format.tools_key) must be a list of OpenAI tool definitions "
+            '({"type": "function", "function": {"name": ..., "parameters": ...}})'
+        )
+    return [dict(t) for t in tools]
 
 
 def _is_messages(value: Any) -> bool:

@@ -34,11 +34,14 @@ def _encode(
     max_prompt_tokens: int | None,
     max_response_tokens: int | None,
     chat_template_kwargs: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int], bool]:
-    """(prompt ids, response ids + end-of-turn token, truncated) of one prompt/reply pair."""
+    """(prompt ids, response ids + end-of-turn token, truncated) of one prompt/reply pair; the
+    row's `tools` are rendered into the prompt as a rollout's chat call renders them."""
     prompt_ids = list(
         tokenizer.apply_chat_template(
             prompt_msgs,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
@@ -73,7 +76,7 @@ def task_to_sft_experience(
         )
     prompt_ids, response_ids, truncated = _encode(
         tokenizer, prompt_msgs, response, max_prompt_tokens, max_response_tokens,
-        chat_template_kwargs,
+        chat_template_kwargs, task.tools,
     )  # fmt: skip
     return Experience(
         tokens=torch.tensor(prompt_ids + response_ids),
@@ -100,7 +103,7 @@ def task_to_pair_experiences(
     for run, response in enumerate(task.pair):
         prompt_ids, response_ids, truncated = _encode(
             tokenizer, task.to_messages(), response, max_prompt_tokens, max_response_tokens,
-            chat_template_kwargs,
+            chat_template_kwargs, task.tools,
         )  # fmt: skip
         out.append(
             Experience(

@@ -31,6 +31,7 @@ from typing import Any
 from trinity.common.experience import Experience
 from trinity.common.rollout import Sample
 from trinity.envs import ENV
+from trinity.envs.base import episode_seed, first_prompt
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
 
 
@@ -80,13 +81,10 @@ class EnvWorkflow(Workflow):
            episodes still open, concurrently, in episode order
         4. one MULTI_TURN experience per episode, rewarded by its summed step rewards
         """
-        seed = int(task.raw["seed"] if task.raw.get("seed") is not None else task.index)
-        options = dict(task.raw)
+        seed, options = episode_seed(task.raw, task.index), dict(task.raw)
         # 1.
         probe = self._make()
-        obs, _ = probe.reset(seed=seed, options=options)
-        system = getattr(probe, "system_prompt", None)
-        first = ([{"role": "system", "content": system}] if system else []) + [dict(obs)]
+        obs, first = first_prompt(probe, seed, options)
         tools = getattr(probe, "tools", None)
         # 2.
         samples = await model.chat(first, tools=tools)

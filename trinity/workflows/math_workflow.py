@@ -32,7 +32,7 @@ class MathWorkflow(Workflow):
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
         reward_name = task.reward_fn_type or self.default_reward_fn_type
         reward_fn = REWARD_FN.get(reward_name)
-        samples = await model.chat(task.to_messages())
+        samples = await model.chat(task.to_messages(), tools=task.tools)
         responses = [model.decode(s.response_ids) for s in samples]
         # scored in a thread, so slow reward code does not hold up other tasks' requests (their
         # samples are keyed, so the batching this timing decides does not change them)
