@@ -13,6 +13,10 @@ returns a superset whose prefix is the smaller set.
 
 If the space of distinct problems in the requested split is smaller than `num_tasks`, the
 generator raises ValueError with the count it could produce.
+
+A generator may carry `arg_problems(generator_args) -> [(key, message)]`: pre-flight calls it
+after checking the argument names and reports each problem at `generator_args.<key>` (e.g. an
+unknown dataset name or option of `reasoning_gym`, `trinity/tasks/reasoning_gym_tasks.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from typing import Any
 from trinity.common.registry import Registry
 
 GeneratorFn = Callable[..., list[dict[str, Any]]]
-GENERATORS: Registry[GeneratorFn] = Registry("task generator")
+# reasoning_gym: reasoning-gym's datasets (an optional package), registered on first use
+GENERATORS: Registry[GeneratorFn] = Registry(
+    "task generator", modules={"reasoning_gym": "trinity.tasks.reasoning_gym_tasks"}
+)
 
 TRAIN_SPLITS = ("train",)
 HELDOUT_SPLITS = ("test", "eval", "validation")
