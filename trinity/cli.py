@@ -222,8 +222,8 @@ def model_import(
     source: Annotated[
         str,
         typer.Argument(
-            help="gguf://<file.gguf> or pkg://<installed package>[/<file.gguf>], optionally "
-            "with ?dtype=float32|bfloat16 (default float32)."
+            help="gguf://<file.gguf>, or pkg://<installed package> (pkg://<package>/<file.gguf> "
+            "when it ships several), optionally with ?dtype=float32|bfloat16 (default float32)."
         ),
     ],
     out: Annotated[
