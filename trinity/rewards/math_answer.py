@@ -1,7 +1,10 @@
-"""`math_reward`, `format_reward`, `math_with_format`: free-form math answers checked by math-verify.
+"""`math_reward`, `format_reward`, `math_with_format`, `math_boxed_reward`: free-form math answers
+checked by math-verify.
 
     default_reward_fn_type: math_with_format
     reward_fn_args: {format_score: 0.1}
+    default_reward_fn_type: math_boxed_reward     # Trinity-RFT's name: only a \boxed{} answer counts
+    reward_fn_args: {with_think: true, format_score_coef: 0.1}
 
 The final answer is taken from the last `\\boxed{...}` or `#### ...` of the response (GSM8K style)
 and, the same way, from the truth (a full GSM8K solution ending in `#### 72` works); a response
@@ -43,6 +46,12 @@ def _last_boxed(text: str) -> tuple[int, str] | None:
             i += 1
         start = text.rfind(_BOXED + "{", 0, start)  # unbalanced: try an earlier one
     return None
+
+
+def last_boxed_content(text: str) -> str | None:
+    """What the last balanced `\\boxed{...}` of `text` holds; None without one."""
+    boxed = _last_boxed(text)
+    return None if boxed is None else boxed[1][len(_BOXED) + 1 : -1]
 
 
 def extract_answer(text: str) -> str | None:
@@ -118,3 +127,35 @@ def math_with_format(
         **math_reward(response, truth, task_raw),
         **format_reward(response, truth, task_raw, pattern=pattern, format_score=format_score),
     }
+
+
+def think_well_formed(text: str) -> bool:
+    """Exactly one `<think>` and one `</think>`, in that order."""
+    if text.count("<think>") != 1 or text.count("</think>") != 1:
+        return False
+    return text.index("<think>") < text.index("</think>")
+
+
+@REWARD_FN.register("math_boxed_reward")
+@needs_truth
+def math_boxed_reward(
+    response: str,
+    truth: str | None,
+    task_raw: dict[str, Any],
+    with_think: bool = False,
+    format_score_coef: float = 0.1,
+) -> dict[str, float]:
+    """Trinity-RFT's `math_boxed_reward`: {"accuracy": 1.0 when the response's last `\\boxed{}`
+    equals the truth (its own boxed or `####` answer if it has one), else 0.0 (also without a
+    box), "format_score": -format_score_coef when `with_think` and the response's
+    `<think>...</think>` is missing or repeated, else 0.0}.
+
+    Departs from Trinity-RFT in how the two answers are compared: by math-verify (`0.5` equals
+    `\\frac{1}{2}`, `1,234` equals `1234`), as `math_reward` does, instead of Hendrycks' MATH
+    string normalisation.
+    """
+    truth = require_truth("math_boxed_reward", truth)
+    boxed = _last_boxed(response)
+    correct = boxed is not None and answers_match(boxed[1], truth)
+    penalty = -float(format_score_coef) if with_think and not think_well_formed(response) else 0.0
+    return {"accuracy": float(correct), "format_score": penalty}

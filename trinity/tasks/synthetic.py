@@ -13,6 +13,10 @@ returns a superset whose prefix is the smaller set.
 
 If the space of distinct problems in the requested split is smaller than `num_tasks`, the
 generator raises ValueError with the count it could produce.
+
+A generator may carry `arg_problems(generator_args) -> [(key, message)]`: pre-flight calls it
+after checking the argument names and reports each problem at `generator_args.<key>` (e.g. an
+unknown dataset name or option of `reasoning_gym`, `trinity/tasks/reasoning_gym_tasks.py`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,13 @@ from typing import Any
 from trinity.common.registry import Registry
 
 GeneratorFn = Callable[..., list[dict[str, Any]]]
+# reasoning_gym: reasoning-gym's datasets (an optional package), registered on first use
 GENERATORS: Registry[GeneratorFn] = Registry(
-    "task generator", modules={"env_demos": "trinity.envs.demos"}
+    "task generator",
+    modules={
+        "reasoning_gym": "trinity.tasks.reasoning_gym_tasks",
+        "env_demos": "trinity.envs.demos",  # an environment's expert: SFT warm-up conversations
+    },
 )
 
 TRAIN_SPLITS = ("train",)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.common.rollout import Sample
 from trinity.rewards import REWARD_FN
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
 
@@ -32,12 +33,13 @@ class MathWorkflow(Workflow):
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
         reward_name = task.reward_fn_type or self.default_reward_fn_type
         reward_fn = REWARD_FN.get(reward_name)
-        samples = await model.chat(task.to_messages(), tools=task.tools)
+        samples = await self.sample(task, model)
         responses = [model.decode(s.response_ids) for s in samples]
+        reward_args = self.reward_args(task, reward_fn)
         # scored in a thread, so slow reward code does not hold up other tasks' requests (their
         # samples are keyed, so the batching this timing decides does not change them)
         scores = await asyncio.to_thread(
-            lambda: [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
+            lambda: [reward_fn(r, task.truth, task.raw, **reward_args) for r in responses]
         )
         experiences = []
         for run, (sample, response, components) in enumerate(
@@ -59,3 +61,11 @@ class MathWorkflow(Workflow):
                 )
             )
         return experiences
+
+    async def sample(self, task: Any, model: ModelHandle) -> list[Sample]:
+        """The task's samples: one chat call on its messages (and its row's tools, if any)."""
+        return await model.chat(task.to_messages(), tools=task.tools)
+
+    def reward_args(self, task: Any, reward_fn: Any) -> dict[str, Any]:
+        """Keyword arguments of the reward fn: the taskset's `reward_fn_args`."""
+        return dict(task.reward_fn_args)
