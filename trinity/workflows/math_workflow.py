@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.common.rollout import Sample
 from trinity.rewards import REWARD_FN
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
 
@@ -39,23 +40,41 @@ class MathWorkflow(Workflow):
         scores = await asyncio.to_thread(
             lambda: [reward_fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
         )
-        experiences = []
-        for run, (sample, response, components) in enumerate(
-            zip(samples, responses, scores, strict=True)
-        ):
-            experiences.append(
-                Experience(
-                    tokens=torch.tensor(sample.prompt_ids + sample.response_ids),
-                    prompt_length=len(sample.prompt_ids),
-                    logprobs=torch.tensor(sample.logprobs, dtype=torch.float32),
-                    reward=float(sum(components.values())),
-                    eid=EID(task=task.index, run=run),
-                    model_version=sample.model_version,
-                    truncated=sample.finish_reason == "length",
-                    kind=ExperienceKind.SINGLE_TURN,
-                    response_text=response,
-                    info={"task_index": task.index, "truth": task.truth},
-                    metrics={k: float(v) for k, v in components.items()},
-                )
+        return [
+            single_turn_experience(
+                task,
+                run,
+                sample,
+                response,
+                float(sum(components.values())),
+                {k: float(v) for k, v in components.items()},
             )
-        return experiences
+            for run, (sample, response, components) in enumerate(
+                zip(samples, responses, scores, strict=True)
+            )
+        ]
+
+
+def single_turn_experience(
+    task: Any,
+    run: int,
+    sample: Sample,
+    response: str,
+    reward: float,
+    metrics: dict[str, float],
+) -> Experience:
+    """Sample `run` of a single-turn task as a SINGLE_TURN experience (prompt + the sampled
+    response, the engine's logprobs)."""
+    return Experience(
+        tokens=torch.tensor(sample.prompt_ids + sample.response_ids),
+        prompt_length=len(sample.prompt_ids),
+        logprobs=torch.tensor(sample.logprobs, dtype=torch.float32),
+        reward=reward,
+        eid=EID(task=task.index, run=run),
+        model_version=sample.model_version,
+        truncated=sample.finish_reason == "length",
+        kind=ExperienceKind.SINGLE_TURN,
+        response_text=response,
+        info={"task_index": task.index, "truth": task.truth},
+        metrics=metrics,
+    )
