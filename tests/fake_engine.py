@@ -92,6 +92,7 @@ class FakeJudgeEngine:
         self.reply = reply
         self.model_version = 0
         self.calls: list[tuple[list[str], str]] = []
+        self.prompts: list[str] = []  # each call's prompt, decoded
 
     @staticmethod
     def shown(prompt: str) -> list[str]:
@@ -105,7 +106,9 @@ class FakeJudgeEngine:
         self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
     ) -> list[Sample]:
         await asyncio.sleep(0)
-        shown = self.shown(self.tokenizer.decode(prompt_ids, skip_special_tokens=True))
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        self.prompts.append(prompt)
+        shown = self.shown(prompt)
         text = self.reply(shown)
         self.calls.append((shown, text))
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]

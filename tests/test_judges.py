@@ -139,7 +139,7 @@ def tokenizer(tiny_model_dir):
     return load_tokenizer(str(tiny_model_dir))
 
 
-def judge_handle(tokenizer, reply, name="judge"):
+def judge_handle(tokenizer, reply, name="judge", max_prompt_tokens=None):
     engine = FakeJudgeEngine(tokenizer, reply)
     model = AuxiliaryModel(
         index=0,
@@ -149,7 +149,7 @@ def judge_handle(tokenizer, reply, name="judge"):
         tokenizer=tokenizer,
         defaults=SamplingParams(n=1, max_tokens=64),
         template_kwargs={},
-        max_prompt_tokens=None,
+        max_prompt_tokens=max_prompt_tokens,
         seed=0,
     )
     models = AuxiliaryModels([model], [model])
@@ -200,6 +200,15 @@ def test_a_leaning_judge_is_excluded_below_the_threshold_only(tokenizer) -> None
     assert verdict.scores == pytest.approx([0.25, 0.45, 0.65, 0.75])
     lenient, _ = score_group(tokenizer, leaning_judge, [2, 0, 3, 1], min_agreement=0.5)
     assert lenient.consistent
+
+
+def test_a_prompt_over_the_judge_s_limit_is_a_failed_verdict_not_a_crash(tokenizer) -> None:
+    models, engine = judge_handle(tokenizer, content_judge, max_prompt_tokens=8)
+    judge = models.handles(7, None)[0]
+    fields = {"question": "Say something.", "truth": None, "rubric": "", "row": {}}
+    verdict = asyncio.run(GroupJudge().score(judge, fields, RESPONSES, [0, 1, 2, 3]))
+    assert verdict.scores is None and "prompt is too long" in verdict.error
+    assert engine.calls == []  # refused before sampling
 
 
 def test_a_reply_without_scores_is_a_failed_group_verdict(tokenizer) -> None:
@@ -299,6 +308,24 @@ def test_upstream_workflow_names_are_registered() -> None:
     assert WORKFLOW.get("math_ruler_workflow").default_reward_fn_type == "math_reward"
     assert WORKFLOW.get("async_math_ruler_workflow") is WORKFLOW.get("math_ruler_workflow")
     assert issubclass(WORKFLOW.get("rubric_judge_workflow"), JudgeWorkflow)
+    for name in ("math_ruler_workflow", "rubric_judge_workflow"):
+        assert WORKFLOW.get(name).arg_problems({}) == []
+
+
+def test_rubric_judge_shows_the_rubric_and_reads_a_json_rating(tokenizer) -> None:
+    rubric = [{"description": "States the sum", "weight": 2}, {"description": "Is brief"}]
+    policy = FakeEngine(tokenizer, seed=0)
+    policy.plan = [("3", "stop")]
+    models, judge = judge_handle(tokenizer, lambda shown: 'Fine.\n```json\n{"rating": 7}\n```')
+    handle = TaskModelHandle(
+        policy, tokenizer, SamplingParams(n=1), auxiliary=(models, models.handles(None, None))
+    )
+    workflow = WORKFLOW.get("rubric_judge_workflow")()
+    [exp] = asyncio.run(workflow.run(Task(index=0, raw={"rubric": rubric}, prompt="1+2="), handle))
+    assert exp.reward == pytest.approx((7 - 1) / 9)  # 1..10 scaled to [0, 1]
+    [prompt] = judge.prompts
+    assert "1. (weight 2) States the sum\n2. Is brief" in prompt
+    assert "<response>\n3\n</response>" in prompt
 
 
 @pytest.mark.parametrize(
@@ -310,6 +337,9 @@ def test_upstream_workflow_names_are_registered() -> None:
         ("judge_workflow", {"prompt": "{question} {response} {answer}"}, "unknown field(s) answer"),
         ("judge_workflow", {"prompt": "{response} {"}, "literal brace"),
         ("judge_workflow", {"score_range": [10, 0]}, "score_range"),
+        ("judge_workflow", {"score_range": [5]}, "score_range"),
+        ("judge_workflow", {"failure_score": "low"}, "failure_score"),
+        ("judge_workflow", {"judge_sampling": [0.5]}, "judge_sampling: a mapping"),
         ("judge_workflow", {"judge": True}, "judge:"),
         ("judge_workflow", {"judge_sampling": {"n": 4}}, "judge_sampling: unknown key(s) ['n']"),
     ],

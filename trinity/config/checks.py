@@ -241,8 +241,9 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("mode", "explorer.auxiliary_models", "model", "algorithm.algorithm_type")
 def _auxiliary_models_serve(cfg: TrinityConfig) -> Iterator[Problem]:
-    """Each auxiliary model names its weights, has a unique name and lengths that fit; mode
-    serve (no workflows) has none."""
+    """Each auxiliary model names its weights and has a unique name; mode serve (no workflows)
+    has none. Lengths are not checked against each other: a reply's budget is what its prompt
+    leaves under max_model_len (the engine's rule), as Trinity-RFT's judge configs expect."""
     aux = cfg.explorer.auxiliary_models
     if getattr(_spec(cfg), "teacher_from_auxiliary", False) and not aux:
         yield Problem(
@@ -269,22 +270,6 @@ def _auxiliary_models_serve(cfg: TrinityConfig) -> Iterator[Problem]:
                     f"{m.name!r} already names auxiliary_models[{seen[m.name]}]; names are unique",
                 )
             seen.setdefault(m.name, i)
-        total, prompt, response = (
-            _first(m.max_model_len, cfg.model.max_model_len),
-            _first(m.max_prompt_tokens, cfg.model.max_prompt_tokens),
-            _first(m.max_response_tokens, cfg.model.max_response_tokens),
-        )
-        if total and prompt and response and prompt + response > total:
-            yield Problem(
-                f"{at}.max_model_len",
-                f"max_prompt_tokens + max_response_tokens = {prompt} + {response} = "
-                f"{prompt + response} tokens exceeds max_model_len ({total} tokens; unset "
-                "values are model.*'s)",
-            )
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 # advantage fns that score each sample on its own: a train step may split a task's samples

@@ -482,8 +482,9 @@ class Explorer:
 
     async def _take_share(self, wait_s: float = SHARE_WAIT_S) -> None:
         """Before a step of a split run: claim this explorer's part of the run's cores
-        (`common.resources.RunShares`) and set its engines' threads to it (every step, so an
-        engine that Ray restarted with its first threads follows too); say so when it changes.
+        (`common.resources.RunShares`) and set its engines' threads to it (rollout and auxiliary
+        engines of pools without their own `num_threads`; every step, so an engine that Ray
+        restarted with its first threads follows too); say so when it changes.
 
         A claim of 0 (other explorers hold the explorers' half until their next step) is tried
         again every second, saying what it waits for; after `wait_s` (a holder that never comes

@@ -30,9 +30,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from trinity.common.rollout import SamplingParams
+from trinity.common.rollout import PromptTooLong, SamplingParams
 from trinity.judges.consistency import in_response_order, pairwise_agreement
-from trinity.judges.parse import parse_score, parse_scores
+from trinity.judges.parse import Parsed, parse_score, parse_scores
 
 POINTWISE_SYSTEM = "You are a strict and fair judge of answers to questions."
 POINTWISE_PROMPT = (
@@ -185,8 +185,13 @@ class _Judge:
         low, high = self.score_range
         return (x - low) / (high - low)
 
-    async def _ask(self, judge: Any, fields: dict[str, Any]) -> str:
-        [sample] = await judge.chat(self.messages(fields), n=1, **self.sampling)
+    async def _ask(self, judge: Any, fields: dict[str, Any]) -> Parsed | str:
+        """The judge's reply, or a failed `Parsed` when its prompt is over the judge's limit
+        (a judgment that could not be made, handled as a reply without a verdict)."""
+        try:
+            [sample] = await judge.chat(self.messages(fields), n=1, **self.sampling)
+        except PromptTooLong as e:
+            return Parsed(error=f"the judge's prompt is too long: {e}")
         return judge.decode(sample.response_ids)
 
 
@@ -199,6 +204,8 @@ class PointwiseJudge(_Judge):
     async def score(self, judge: Any, fields: dict[str, Any]) -> Verdict:
         """Ask `judge` (an `AuxiliaryModelHandle`) for one score of `fields["response"]`."""
         text = await self._ask(judge, fields)
+        if isinstance(text, Parsed):
+            return Verdict(None, None, "", text.error)
         parsed = parse_score(text, *self.score_range)
         if not parsed.ok:
             return Verdict(None, None, text, parsed.error)
@@ -221,14 +228,17 @@ class GroupJudge(_Judge):
         if sorted(order) != list(range(n)):
             raise ValueError(f"order {order} is not a permutation of {n} responses")
         orders = (list(order), list(order)[::-1])
-        texts = await asyncio.gather(
+        replies = await asyncio.gather(
             *(
                 self._ask(judge, {**fields, "responses": number_responses(responses, o), "n": n})
                 for o in orders
             )
         )
+        texts = [r if isinstance(r, str) else "" for r in replies]
         pair = (texts[0], texts[1])
-        parsed = [parse_scores(t, n, *self.score_range) for t in texts]
+        parsed = [
+            r if isinstance(r, Parsed) else parse_scores(r, n, *self.score_range) for r in replies
+        ]
         failed = [
             f"{which} order: {p.error}"
             for which, p in zip(("first", "second"), parsed, strict=True)

@@ -24,7 +24,7 @@ Per task, `repeat_times` answers are sampled from the policy (one chat call), th
   prompt (the row's `rubric`, a rating 1-10 as JSON `{"rating": N}`).
 
 A judge reply without a verdict in the asked form is a parse failure (metric `judge_parsed` = 0),
-handled by `on_parse_failure`:
+as is a judge prompt over the judge's `max_prompt_tokens`; `on_parse_failure` decides:
 - `exclude` (default): not trained on. Pointwise: the sample is excluded and given the mean
   score of its group's judged samples (so it does not move the group's baseline; its std
   shrinks slightly), or `failure_score` when none was judged. Group: the group is excluded
@@ -67,6 +67,10 @@ from trinity.workflows.math_workflow import single_turn_experience
 POLICIES = ("exclude", "score", "fail")
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 class _JudgeWorkflow(Workflow):
     """What both judge workflows share: the arguments, the policy's samples, the gold reward."""
 
@@ -92,13 +96,24 @@ class _JudgeWorkflow(Workflow):
         if on_parse_failure not in POLICIES:
             problems.append(f"on_parse_failure: {on_parse_failure!r}; valid: {', '.join(POLICIES)}")
         base = self._judge_class()
-        low, high = score_range if score_range is not None else base.score_range
-        if not (isinstance(low, int | float) and isinstance(high, int | float) and low < high):
+        bounds = score_range if score_range is not None else base.score_range
+        if not (
+            isinstance(bounds, list | tuple)
+            and len(bounds) == 2
+            and all(_is_number(x) for x in bounds)
+            and bounds[0] < bounds[1]
+        ):
             problems.append(f"score_range: [low, high] with low < high, got {score_range!r}")
+            bounds = base.score_range
+        if not _is_number(failure_score):
+            problems.append(f"failure_score: a number, got {failure_score!r}")
         template = prompt if prompt is not None else base.prompt
         problems += template_problems(template, self.required_field, "prompt")
-        if system_prompt is not None and "{" in system_prompt:
-            problems.append("system_prompt: a plain text (fields go in `prompt`)")
+        if not isinstance(system_prompt, str | None):
+            problems.append(f"system_prompt: a text, got {system_prompt!r}")
+        if not isinstance(judge_sampling, dict | None):
+            problems.append(f"judge_sampling: a mapping, got {judge_sampling!r}")
+            judge_sampling = None
         sampling = {"temperature": 0.0, **(judge_sampling or {})}
         problems += sampling_problems(sampling)
         if problems:
@@ -110,7 +125,7 @@ class _JudgeWorkflow(Workflow):
         self.judge = self._make(
             prompt=template,
             system_prompt=system_prompt if system_prompt is not None else base.system_prompt,
-            score_range=(float(low), float(high)),
+            score_range=(float(bounds[0]), float(bounds[1])),
             sampling=sampling,
         )
 
@@ -238,9 +253,7 @@ class GroupJudgeWorkflow(_JudgeWorkflow):
     required_field: ClassVar[str] = "responses"
 
     def __init__(self, min_agreement: float = 0.75, **kwargs: Any) -> None:
-        if isinstance(min_agreement, bool) or not isinstance(min_agreement, int | float):
-            raise ValueError(f"min_agreement: a number in [0, 1], got {min_agreement!r}")
-        if not 0 <= min_agreement <= 1:
+        if not _is_number(min_agreement) or not 0 <= min_agreement <= 1:
             raise ValueError(f"min_agreement: a number in [0, 1], got {min_agreement!r}")
         self.min_agreement = float(min_agreement)
         super().__init__(**kwargs)
