@@ -226,7 +226,9 @@ class AuxiliaryHandle:
         if limit is not None and len(ids) > limit:
             raise PromptTooLong(
                 f"a prompt of {len(ids)} tokens for {label(self._key_name())}, over its "
-                f"max_prompt_tokens ({limit}); auxiliary models refuse a prompt rather than cut it"
+                f"max_prompt_tokens ({limit}: explorer.auxiliary_models[{self._model.index}]."
+                "max_prompt_tokens, else model.max_prompt_tokens); auxiliary models refuse a "
+                "prompt rather than cut it"
             )
         samples = await self._model.client.generate(ids, params, key)
         return [cut_at_stop(s, stop, self.decode) for s in samples] if stop else samples
