@@ -6,12 +6,16 @@
 " num" + "bers": ids a tokenizer would never produce for that text), appends the eos token for
 finish reason "stop" (none for "length"), and draws a logprob per token. Every call is kept in
 `calls` as (prompt ids it received, the samples it returned) for the test to compare against.
+
+`FakeJudgeEngine` plays an auxiliary judge model: its reply is a function of the responses its
+prompt shows, in the order shown (tests/test_judges.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 from typing import Any
 
 from trinity.common.rollout import Sample, SamplingParams
@@ -75,3 +79,40 @@ class FakeEngine:
         self.plan = []
         self.calls.append((list(prompt_ids), samples))
         return samples
+
+
+class FakeJudgeEngine:
+    """A scripted judge behind the same client shape (`generate(ids, params, key)`): it reads
+    the responses its prompt shows, in the order shown (`Response k:` blocks of a group judge's
+    prompt, or the one `Response:` of a pointwise judge's; each response one line), and replies
+    `reply(shown)`. Every call is kept in `calls` as (the responses shown, the reply)."""
+
+    def __init__(self, tokenizer: Any, reply: Any) -> None:
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.model_version = 0
+        self.calls: list[tuple[list[str], str]] = []
+        self.prompts: list[str] = []  # each call's prompt, decoded
+
+    @staticmethod
+    def shown(prompt: str) -> list[str]:
+        numbered = re.findall(r"Response (\d+):\n([^\n]*)", prompt)
+        if numbered:
+            assert [int(k) for k, _ in numbered] == list(range(1, len(numbered) + 1))
+            return [text for _, text in numbered]
+        return re.findall(r"Response:\n([^\n]*)", prompt)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
+    ) -> list[Sample]:
+        await asyncio.sleep(0)
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        self.prompts.append(prompt)
+        shown = self.shown(prompt)
+        text = self.reply(shown)
+        self.calls.append((shown, text))
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return [
+            Sample(list(prompt_ids), list(ids), [-0.1] * len(ids), "stop", self.model_version)
+            for _ in range(params.n)
+        ]

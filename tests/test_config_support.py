@@ -62,7 +62,8 @@ def test_refusals_name_the_key_and_feature() -> None:
             "model": {"lora_configs": [{"lora_rank": 8}], "logprobs": 0},
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
-                "auxiliary_models": [{"model_path": "judge"}],
+                # served to workflows; its own not-built keys are refused where they are
+                "auxiliary_models": [{"model_path": "judge", "tensor_parallel_size": 2}],
             },
             "cluster": {"node_num": 1},
             "monitor": {"monitor_type": ["jsonl", "swanlab"]},
@@ -74,7 +75,7 @@ def test_refusals_name_the_key_and_feature() -> None:
         "model.lora_configs",
         "explorer.rollout_model.tensor_parallel_size",
         "explorer.rollout_model.reasoning_parser",
-        "explorer.auxiliary_models",
+        "explorer.auxiliary_models[0].tensor_parallel_size",
         "monitor.monitor_type",
         "trainer.trainer_strategy",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
@@ -132,7 +133,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.lora_configs", "explorer.auxiliary_models"} <= listed
+    assert {"model.lora_configs", "explorer.auxiliary_models[*].enable_history"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:

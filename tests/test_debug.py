@@ -54,3 +54,30 @@ def test_debug_workflow_runs_one_task_and_saves_its_experiences(tmp_path, tiny_m
     assert len(out.read_text().splitlines()) == 1
     bad = CliRunner().invoke(app, ["debug", "workflow", "--config", str(cfg), "--task", "40"])
     assert bad.exit_code == 2 and "the taskset has tasks 0 to 39" in bad.output
+
+
+def test_debug_workflow_serves_auxiliary_models_in_process(tmp_path, tiny_model_dir):
+    """A judge workflow under `trinity debug`: the judge is an in-process engine too."""
+    cfg = grpo_config(
+        tmp_path,
+        tiny_model_dir,
+        "explorer: {auxiliary_models: [{name: judge, model_path: "
+        f"{tiny_model_dir}, max_response_tokens: 1}}]}}\n",
+    )
+    text = cfg.read_text().replace("explorer: {eval_interval: 2, runner_per_model: 16}\n", "")
+    text = text.replace(
+        "default_reward_fn_type: arithmetic_reward",
+        "default_reward_fn_type: arithmetic_reward\n    default_workflow_type: judge_workflow",
+    )
+    cfg.write_text(text)
+    out = tmp_path / "exps.jsonl"
+    r = CliRunner().invoke(
+        app, ["debug", "workflow", "--config", str(cfg), "--task", "0", "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    exps = [Experience.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
+    assert len(exps) == 4
+    # a one-token judge reply cannot hold "Score: N" (the tiny tokenizer splits digits off):
+    # every answer is a parse failure, excluded
+    assert all(e.metrics["judge_parsed"] == 0.0 for e in exps)
+    assert all(e.info["excluded"] == "judge_parse_failure" for e in exps)

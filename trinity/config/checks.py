@@ -239,24 +239,37 @@ def _stage_names_unique(cfg: TrinityConfig) -> Iterator[Problem]:
             )
 
 
-@_check("explorer.auxiliary_models")
-def _auxiliary_models_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
-    if getattr(_spec(cfg), "teacher_from_auxiliary", False) and not cfg.explorer.auxiliary_models:
+@_check("mode", "explorer.auxiliary_models", "model", "algorithm.algorithm_type")
+def _auxiliary_models_serve(cfg: TrinityConfig) -> Iterator[Problem]:
+    """Each auxiliary model names its weights and has a unique name; mode serve (no workflows)
+    has none. Lengths are not checked against each other: a reply's budget is what its prompt
+    leaves under max_model_len (the engine's rule), as Trinity-RFT's judge configs expect."""
+    aux = cfg.explorer.auxiliary_models
+    if getattr(_spec(cfg), "teacher_from_auxiliary", False) and not aux:
         yield Problem(
             "explorer.auxiliary_models",
             f"{cfg.algorithm.algorithm_type!r} needs its teacher: set auxiliary_models[0].model_path",
         )
-    for i, aux in enumerate(cfg.explorer.auxiliary_models):
-        if not aux.model_path:
-            yield Problem(
-                f"explorer.auxiliary_models[{i}].model_path", "required for an auxiliary model"
-            )
-        if aux.enable_openai_api:
-            yield Problem(
-                f"explorer.auxiliary_models[{i}].enable_openai_api",
-                "serving an auxiliary model over the OpenAI API is not built yet (the rollout "
-                "model's endpoint is: explorer.rollout_model.enable_openai_api)",
-            )
+    if cfg.mode == "serve" and aux:
+        yield Problem(
+            "explorer.auxiliary_models",
+            "mode 'serve' runs no workflows, and auxiliary models serve workflows: remove them "
+            "(or run the workflows in mode both/explore)",
+        )
+    seen: dict[str, int] = {}
+    for i, m in enumerate(aux):
+        at = f"explorer.auxiliary_models[{i}]"
+        if not m.model_path:
+            yield Problem(f"{at}.model_path", "required for an auxiliary model")
+        if m.name is not None:
+            if not m.name.strip():
+                yield Problem(f"{at}.name", "an empty name; remove it or name the model")
+            elif m.name in seen:
+                yield Problem(
+                    f"{at}.name",
+                    f"{m.name!r} already names auxiliary_models[{seen[m.name]}]; names are unique",
+                )
+            seen.setdefault(m.name, i)
 
 
 # advantage fns that score each sample on its own: a train step may split a task's samples

@@ -1,5 +1,8 @@
 """Schema of an inference engine pool: `explorer.rollout_model` and each `auxiliary_models[*]`.
 
+An auxiliary model (a judge, a user simulator) is served to workflows as `model.auxiliary(i)` or
+`model.auxiliary("<name>")` (`trinity/explorer/auxiliary.py`); its engines are never trained.
+
 Trinity-RFT's vLLM knobs (`enforce_eager`, `gpu_memory_utilization`, ...) and OpenAI-API settings
 are accepted with its defaults so that its configs load; `support.py` says which of them act here
 (most are not applicable while the transformers engine serves rollouts).
@@ -20,7 +23,11 @@ class InferenceModelConfig(ConfigSection):
     """An inference engine pool serving rollouts."""
 
     model_path: str | None = None
-    """Model to serve; None = model.model_path (rollout model)."""
+    """Model to serve; None = model.model_path (rollout model). An auxiliary model must set it;
+    it is also the model name its OpenAI client passes (`client.model_path`)."""
+    name: str | None = None
+    """An auxiliary model's name: workflows address it as `model.auxiliary("<name>")` (or by
+    its position in the list); unique among auxiliary_models."""
     engine_type: Annotated[
         Literal["transformers", "vllm"] | None, Refused(("vllm",), "the vLLM engine")
     ] = None
@@ -33,16 +40,18 @@ class InferenceModelConfig(ConfigSection):
     dtype: Dtype = "auto"
     """Weight dtype of the engine."""
     seed: int | None = None
-    """Sampling seed of the engine (replica i uses seed + i); None = the global seed."""
+    """Sampling seed of the engine (replica i uses seed + i); None = the global seed. An
+    auxiliary model's seed also enters the sampling keys of the calls made to it."""
     enable_openai_api: bool = False
-    """Serve an OpenAI-compatible HTTP endpoint on 127.0.0.1 to the explorer's workflows: their
-    `model.openai_client()` / `async_openai_client()` calls sample from the rollout engines and
-    are recorded in the task's session (rollout model only)."""
+    """Serve an OpenAI-compatible HTTP endpoint on 127.0.0.1 to the explorer's workflows. The
+    rollout model's: `model.openai_client()` / `async_openai_client()` calls sample from the
+    rollout engines and are recorded in the task's session. An auxiliary model's (an endpoint
+    of its own): `model.auxiliary(i).openai_client()` / `async_openai_client()`, not recorded."""
     max_batch_size: int = Field(256, ge=1)
     """Sequences per generate call (unit: sequences)."""
     num_threads: int | None = Field(None, ge=1)
     """torch CPU threads of each engine replica; None = its share of the free cores
-    (trinity.common.resources)."""
+    (trinity.common.resources; auxiliary engines count as engines there)."""
     max_restarts: int = Field(3, ge=0)
     """Times Ray restarts a crashed engine replica (its process died: OOM kill, segfault); the
     explorer reloads the weights it held and resends its requests. 0: a crash ends the run."""
@@ -78,7 +87,8 @@ class InferenceModelConfig(ConfigSection):
     max_model_len: int | None = Field(None, ge=1)
     """Prompt + response tokens; None = model.max_model_len."""
     max_prompt_tokens: int | None = Field(None, ge=1)
-    """Prompt token limit; None = model.max_prompt_tokens."""
+    """Prompt token limit; None = model.max_prompt_tokens. An auxiliary model refuses a longer
+    prompt (`PromptTooLong`) instead of cutting it."""
     max_response_tokens: int | None = Field(None, ge=1)
     """Response token limit; None = model.max_response_tokens."""
     enable_thinking: bool | None = None

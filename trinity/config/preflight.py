@@ -9,7 +9,8 @@ base config and every stage (problems located under `stages[i].`):
    build (`support.not_applicable_notes`, printed as notes, not problems);
 2. registry names: algorithm_type and its pieces, workflows, reward fns, synthetic generators
    (and a generator's own `arg_problems`, e.g. reasoning-gym's dataset names and options),
-   the tool-call parser;
+   the tool-call parsers; the auxiliary models a workflow's arguments name
+   (`auxiliary_keys`, e.g. a judge's) are served;
    a dotted path (`my_pkg.mod.Fn`) is imported here, and a failed import is a problem;
 3. every `*_args` key against the parameters of the function or class it is passed to, with the
    accepted names and a did-you-mean (a callee taking `**kwargs` accepts any key);
@@ -101,11 +102,14 @@ def _check_one(
         )
     if not blocked(skip, "algorithm", "synchronizer"):
         problems += _staleness_problems(cfg)
-    parser = cfg.explorer.rollout_model.tool_call_parser
-    if parser and not blocked(skip, "explorer.rollout_model.tool_call_parser"):
-        from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
+    pools = [("rollout_model", cfg.explorer.rollout_model)]
+    pools += [(f"auxiliary_models[{i}]", m) for i, m in enumerate(cfg.explorer.auxiliary_models)]
+    for at, pool in pools:
+        where = f"explorer.{at}.tool_call_parser"
+        if pool.tool_call_parser and not blocked(skip, where):
+            from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
 
-        problems += _lookup(TOOL_CALL_PARSER, parser, "explorer.rollout_model.tool_call_parser")[1]
+            problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     # 2., 3. and 5. for what the explorer reads
@@ -120,8 +124,9 @@ def _check_one(
         problems += (
             _lookup(_registry(key), name, f"buffer.explorer_input.default_{key}")[1] if name else []
         )
+    served = None if blocked(skip, "explorer.auxiliary_models", "algorithm") else _served(cfg)
     for path, storage, is_eval in storages:
-        problems += _storage_name_problems(path, storage, inp, is_eval)
+        problems += _storage_name_problems(path, storage, inp, is_eval, served)
         if storage.storage_type == "synthetic" and (found := _generator_problems(path, storage)):
             problems += found
             continue  # the generator cannot run
@@ -272,11 +277,45 @@ def _algorithm_problems(algo: AlgorithmConfig, auxiliary: list[str]) -> list[Pro
     ]
 
 
+def _served(cfg: TrinityConfig) -> dict[int | str, int]:
+    """The auxiliary models the explorer serves to workflows, by position and by name."""
+    from trinity.explorer.auxiliary import served_auxiliary
+
+    out: dict[int | str, int] = {}
+    for i in served_auxiliary(cfg):
+        out[i] = i
+        if (name := cfg.explorer.auxiliary_models[i].name) is not None:
+            out[name] = i
+    return out
+
+
+def _auxiliary_key_problems(
+    path: str, workflow: Any, args: dict[str, Any], served: dict[int | str, int]
+) -> list[Problem]:
+    """A problem for each auxiliary model the workflow's arguments name (its `auxiliary_keys`)
+    that the explorer does not serve."""
+    keys = getattr(workflow, "auxiliary_keys", None)
+    if keys is None:
+        return []
+    have = ", ".join(repr(k) for k in served) or "none (set explorer.auxiliary_models)"
+    problems = []
+    for arg, key in keys(args):
+        if key not in served:
+            why = f"names auxiliary model {key!r}, which is not served to workflows; served: {have}"
+            problems.append(Problem(f"{path}.{arg}", why))
+    return problems
+
+
 def _storage_name_problems(
-    path: str, storage: StorageConfig, inp: ExplorerInput, is_eval: bool
+    path: str,
+    storage: StorageConfig,
+    inp: ExplorerInput,
+    is_eval: bool,
+    served: dict[int | str, int] | None = None,
 ) -> list[Problem]:
     """Names and `*_args` of one taskset's workflow and reward fn. A name inherited from
-    `explorer_input` is reported there, once; here it only serves to check the arguments."""
+    `explorer_input` is reported there, once; here it only serves to check the arguments.
+    `served`: the auxiliary models workflows may name (None: not checked)."""
     problems: list[Problem] = []
 
     def check(key: str, what: str, own: str | None, name: str | None, n_fixed: int) -> Any:
@@ -290,6 +329,8 @@ def _storage_name_problems(
             values = getattr(found, "arg_problems", None)  # a workflow's own check of its values
             if not said and values is not None:
                 said = [Problem(f"{path}.{key}_args", m) for m in values(args)]
+            if not said and served is not None:
+                said = _auxiliary_key_problems(f"{path}.{key}_args", found, args, served)
             problems.extend(said)
         return found
 

@@ -35,17 +35,11 @@ _WANDB = "for wandb/mlflow/swanlab monitors, which are not built"
 _LIMITS = NotApplicable("set from model.* (Trinity-RFT overwrites these on the rollout model too)")
 _ROLLOUT_MODEL = {
     "model_path": NotApplicable("the rollout model is model.model_path (or the last stage's)"),
+    "name": NotApplicable("names address auxiliary models; the rollout model is `model`"),
     "max_model_len": _LIMITS,
     "max_prompt_tokens": _LIMITS,
     "max_response_tokens": _LIMITS,
 }
-
-
-def _reads_a_teacher(cfg: Any) -> bool:
-    """The config's algorithm takes its teacher from explorer.auxiliary_models[0]."""
-    from trinity.algorithm.algorithms import known_algorithm
-
-    return getattr(known_algorithm(cfg.algorithm.algorithm_type), "teacher_from_auxiliary", False)
 
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
@@ -277,14 +271,11 @@ class ExplorerConfig(ConfigSection):
         default_factory=InferenceModelConfig
     )
     """Engines serving the policy."""
-    auxiliary_models: Annotated[
-        list[InferenceModelConfig],
-        NotBuilt(
-            "auxiliary models (extra engines for workflows); algorithm_type on_policy_distill reads the first one's model_path as its teacher",
-            unless=_reads_a_teacher,
-        ),
-    ] = Field(default_factory=list)
-    """Extra engines (e.g. a judge model) for workflows."""
+    auxiliary_models: list[InferenceModelConfig] = Field(default_factory=list)
+    """Extra engine pools (e.g. a judge) served to workflows, by position or `name`
+    (`model.auxiliary(0)`, `model.auxiliary("judge")`); their calls are not trained. Each
+    replica counts as an engine in the core shares. Under an algorithm whose teacher is
+    auxiliary_models[0] (on_policy_distill) that one is the trainer's and is not served."""
     env_vars: Annotated[dict[str, str], NotBuilt("environment variables for workflow runners")] = (
         Field(default_factory=dict)
     )

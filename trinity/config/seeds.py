@@ -3,6 +3,7 @@
     seed: 3                     # top level: reaches every source below unless a section says
     model: {model_path: tiny://1m}                   # tiny model init: seed 3 (URL ?seed=N wins)
     explorer.rollout_model.seed                      # sampling keys; replica i's generator seed + i
+    explorer.auxiliary_models[j].seed                # the same for auxiliary model j's engines
     buffer.explorer_input.taskset.data_selector.seed # shuffle / random task order
     buffer.explorer_input.taskset.generator_args.seed  # which synthetic problems are drawn
     # the trainer seeds torch (dropout, any sampling inside a loss) with the global seed
@@ -42,3 +43,10 @@ def rollout_seed(cfg: Any) -> int:
 def engine_seed(cfg: Any, replica: int) -> int:
     """Generator seed of rollout engine replica `replica` (0-based), for unkeyed requests."""
     return rollout_seed(cfg) + replica
+
+
+def auxiliary_seed(cfg: Any, index: int) -> int:
+    """The seed of `explorer.auxiliary_models[index]`: its own, else the global seed. Replica i
+    of its engines seeds its generator with this + i; the keys of calls to it include it."""
+    own = cfg.explorer.auxiliary_models[index].seed
+    return cfg.seed if own is None else own

@@ -62,9 +62,10 @@ class EngineSessions:
 
 
 class WorkflowSessions:
-    """A `SessionSource` for the explorer's endpoint: a session is one try of one running
-    workflow, whose handle is registered for as long as it runs. A call naming no running
-    workflow's session is refused (nothing would record it)."""
+    """A `SessionSource` for the explorer's endpoints: a session is one try of one running
+    workflow, whose handle is registered for as long as it runs (the rollout model's recording
+    `TaskModelHandle`, or an auxiliary model's `AuxiliaryHandle`, keyed by the try). A call
+    naming no running workflow's session is refused."""
 
     def __init__(
         self, model_name: str, vocab_size: int, max_tokens: int, client: BatchingClient
@@ -83,8 +84,9 @@ class WorkflowSessions:
         except KeyError:
             raise APIError(
                 404,
-                f"no running workflow has session {session_id!r}: use the client of "
-                "model.openai_client() / async_openai_client() inside the workflow",
+                f"no running workflow has session {session_id!r}: use the client the "
+                "workflow's handle gives (model.openai_client(), async_openai_client(), "
+                "model.auxiliary(i).openai_client(), ...) inside the workflow",
                 "session",
                 "session_not_found",
             ) from None

@@ -28,7 +28,14 @@ from trinity.common.placement import on_node
 from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams, engine_class
 from trinity.config import seeds
-from trinity.config.resolved import chat_template_kwargs, resolve
+from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
+from trinity.explorer.auxiliary import (
+    AuxiliaryModels,
+    auxiliary_limits,
+    auxiliary_model,
+    served_auxiliary,
+    why_not_served,
+)
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.sampling import stable_key
@@ -91,6 +98,10 @@ class Explorer:
         self.engine_nodes = list(engine_nodes or [])
         # started first, not in `prepare`: they load while this process sets itself up
         self.engines: list[Any] = self._start_engines(model_path)
+        # explorer.auxiliary_models (served ones) by position: engines never trained
+        self.aux_engines: dict[int, list[Any]] = self._start_auxiliary_engines()
+        self.auxiliary: AuxiliaryModels | None = None  # their clients, after `prepare`
+        self.aux_endpoints: list[EndpointServer] = []
         self.model_path = resolve_model_path(model_path)
         self.buffer = buffer
         self.synchronizer = synchronizer
@@ -119,28 +130,102 @@ class Explorer:
     # -- set-up --------------------------------------------------------------------------------
 
     def _start_engines(self, model_path: str) -> list[Any]:
-        """Start the engine actors (each resolves and loads `model_path` in its own process);
-        not awaited."""
+        """Start the rollout engine actors (each resolves and loads `model_path` in its own
+        process); not awaited."""
         cfg, rm = self.cfg, self.cfg.explorer.rollout_model
-        engine_cls = ray.remote(engine_class(resolve(cfg).engine_type))  # unset: best available
-        share = self.engine_share or Share(0, 0, rm.num_threads or os.cpu_count() or 1)
+        return self._spawn(
+            resolve(cfg).engine_type,  # unset: best available
+            rm,
+            model_path,
+            [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)],
+            first=0,
+            max_model_len=cfg.model.max_model_len,
+            chat_template=cfg.model.custom_chat_template,
+        )
+
+    def _start_auxiliary_engines(self) -> dict[int, list[Any]]:
+        """Start the engines of every served auxiliary model (`explorer.auxiliary`), placed
+        after the rollout engines (node i mod N); not awaited."""
+        cfg = self.cfg
+        pools: dict[int, list[Any]] = {}
+        first = cfg.explorer.rollout_model.engine_num
+        for i in served_auxiliary(cfg):
+            aux = cfg.explorer.auxiliary_models[i]
+            seed = seeds.auxiliary_seed(cfg, i)
+            pools[i] = self._spawn(
+                aux.engine_type or BEST_ENGINE[0],
+                aux,
+                seeds.model_path(cfg, aux.model_path),
+                [seed + r for r in range(aux.engine_num)],
+                first=first,
+                max_model_len=auxiliary_limits(cfg, i)[0],
+                chat_template=None,  # its own tokenizer's template
+            )
+            first += aux.engine_num
+        return pools
+
+    def _spawn(
+        self,
+        engine_type: str,
+        pool: Any,
+        model_path: str,
+        replica_seeds: list[int],
+        first: int,
+        max_model_len: int | None,
+        chat_template: str | None,
+    ) -> list[Any]:
+        """One engine actor per seed in `replica_seeds` for the pool `pool` (an
+        `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
+        the launcher's engine share, with the pool's own `num_threads` if set."""
+        engine_cls = ray.remote(engine_class(engine_type))
+        share = self.engine_share or Share(0, 0, os.cpu_count() or 1)
         return [
             engine_cls.options(
                 num_cpus=share.num_cpus,
                 num_gpus=share.num_gpus,
-                max_restarts=rm.max_restarts,
-                **on_node(self.engine_nodes, i),
+                max_restarts=pool.max_restarts,
+                **on_node(self.engine_nodes, first + r),
             ).remote(
                 model_path,
-                dtype=rm.dtype,
-                seed=seeds.engine_seed(cfg, i),
-                max_batch_size=rm.max_batch_size,
-                max_model_len=cfg.model.max_model_len,
-                num_threads=share.threads,
-                custom_chat_template=cfg.model.custom_chat_template,
+                dtype=pool.dtype,
+                seed=seed,
+                max_batch_size=pool.max_batch_size,
+                max_model_len=max_model_len,
+                num_threads=pool.num_threads or share.threads,
+                custom_chat_template=chat_template,
             )
-            for i in range(rm.engine_num)
+            for r, seed in enumerate(replica_seeds)
         ]
+
+    async def _serve_auxiliary(self) -> AuxiliaryModels:
+        """Wait for the auxiliary engines; a client, tokenizer and sampling defaults per served
+        model, and an endpoint of its own where it has `enable_openai_api`."""
+        cfg = self.cfg
+        await asyncio.gather(*(e.get_stats.remote() for p in self.aux_engines.values() for e in p))
+        served = []
+        for i, engines in self.aux_engines.items():
+            aux = cfg.explorer.auxiliary_models[i]
+            tokenizer = load_tokenizer(resolve_model_path(seeds.model_path(cfg, aux.model_path)))
+            model = auxiliary_model(cfg, i, BatchingClient(engines), tokenizer)
+            if aux.enable_openai_api:
+                from trinity.endpoint.app import build_app
+                from trinity.endpoint.server import EndpointServer, WorkflowSessions
+
+                model.sessions = WorkflowSessions(
+                    aux.model_path, len(tokenizer), model.defaults.max_tokens, model.client
+                )
+                server = EndpointServer(
+                    build_app(model.sessions, tool_call_parser=aux.tool_call_parser or "hermes")
+                )
+                model.url = await server.start()
+                self.aux_endpoints.append(server)
+                print(
+                    f"explorer {self._name}: OpenAI-compatible endpoint of auxiliary_models[{i}] "
+                    f"for workflows at {model.url}"
+                )
+            served.append(model)
+        configured = list(cfg.explorer.auxiliary_models)
+        return AuxiliaryModels(served, configured, why_not_served(cfg))
 
     async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
         """Load the tokenizer and the tasksets, then wait for the engines (started by
@@ -186,6 +271,8 @@ class Explorer:
             self.endpoint = EndpointServer(app)
             url = await self.endpoint.start()
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
+        if self.aux_engines and self.auxiliary is None:
+            self.auxiliary = await self._serve_auxiliary()
         return {"train_tasks": len(self.train_tasks)}
 
     def _task_stream(self) -> Iterator[Task]:
@@ -395,17 +482,22 @@ class Explorer:
 
     async def _take_share(self, wait_s: float = SHARE_WAIT_S) -> None:
         """Before a step of a split run: claim this explorer's part of the run's cores
-        (`common.resources.RunShares`) and set its engines' threads to it (every step, so an
-        engine that Ray restarted with its first threads follows too); say so when it changes.
+        (`common.resources.RunShares`) and set its engines' threads to it (rollout and auxiliary
+        engines of pools without their own `num_threads`; every step, so an engine that Ray
+        restarted with its first threads follows too); say so when it changes.
 
         A claim of 0 (other explorers hold the explorers' half until their next step) is tried
         again every second, saying what it waits for; after `wait_s` (a holder that never comes
         back: killed and not started again) it takes one thread per engine anyway.
         """
-        rm = self.cfg.explorer.rollout_model
-        if self.run_shares is None or rm.num_threads is not None:
+        ecfg = self.cfg.explorer
+        pools = [(ecfg.rollout_model, self.engines)]
+        pools += [(ecfg.auxiliary_models[i], p) for i, p in self.aux_engines.items()]
+        # engines whose threads follow the ledger: those of pools without their own num_threads
+        following = [e for pool, engines in pools if pool.num_threads is None for e in engines]
+        if self.run_shares is None or not following:
             return
-        role, k = f"explorer/{self._name}", len(self.engines)
+        role, k = f"explorer/{self._name}", len(following)
         t0 = time.monotonic()
         got, run = await self.run_shares.claim_cpus.remote(role, k)
         notice = 0.0
@@ -431,7 +523,7 @@ class Explorer:
             await asyncio.sleep(1.0)
             got, run = await self.run_shares.claim_cpus.remote(role, k)
         threads = max(1, got // k)
-        await asyncio.gather(*(e.set_num_threads.remote(threads) for e in self.engines))
+        await asyncio.gather(*(e.set_num_threads.remote(threads) for e in following))
         if got != self._held:
             self._held = got
             share = Share(0.0, self.engine_share.num_gpus if self.engine_share else 0.0, threads)
@@ -548,6 +640,11 @@ class Explorer:
                 experiences.append(e)
         if not experiences:
             raise RuntimeError(f"explore step {step}: the workflows returned no experiences")
+        # kept out of training by their workflow (`exclude_from_training`): masked, counted
+        counts["excluded"] = float(sum(1 for e in experiences if e.info.get("excluded")))
+        counts["excluded_groups"] = float(
+            sum(1 for _, exps in kept if exps and all(e.info.get("excluded") for e in exps))
+        )
         elapsed = time.perf_counter() - t0  # the step's rollouts, not the write's wait
         report = {
             **(before or {}),
@@ -805,14 +902,22 @@ class Explorer:
             if self.endpoint is not None and self.sessions is not None:
                 url = self.endpoint.url.removesuffix("/v1") + f"/sessions/{session}/v1"
                 endpoint = (url, self.sessions.model_name)
+            try_key = None if key is None else stable_key(key, attempt)
+            auxiliary = None
+            if self.auxiliary is not None:  # the try's handles, keyed by the try
+                auxiliary = (self.auxiliary, self.auxiliary.handles(try_key, session))
+                for model in self.auxiliary:
+                    if model.sessions is not None:
+                        model.sessions.sessions[session] = auxiliary[1][model.index]
             handle = TaskModelHandle(
                 self.client,
                 self.tokenizer,
                 params,
                 chat_template_kwargs(self.cfg),
-                key=None if key is None else stable_key(key, attempt),
+                key=try_key,
                 max_prompt_tokens=cut_to,
                 endpoint=endpoint,
+                auxiliary=auxiliary,
             )
             if self.sessions is not None:
                 self.sessions.sessions[session] = handle
@@ -834,6 +939,9 @@ class Explorer:
             finally:
                 if self.sessions is not None:
                     self.sessions.sessions.pop(session, None)
+                for model in self.auxiliary or ():
+                    if model.sessions is not None:
+                        model.sessions.sessions.pop(session, None)
         raise WorkflowFailed(
             f"workflow {name!r} failed on task {task.index} of {task.taskset_name!r} "
             f"after {ecfg.max_retry_times + 1} tries:\n" + "\n".join(errors)
@@ -843,9 +951,12 @@ class Explorer:
         if self.endpoint is not None:
             await self.endpoint.stop()
             self.endpoint = None
-        for e in self.engines:
+        for server in self.aux_endpoints:
+            await server.stop()
+        self.aux_endpoints = []
+        for e in [*self.engines, *(e for pool in self.aux_engines.values() for e in pool)]:
             ray.kill(e)
-        self.engines = []
+        self.engines, self.aux_engines = [], {}
 
 
 def _drop_flat_groups(
@@ -864,7 +975,8 @@ def _drop_flat_groups(
 
 
 def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, float]:
-    """Mean/std reward, mean of every reward component, length, truncation, flat-group share."""
+    """Mean/std reward, mean of every metric (over the experiences that carry it), length,
+    truncation, flat-group share."""
     rewards = [e.reward or 0.0 for e in experiences]
     out = {
         f"{prefix}reward_mean": statistics.fmean(rewards),
@@ -873,8 +985,10 @@ def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, flo
         f"{prefix}truncated_frac": statistics.fmean(float(e.truncated) for e in experiences),
     }
     components = sorted({k for e in experiences for k in e.metrics})
-    for k in components:
-        out[f"{prefix}{k}_mean"] = statistics.fmean(e.metrics.get(k, 0.0) for e in experiences)
+    for k in components:  # over the experiences that report it (a judge's agreement: judged ones)
+        out[f"{prefix}{k}_mean"] = statistics.fmean(
+            e.metrics[k] for e in experiences if k in e.metrics
+        )
     groups: dict[tuple, list[float]] = {}
     for e, r in zip(experiences, rewards, strict=True):
         groups.setdefault(e.eid.group, []).append(r)

@@ -27,6 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.experience import Experience
 from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
+from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.sampling import stable_key
 from trinity.explorer.session import ChatSession, Prepared
@@ -279,9 +280,12 @@ class TaskModelHandle:
         bridging: str | None = None,
         name: str = "s0",
         episodes: Iterator[int] | None = None,
+        auxiliary: tuple[AuxiliaryModels, Mapping[int, AuxiliaryHandle]] | None = None,
     ) -> None:
         """`endpoint`: (the base URL of this handle's session on the explorer's OpenAI-compatible
-        endpoint, the model name it serves), when `enable_openai_api` is on."""
+        endpoint, the model name it serves), when `enable_openai_api` is on. `auxiliary`: the
+        served auxiliary models and this try's handles of them (`explorer/auxiliary.py`)."""
+        self._auxiliary = auxiliary
         self._endpoint = endpoint
         self._client = client
         self.tokenizer = tokenizer
@@ -304,13 +308,6 @@ class TaskModelHandle:
     @property
     def model_version(self) -> int:
         return self._client.model_version
-
-    def _params(self, overrides: dict[str, Any]) -> SamplingParams:
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise TypeError(f"unknown sampling args {sorted(unknown)}; valid: {sorted(known)}")
-        return dataclasses.replace(self.defaults, **overrides)
 
     async def chat(
         self,
@@ -346,8 +343,7 @@ class TaskModelHandle:
         return samples
 
     async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
-        stop, seed = tuple(sampling.pop("stop", ()) or ()), sampling.pop("seed", None)
-        params = self._params(sampling)
+        params, stop, seed = sampling_params(self.defaults, sampling)
         key = self._next_key()  # taken either way: later calls keep their keys
         if seed is not None:
             key = stable_key("seed", seed)
@@ -370,6 +366,18 @@ class TaskModelHandle:
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self._client.logprobs(tokens)
+
+    def auxiliary(self, key: int | str) -> AuxiliaryHandle:
+        """Auxiliary model `key` (its position in `explorer.auxiliary_models`, or its `name`):
+        chat / generate / OpenAI clients whose calls are not recorded (module
+        `explorer/auxiliary.py`). LookupError naming the served models for an unknown key."""
+        if self._auxiliary is None:
+            raise LookupError(
+                f"this workflow asks for auxiliary model {key!r}, but no auxiliary model is "
+                "served: set explorer.auxiliary_models"
+            )
+        models, handles = self._auxiliary
+        return handles[models.find(key).index]
 
     def openai_client(self, **kwargs: Any) -> Any:
         """An `openai.OpenAI` client whose calls sample from the rollout model in this task's
@@ -419,6 +427,7 @@ class TaskModelHandle:
             bridging=self._bridging,
             name=f"{self.ledger.session}.{i}",
             episodes=self._episodes,
+            auxiliary=self._auxiliary,  # the try's auxiliary handles: keys go on, not restart
         )
         child.truncated_prompts = self.truncated_prompts  # one list for the explorer to read
         self._sessions.append(child)
@@ -449,6 +458,20 @@ class TaskModelHandle:
         for child in self._sessions:
             stats = stats.merged(child.ledger_stats())
         return stats
+
+
+def sampling_params(
+    defaults: SamplingParams, sampling: dict[str, Any]
+) -> tuple[SamplingParams, tuple[str, ...], int | None]:
+    """A call's sampling arguments (SamplingParams fields over `defaults`, plus `stop` and
+    `seed`) as (params, stop strings, seed); TypeError naming an unknown argument."""
+    sampling = dict(sampling)
+    stop, seed = tuple(sampling.pop("stop", ()) or ()), sampling.pop("seed", None)
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = set(sampling) - known
+    if unknown:
+        raise TypeError(f"unknown sampling args {sorted(unknown)}; valid: {sorted(known)}")
+    return dataclasses.replace(defaults, **sampling), stop, seed
 
 
 def cut_at_stop(

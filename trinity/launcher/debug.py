@@ -2,8 +2,10 @@
 
     trinity debug workflow --config x.yaml [--task 3] [--eval] [--out exps.jsonl]
 
-One engine in this process (no Ray), the config's model, workflow, reward and sampling; the
-task is row `--task` of the first taskset (or eval taskset). Prints each experience as a
+One engine in this process (no Ray), the config's model, workflow, reward and sampling (and one
+engine per served auxiliary model, reached as in the explorer by `model.auxiliary(i)`; their
+OpenAI clients are not served here); the task is row `--task` of the first taskset (or eval
+taskset). Prints each experience as a
 transcript: the prompt dim, trained tokens (action mask 1) green, tokens the model did not
 sample (tool or environment turns, mask 0) yellow, then its reward and metrics; saves the
 experiences as JSON lines (`Experience.to_dict`) when `--out` is given.
@@ -22,7 +24,14 @@ from rich.text import Text
 from trinity.common.experience import Experience
 from trinity.common.rollout import engine_class
 from trinity.config import seeds
-from trinity.config.resolved import chat_template_kwargs, resolve
+from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
+from trinity.explorer.auxiliary import (
+    AuxiliaryModels,
+    auxiliary_limits,
+    auxiliary_model,
+    served_auxiliary,
+    why_not_served,
+)
 from trinity.explorer.explorer import task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
@@ -62,16 +71,38 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
         max_model_len=cfg.model.max_model_len,
         custom_chat_template=cfg.model.custom_chat_template,
     )
+    aux_engines = {}
+    for i in served_auxiliary(cfg):
+        aux = cfg.explorer.auxiliary_models[i]
+        aux_engines[i] = engine_class(aux.engine_type or BEST_ENGINE[0])(
+            seeds.model_path(cfg, aux.model_path),
+            dtype=aux.dtype,
+            seed=seeds.auxiliary_seed(cfg, i),
+            max_model_len=auxiliary_limits(cfg, i)[0],
+        )
     m = cfg.model
 
     async def main() -> list[Experience]:
+        key = stable_key(seeds.rollout_seed(cfg), "debug", task.index)
+        auxiliary = None
+        if aux_engines:
+            models = AuxiliaryModels(
+                [
+                    auxiliary_model(cfg, i, BatchingClient([InProcess(e)]), e.tokenizer)
+                    for i, e in aux_engines.items()
+                ],
+                list(cfg.explorer.auxiliary_models),
+                why_not_served(cfg),
+            )
+            auxiliary = (models, models.handles(key, None))
         handle = TaskModelHandle(
             BatchingClient([InProcess(engine)]),
             engine.tokenizer,
             task_sampling(cfg, task, evaluating=task.is_eval),
             chat_template_kwargs(cfg),
-            key=stable_key(seeds.rollout_seed(cfg), "debug", task.index),
+            key=key,
             max_prompt_tokens=m.max_prompt_tokens if m.enable_prompt_truncation else None,
+            auxiliary=auxiliary,
         )
         workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
         return await workflow.run(task, handle)

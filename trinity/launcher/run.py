@@ -371,7 +371,7 @@ def run_stage(
                 storage, f"buffer/{buf_name}", path, capacity, settled, continuing, share=shared
             )
         if nodes:
-            engines = cfg.explorer.rollout_model.engine_num if explores or evaluates else 0
+            engines = _engine_count(cfg) if explores or evaluates else 0
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
         explorer = None
         if explores or serves or evaluates:
@@ -557,7 +557,7 @@ def _resource_plan(
     to node i mod N)."""
     have = _settled_resources(split)
     rm = cfg.explorer.rollout_model
-    engines = rm.engine_num if has_engines else 0
+    engines = _engine_count(cfg) if has_engines else 0
     if nodes:
         have = node_resources(nodes)
         engines = len(range(0, engines, len(nodes)))  # those on the first node
@@ -585,6 +585,14 @@ def _resource_plan(
         reserve_cpus=not split,
     )
     return dataclasses.replace(plan, run_share=note)
+
+
+def _engine_count(cfg: Any) -> int:
+    """The explorer's engines: the rollout model's and those of the auxiliary models it serves
+    (`explorer.auxiliary`); each takes one engine share."""
+    from trinity.explorer.auxiliary import auxiliary_engines
+
+    return cfg.explorer.rollout_model.engine_num + auxiliary_engines(cfg)
 
 
 def _settled_resources(split: bool, timeout: float = 10.0) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from trinity.workflows import (
     env_workflow,  # noqa: F401  (env_workflow, frozen_lake_workflow)
+    judge_workflow,  # noqa: F401  (judge_workflow, group_judge_workflow, math_ruler_workflow)
     math_boxed_workflow,  # noqa: F401  (math_boxed_workflow)
     math_workflow,  # noqa: F401  (registers math_workflow)
     self_correction,  # noqa: F401  (math_self_correction_workflow)

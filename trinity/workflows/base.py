@@ -16,19 +16,59 @@ user tokens masked out (docs/agentic.md). Workflows are registered by name; any 
 Write `async def run` (preferred); a workflow that must block (a synchronous environment, a
 library without asyncio) subclasses `SyncWorkflow` and writes `run_sync(task, model)` with the
 synchronous handle it is given.
+
+Auxiliary models (`explorer.auxiliary_models`: a judge, a simulated user) are reached through
+`model.auxiliary(0)` or `model.auxiliary("judge")`: the same `chat` / `generate` / `logprobs`,
+plus `openai_client()` / `async_openai_client()` when that model has `enable_openai_api`; their
+calls are never recorded nor trained (Trinity-RFT hands workflows these as a list of OpenAI
+clients, `self.auxiliary_models`). A workflow that must keep a group of its experiences out of
+training (a judge that contradicts itself) marks them with `exclude_from_training`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
 from trinity.common.rollout import Sample
 
 WORKFLOW: Registry[type] = Registry("workflow")
+
+
+@runtime_checkable
+class AuxiliaryModelHandle(Protocol):
+    """An auxiliary model as a workflow sees it (`ModelHandle.auxiliary`): nothing recorded."""
+
+    name: str | None
+    model_path: str  # the model name its OpenAI clients pass
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]: ...
+
+    async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]: ...
+
+    async def logprobs(self, tokens: list[int]) -> list[float]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """`openai.OpenAI` bound to this model (needs its `enable_openai_api`)."""
+        ...
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        """`openai.AsyncOpenAI` bound to this model (needs its `enable_openai_api`)."""
+        ...
 
 
 @runtime_checkable
@@ -54,6 +94,10 @@ class ModelHandle(Protocol):
 
     def session(self) -> ModelHandle:
         """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
+        ...
+
+    def auxiliary(self, key: int | str) -> AuxiliaryModelHandle:
+        """Auxiliary model `key`: its position in `explorer.auxiliary_models` or its `name`."""
         ...
 
     def episode_of(self, sample: Sample) -> int:
@@ -111,6 +155,9 @@ class SyncModelHandle:
     def session(self) -> SyncModelHandle:
         return SyncModelHandle(self._handle.session(), self._loop)
 
+    def auxiliary(self, key: int | str) -> SyncAuxiliaryHandle:
+        return SyncAuxiliaryHandle(self._handle.auxiliary(key), self._loop)
+
     def episode_of(self, sample: Sample) -> int:
         return self._handle.episode_of(sample)
 
@@ -118,6 +165,56 @@ class SyncModelHandle:
         self, reward: float | Mapping[int, float] | None = None, **kwargs: Any
     ) -> list[Experience]:
         return self._handle.extract_experiences(reward, **kwargs)
+
+
+class SyncAuxiliaryHandle:
+    """Blocking view of an `AuxiliaryModelHandle` (for `SyncWorkflow.run_sync`)."""
+
+    def __init__(self, handle: AuxiliaryModelHandle, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = handle
+        self._loop = loop
+        self.name = handle.name
+        self.model_path = handle.model_path
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> list[Sample]:
+        return self._call(self._handle.chat(messages, tools, **sampling))
+
+    def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
+        return self._call(self._handle.generate(prompt, **sampling))
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        return self._call(self._handle.logprobs(tokens))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._handle.decode(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self._handle.encode(text)
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        return self._handle.openai_client(**kwargs)
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        return self._handle.async_openai_client(**kwargs)
+
+
+def exclude_from_training(experiences: Iterable[Experience], reason: str) -> None:
+    """Keep `experiences` out of training, saying why: their action masks become 0 (no token
+    is trained; they still fill the step, so every step keeps its size) and
+    `info["excluded"] = reason`. The explorer counts them per step (`rollout/excluded`, and
+    `rollout/excluded_groups` for tasks excluded whole)."""
+    for e in experiences:
+        assert e.action_mask is not None  # filled by Experience.__post_init__
+        e.action_mask = torch.zeros_like(e.action_mask)
+        e.info["excluded"] = reason
 
 
 class SyncWorkflow(Workflow):

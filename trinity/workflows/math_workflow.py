@@ -41,26 +41,19 @@ class MathWorkflow(Workflow):
         scores = await asyncio.to_thread(
             lambda: [reward_fn(r, task.truth, task.raw, **reward_args) for r in responses]
         )
-        experiences = []
-        for run, (sample, response, components) in enumerate(
-            zip(samples, responses, scores, strict=True)
-        ):
-            experiences.append(
-                Experience(
-                    tokens=torch.tensor(sample.prompt_ids + sample.response_ids),
-                    prompt_length=len(sample.prompt_ids),
-                    logprobs=torch.tensor(sample.logprobs, dtype=torch.float32),
-                    reward=float(sum(components.values())),
-                    eid=EID(task=task.index, run=run),
-                    model_version=sample.model_version,
-                    truncated=sample.finish_reason == "length",
-                    kind=ExperienceKind.SINGLE_TURN,
-                    response_text=response,
-                    info={"task_index": task.index, "truth": task.truth},
-                    metrics={k: float(v) for k, v in components.items()},
-                )
+        return [
+            single_turn_experience(
+                task,
+                run,
+                sample,
+                response,
+                float(sum(components.values())),
+                {k: float(v) for k, v in components.items()},
             )
-        return experiences
+            for run, (sample, response, components) in enumerate(
+                zip(samples, responses, scores, strict=True)
+            )
+        ]
 
     async def sample(self, task: Any, model: ModelHandle) -> list[Sample]:
         """The task's samples: one chat call on its messages (and its row's tools, if any)."""
@@ -69,3 +62,28 @@ class MathWorkflow(Workflow):
     def reward_args(self, task: Any, reward_fn: Any) -> dict[str, Any]:
         """Keyword arguments of the reward fn: the taskset's `reward_fn_args`."""
         return dict(task.reward_fn_args)
+
+
+def single_turn_experience(
+    task: Any,
+    run: int,
+    sample: Sample,
+    response: str,
+    reward: float,
+    metrics: dict[str, float],
+) -> Experience:
+    """Sample `run` of a single-turn task as a SINGLE_TURN experience (prompt + the sampled
+    response, the engine's logprobs)."""
+    return Experience(
+        tokens=torch.tensor(sample.prompt_ids + sample.response_ids),
+        prompt_length=len(sample.prompt_ids),
+        logprobs=torch.tensor(sample.logprobs, dtype=torch.float32),
+        reward=reward,
+        eid=EID(task=task.index, run=run),
+        model_version=sample.model_version,
+        truncated=sample.finish_reason == "length",
+        kind=ExperienceKind.SINGLE_TURN,
+        response_text=response,
+        info={"task_index": task.index, "truth": task.truth},
+        metrics=metrics,
+    )
