@@ -133,7 +133,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.lora_configs", "explorer.auxiliary_models[*].enable_history"} <= listed
+    assert {"model.lora_configs", "explorer.auxiliary_models[*].reasoning_parser"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:
