@@ -14,7 +14,6 @@ import os
 import statistics
 import time
 import traceback
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -800,11 +799,11 @@ class Explorer:
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
-            session = uuid.uuid4().hex
-            endpoint = None
+            publisher = None  # each session of this try (the task's, and those it opens)
             if self.endpoint is not None and self.sessions is not None:
-                url = self.endpoint.url.removesuffix("/v1") + f"/sessions/{session}/v1"
-                endpoint = (url, self.sessions.model_name)
+                from trinity.endpoint.server import SessionPublisher  # imported by `prepare`
+
+                publisher = SessionPublisher(self.sessions, self.endpoint.url)
             handle = TaskModelHandle(
                 self.client,
                 self.tokenizer,
@@ -812,10 +811,8 @@ class Explorer:
                 chat_template_kwargs(self.cfg),
                 key=None if key is None else stable_key(key, attempt),
                 max_prompt_tokens=cut_to,
-                endpoint=endpoint,
+                publish=publisher,
             )
-            if self.sessions is not None:
-                self.sessions.sessions[session] = handle
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
@@ -832,8 +829,8 @@ class Explorer:
             except Exception:
                 errors.append(f"try {attempt + 1}:\n{traceback.format_exc()}")
             finally:
-                if self.sessions is not None:
-                    self.sessions.sessions.pop(session, None)
+                if publisher is not None:
+                    publisher.close()
         raise WorkflowFailed(
             f"workflow {name!r} failed on task {task.index} of {task.taskset_name!r} "
             f"after {ecfg.max_retry_times + 1} tries:\n" + "\n".join(errors)

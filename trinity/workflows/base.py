@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
-from trinity.common.rollout import Sample
+from trinity.common.rollout import Sample, SamplingParams
 
 WORKFLOW: Registry[type] = Registry("workflow")
 
@@ -36,6 +36,7 @@ class ModelHandle(Protocol):
     """What a workflow may ask of the rollout model. Every call is batched with concurrent ones."""
 
     model_version: int
+    defaults: SamplingParams  # the task's sampling: n samples (episodes) per task, temperature...
 
     async def chat(
         self,
@@ -54,6 +55,15 @@ class ModelHandle(Protocol):
 
     def session(self) -> ModelHandle:
         """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
+        ...
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.OpenAI` client sampling in this session, its calls recorded
+        (`explorer.rollout_model.enable_openai_api`); `client.model_path` is the model name."""
+        ...
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        """The same as an `openai.AsyncOpenAI` client (for `async def run`)."""
         ...
 
     def episode_of(self, sample: Sample) -> int:
@@ -84,6 +94,7 @@ class SyncModelHandle:
         self._handle = handle
         self._loop = loop
         self.model_version = handle.model_version
+        self.defaults = handle.defaults
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -110,6 +121,11 @@ class SyncModelHandle:
 
     def session(self) -> SyncModelHandle:
         return SyncModelHandle(self._handle.session(), self._loop)
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """A blocking `openai.OpenAI` client of this session: its calls are answered by the
+        endpoint on the explorer's loop while this thread waits."""
+        return self._handle.openai_client(**kwargs)
 
     def episode_of(self, sample: Sample) -> int:
         return self._handle.episode_of(sample)
