@@ -27,7 +27,7 @@ from tests.fake_engine import FakeEngine
 from trinity.cli import app
 from trinity.common.experience import Experience, ExperienceKind
 from trinity.common.plugins import load_plugin_dirs
-from trinity.common.rollout import SamplingParams
+from trinity.common.rollout import PromptTooLong, SamplingParams
 from trinity.config import load_config
 from trinity.config.preflight import preflight
 from trinity.endpoint.app import build_app
@@ -191,6 +191,40 @@ def test_agentscope_react_s_last_turn_without_tools_continues_the_trajectory():
     assert e.reward == 0.0  # no \\boxed{} answer: math_reward's accuracy 0
 
 
+class Overflows(ByTurn):
+    """Its second turn's prompt is over the context: the engine refuses it (`PromptTooLong`)."""
+
+    async def generate(self, prompt_ids, params, key=None):
+        if "<tool_response>" in self.tokenizer.decode(prompt_ids):
+            raise PromptTooLong(f"prompt of {len(prompt_ids)} tokens leaves no room")
+        return await super().generate(prompt_ids, params, key)
+
+
+@needs_agentscope
+@pytest.mark.parametrize("case", ["malformed_call", "context_exceeded"])
+def test_agentscope_react_episodes_that_end_early_keep_what_was_sampled(case):
+    """A malformed tool call comes back as text, the agent's final answer (nothing dropped); a
+    prompt that outgrows the model ends the episode unanswered. Either way the sampled reply
+    is trained, exactly."""
+    tok = chatml()
+    if case == "malformed_call":
+        engine = ByTurn(tok, ["<tool_call>{calculator(2+2)}</tool_call>"], "<|im_start|>assistant")
+    else:
+        engine = Overflows(tok, [call("2+2")], "<|im_start|>assistant")
+    workflow = WORKFLOW.get("agentscope_react_workflow")(max_iters=3)
+    task = Task(index=0, raw={}, prompt="2+2=", truth="4")
+    handle, [e] = serve_and_run(workflow, task, engine, tok, n=1)
+    assert_exact([e], engine.calls)
+    assert e.reward == 0.0 and e.metrics["model_calls"] == 1.0
+    if case == "malformed_call":
+        assert e.response_text == "<tool_call>{calculator(2+2)}</tool_call>"
+        assert (e.metrics["tool_calls"], e.metrics["context_exceeded"]) == (0.0, 0.0)
+    else:
+        assert e.response_text == ""  # unanswered
+        assert (e.metrics["tool_calls"], e.metrics["context_exceeded"]) == (1.0, 1.0)
+    assert handle.ledger_stats().drift == 0
+
+
 @needs_agentscope
 def test_agentscope_react_on_the_tiny_random_model_records_what_was_sampled(tiny_model_dir):
     """A random model writes no valid tool call: every episode is one reply, scored, trained
@@ -307,7 +341,7 @@ def _steps(run_dir: Path) -> tuple[list[dict], list[dict]]:
     )
 
 
-@pytest.mark.slow  # ~2 minutes on 2 shared cores
+@pytest.mark.slow  # ~1 minute each on 2 shared cores
 @pytest.mark.parametrize(
     "example", [pytest.param("agentscope", marks=needs_agentscope), "openai_tool_agent"]
 )
