@@ -39,9 +39,11 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.reply = "hello"
         self.prompts: list[list[int]] = []
+        self.params: list[SamplingParams] = []
 
     def generate(self, prompts, params, keys=None):
         self.prompts += prompts
+        self.params.append(params)
         ids = self.tokenizer.encode(self.reply, add_special_tokens=False)[: params.max_tokens]
         finish = "length" if len(ids) == params.max_tokens else "stop"
         return [
@@ -56,10 +58,12 @@ class ScriptedEngine:
 class Served:
     """An endpoint on a loop of its own thread."""
 
-    def __init__(self, engine: Any, tokenizer: Any, **app_args: Any) -> None:
+    def __init__(
+        self, engine: Any, tokenizer: Any, defaults: SamplingParams | None = None, **app_args: Any
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        defaults = SamplingParams(n=1, temperature=1.0, max_tokens=64)
+        defaults = defaults or SamplingParams(n=1, temperature=1.0, max_tokens=64)
 
         async def start() -> str:
             client = BatchingClient([InProcess(engine)])
@@ -188,6 +192,44 @@ def test_tool_calls_are_parsed_and_a_malformed_one_is_returned_as_text(scripted)
     r = c.chat.completions.create(model="policy", messages=USER, tools=tools, max_tokens=64)
     assert r.choices[0].message.content == engine.reply and not r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_returns_a_call_as_text(scripted):
+    """`tool_choice: "none"`: the tools stay in the prompt (so the call continues the
+    conversation's tokens, `test_agentscope`), but a reply is not parsed for calls."""
+    served, engine = scripted
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    engine.reply = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    r = client(served, "sk-test").chat.completions.create(
+        model="policy", messages=USER, tools=tools, tool_choice="none", max_tokens=64
+    )
+    assert r.choices[0].message.content == engine.reply and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_sampling_fields_left_out_are_the_session_s_defaults(tokenizer):
+    """A request without temperature, top_p, top_k or max_tokens samples with the session
+    handle's defaults (a workflow's: its task's sampling), one that sets them with its own;
+    `n` is the request's (1 when left out), never the defaults' samples per task."""
+    engine = ScriptedEngine(tokenizer)
+    defaults = SamplingParams(n=8, temperature=0.25, top_p=0.5, top_k=3, max_tokens=32)
+    served = Served(engine, tokenizer, defaults)
+    try:
+        c = client(served)
+        r = c.chat.completions.create(model="policy", messages=USER)
+        c.chat.completions.create(
+            model="policy", messages=USER, temperature=1.0, top_p=1.0, max_tokens=5, n=2
+        )
+    finally:
+        served.close()
+    assert len(r.choices) == 1
+    first, second = engine.params
+    assert (first.n, first.temperature, first.top_p, first.top_k, first.max_tokens) == (
+        1, 0.25, 0.5, 3, 32
+    )  # fmt: skip
+    assert (second.n, second.temperature, second.top_p, second.top_k, second.max_tokens) == (
+        2, 1.0, 1.0, 3, 5
+    )  # fmt: skip
 
 
 def test_an_agent_s_tool_conversation_is_one_exact_trajectory(scripted, tokenizer):

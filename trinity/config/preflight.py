@@ -125,8 +125,9 @@ def _check_one(
             _lookup(_registry(key), name, f"buffer.explorer_input.default_{key}")[1] if name else []
         )
     served = None if blocked(skip, "explorer.auxiliary_models", "algorithm") else _served(cfg)
+    openai_api = cfg.explorer.rollout_model.enable_openai_api
     for path, storage, is_eval in storages:
-        problems += _storage_name_problems(path, storage, inp, is_eval, served)
+        problems += _storage_name_problems(path, storage, inp, is_eval, openai_api, served)
         if storage.storage_type == "synthetic" and (found := _generator_problems(path, storage)):
             problems += found
             continue  # the generator cannot run
@@ -311,11 +312,14 @@ def _storage_name_problems(
     storage: StorageConfig,
     inp: ExplorerInput,
     is_eval: bool,
+    openai_api: bool = False,
     served: dict[int | str, int] | None = None,
 ) -> list[Problem]:
     """Names and `*_args` of one taskset's workflow and reward fn. A name inherited from
-    `explorer_input` is reported there, once; here it only serves to check the arguments.
-    `served`: the auxiliary models workflows may name (None: not checked)."""
+    `explorer_input` is reported there, once; here it only serves to check the arguments. A
+    workflow that talks to the model through OpenAI clients (`needs_openai_api`) needs
+    `explorer.rollout_model.enable_openai_api` (`openai_api`). `served`: the auxiliary models
+    workflows may name (None: not checked)."""
     problems: list[Problem] = []
 
     def check(key: str, what: str, own: str | None, name: str | None, n_fixed: int) -> Any:
@@ -337,6 +341,14 @@ def _storage_name_problems(
     own = storage.default_workflow_type
     inherited = (inp.default_eval_workflow_type if is_eval else None) or inp.default_workflow_type
     workflow = check("workflow", "workflow", own, own or inherited, 0)
+    if getattr(workflow, "needs_openai_api", False) and not openai_api:
+        problems.append(
+            Problem(
+                "explorer.rollout_model.enable_openai_api",
+                f"workflow {own or inherited!r} of {path} talks to the model through OpenAI "
+                "clients: set it to true",
+            )
+        )
     own = storage.default_reward_fn_type
     name = own or inp.default_reward_fn_type or getattr(workflow, "default_reward_fn_type", None)
     check("reward_fn", "reward fn", own, name, 3)

@@ -150,14 +150,14 @@ def build_app(
             raise APIError(400, str(e), "messages") from None
 
     def sampling(req: ChatRequest | CompletionRequest, limit: int | None) -> dict[str, Any]:
-        args: dict[str, Any] = {
-            "n": req.n,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "stop": req.stops(),
-            "seed": req.seed,
-        }
+        """The call's sampling args. temperature, top_p, top_k and max_tokens a request leaves
+        out are the session handle's defaults (a workflow's: its task's rollout args over
+        `model.*`, as `model.chat` samples; serve mode's: `model.*`), so the config's sampling
+        settings hold for OpenAI clients too; `n` is the request's (1 when left out)."""
+        args: dict[str, Any] = {"n": req.n, "stop": req.stops(), "seed": req.seed}
+        for key in ("temperature", "top_p", "top_k"):
+            if key in req.model_fields_set:
+                args[key] = getattr(req, key)
         if limit is not None:
             if limit > source.max_tokens:
                 raise APIError(
@@ -177,7 +177,7 @@ def build_app(
         messages = [m.for_template() for m in req.messages]
         samples = await sample(handle.chat(messages, tools=tools, **sampling(req, req.limit())))
         choices = [
-            _chat_choice(i, s, handle, parse_tools if tools else None)
+            _chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
             for i, s in enumerate(samples)
         ]
         version = min(s.model_version for s in samples)

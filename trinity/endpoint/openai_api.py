@@ -195,9 +195,16 @@ class ChatRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools or self.tool_choice == "none":
+        """The tools as the chat template renders them: also under `tool_choice: "none"` (as
+        vLLM renders them), so a call that may not use the tools continues the conversation's
+        prompt exactly (an agent's last, tool-less turn stays in its trajectory)."""
+        if not self.tools:
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def parses_calls(self) -> bool:
+        """Whether replies are parsed for tool calls: there are tools and a call is allowed."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(_Sampling):

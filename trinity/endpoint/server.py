@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from typing import Any
 
 import uvicorn
@@ -90,6 +91,35 @@ class WorkflowSessions:
                 "session",
                 "session_not_found",
             ) from None
+
+
+class SessionPublisher:
+    """Publishes one workflow run's handles as sessions of `WorkflowSessions`: the task's handle
+    and every `session()` it opens (`TaskModelHandle(publish=...)`), each under a fresh session
+    id, so each has OpenAI clients of its own (one agent per episode). `close()` withdraws them
+    all when the run ends; a later call naming one is a 404.
+
+        publisher = SessionPublisher(sessions, server.url)
+        handle = TaskModelHandle(client, tokenizer, params, publish=publisher)
+        try: await workflow.run(task, handle)
+        finally: publisher.close()
+    """
+
+    def __init__(self, sessions: WorkflowSessions, url: str) -> None:
+        """`url`: the endpoint's base URL (ending in /v1)."""
+        self.sessions, self.root = sessions, url.removesuffix("/v1")
+        self.published: list[str] = []
+
+    def __call__(self, handle: TaskModelHandle) -> tuple[str, str]:
+        sid = uuid.uuid4().hex
+        self.sessions.sessions[sid] = handle
+        self.published.append(sid)
+        return f"{self.root}/sessions/{sid}/v1", self.sessions.model_name
+
+    def close(self) -> None:
+        for sid in self.published:
+            self.sessions.sessions.pop(sid, None)
+        self.published.clear()
 
 
 class EndpointServer:

@@ -14,7 +14,6 @@ import os
 import statistics
 import time
 import traceback
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -897,12 +896,13 @@ class Explorer:
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
-            session = uuid.uuid4().hex
-            endpoint = None
+            publisher = None  # each session of this try (the task's, and those it opens)
             if self.endpoint is not None and self.sessions is not None:
-                url = self.endpoint.url.removesuffix("/v1") + f"/sessions/{session}/v1"
-                endpoint = (url, self.sessions.model_name)
+                from trinity.endpoint.server import SessionPublisher  # imported by `prepare`
+
+                publisher = SessionPublisher(self.sessions, self.endpoint.url)
             try_key = None if key is None else stable_key(key, attempt)
+            session = uuid.uuid4().hex  # this try's session on the auxiliary models' endpoints
             auxiliary = None
             if self.auxiliary is not None:  # the try's handles, keyed by the try
                 auxiliary = (self.auxiliary, self.auxiliary.handles(try_key, session))
@@ -916,11 +916,9 @@ class Explorer:
                 chat_template_kwargs(self.cfg),
                 key=try_key,
                 max_prompt_tokens=cut_to,
-                endpoint=endpoint,
                 auxiliary=auxiliary,
+                publish=publisher,
             )
-            if self.sessions is not None:
-                self.sessions.sessions[session] = handle
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
@@ -937,8 +935,8 @@ class Explorer:
             except Exception:
                 errors.append(f"try {attempt + 1}:\n{traceback.format_exc()}")
             finally:
-                if self.sessions is not None:
-                    self.sessions.sessions.pop(session, None)
+                if publisher is not None:
+                    publisher.close()
                 for model in self.auxiliary or ():
                     if model.sessions is not None:
                         model.sessions.sessions.pop(session, None)

@@ -281,12 +281,18 @@ class TaskModelHandle:
         name: str = "s0",
         episodes: Iterator[int] | None = None,
         auxiliary: tuple[AuxiliaryModels, Mapping[int, AuxiliaryHandle]] | None = None,
+        publish: Callable[[TaskModelHandle], tuple[str, str]] | None = None,
     ) -> None:
         """`endpoint`: (the base URL of this handle's session on the explorer's OpenAI-compatible
-        endpoint, the model name it serves), when `enable_openai_api` is on. `auxiliary`: the
-        served auxiliary models and this try's handles of them (`explorer/auxiliary.py`)."""
+        endpoint, the model name it serves), when `enable_openai_api` is on. `publish`: instead
+        of `endpoint`, what registers a handle as a session of that endpoint and returns its
+        (base URL, model name) (`endpoint.server.SessionPublisher`); this handle and every
+        `session()` opened from it are published, so each session has an OpenAI client.
+        `auxiliary`: the served auxiliary models and this try's handles of them
+        (`explorer/auxiliary.py`)."""
         self._auxiliary = auxiliary
         self._endpoint = endpoint
+        self._publish = publish
         self._client = client
         self.tokenizer = tokenizer
         self.defaults = defaults
@@ -300,6 +306,8 @@ class TaskModelHandle:
         self.ledger = SessionLedger(name, self._episodes)
         self._chat = ChatSession(tokenizer, self.ledger, self.chat_template_kwargs, bridging)
         self._sessions: list[TaskModelHandle] = []
+        if endpoint is None and publish is not None:
+            self._endpoint = publish(self)
 
     def _next_key(self) -> int | None:
         self._calls += 1
@@ -415,7 +423,9 @@ class TaskModelHandle:
     def session(self) -> TaskModelHandle:
         """A new session on the same model: its own ledger and conversation state, its own
         sampling keys (derived from this handle's key and the session's number, so they do not
-        depend on how concurrent sessions interleave), episode numbers shared with this handle."""
+        depend on how concurrent sessions interleave), episode numbers shared with this handle;
+        its own OpenAI clients when this handle was made with `publish` (one agent per
+        episode)."""
         i = len(self._sessions) + 1
         child = TaskModelHandle(
             self._client,
@@ -428,6 +438,7 @@ class TaskModelHandle:
             name=f"{self.ledger.session}.{i}",
             episodes=self._episodes,
             auxiliary=self._auxiliary,  # the try's auxiliary handles: keys go on, not restart
+            publish=self._publish,
         )
         child.truncated_prompts = self.truncated_prompts  # one list for the explorer to read
         self._sessions.append(child)

@@ -32,7 +32,7 @@ from trinity.explorer.auxiliary import (
     served_auxiliary,
     why_not_served,
 )
-from trinity.explorer.explorer import task_sampling
+from trinity.explorer.explorer import _first, task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.explorer.sampling import stable_key
@@ -95,17 +95,38 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
                 why_not_served(cfg),
             )
             auxiliary = (models, models.handles(key, None))
-        handle = TaskModelHandle(
-            BatchingClient([InProcess(engine)]),
-            engine.tokenizer,
-            task_sampling(cfg, task, evaluating=task.is_eval),
-            chat_template_kwargs(cfg),
-            key=key,
-            max_prompt_tokens=m.max_prompt_tokens if m.enable_prompt_truncation else None,
-            auxiliary=auxiliary,
-        )
-        workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
-        return await workflow.run(task, handle)
+        client = BatchingClient([InProcess(engine)])
+        server = publisher = None
+        if rm.enable_openai_api:  # the explorer's endpoint, on this loop, for this one task
+            from trinity.endpoint.app import build_app
+            from trinity.endpoint.server import EndpointServer, SessionPublisher, WorkflowSessions
+
+            sessions = WorkflowSessions(
+                m.model_path,
+                len(engine.tokenizer),
+                _first(m.max_model_len, m.max_response_tokens, 64),  # as the explorer
+                client,
+            )
+            server = EndpointServer(
+                build_app(sessions, tool_call_parser=rm.tool_call_parser or "hermes")
+            )
+            publisher = SessionPublisher(sessions, await server.start())
+        try:
+            handle = TaskModelHandle(
+                client,
+                engine.tokenizer,
+                task_sampling(cfg, task, evaluating=task.is_eval),
+                chat_template_kwargs(cfg),
+                key=key,
+                max_prompt_tokens=m.max_prompt_tokens if m.enable_prompt_truncation else None,
+                auxiliary=auxiliary,
+                publish=publisher,
+            )
+            workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
+            return await workflow.run(task, handle)
+        finally:
+            if server is not None:
+                await server.stop()
 
     return asyncio.run(main()), engine.tokenizer
 

@@ -35,7 +35,7 @@ import torch
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
-from trinity.common.rollout import Sample
+from trinity.common.rollout import Sample, SamplingParams
 
 WORKFLOW: Registry[type] = Registry("workflow")
 
@@ -76,6 +76,7 @@ class ModelHandle(Protocol):
     """What a workflow may ask of the rollout model. Every call is batched with concurrent ones."""
 
     model_version: int
+    defaults: SamplingParams  # the task's sampling: n samples (episodes) per task, temperature...
 
     async def chat(
         self,
@@ -98,6 +99,15 @@ class ModelHandle(Protocol):
 
     def auxiliary(self, key: int | str) -> AuxiliaryModelHandle:
         """Auxiliary model `key`: its position in `explorer.auxiliary_models` or its `name`."""
+        ...
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.OpenAI` client sampling in this session, its calls recorded
+        (`explorer.rollout_model.enable_openai_api`); `client.model_path` is the model name."""
+        ...
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        """The same as an `openai.AsyncOpenAI` client (for `async def run`)."""
         ...
 
     def episode_of(self, sample: Sample) -> int:
@@ -128,6 +138,7 @@ class SyncModelHandle:
         self._handle = handle
         self._loop = loop
         self.model_version = handle.model_version
+        self.defaults = handle.defaults
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -157,6 +168,11 @@ class SyncModelHandle:
 
     def auxiliary(self, key: int | str) -> SyncAuxiliaryHandle:
         return SyncAuxiliaryHandle(self._handle.auxiliary(key), self._loop)
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """A blocking `openai.OpenAI` client of this session: its calls are answered by the
+        endpoint on the explorer's loop while this thread waits."""
+        return self._handle.openai_client(**kwargs)
 
     def episode_of(self, sample: Sample) -> int:
         return self._handle.episode_of(sample)
