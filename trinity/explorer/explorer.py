@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
