@@ -6,6 +6,7 @@ and as PNG files; the data each figure was built from (`FigureSpec`) must equal 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,14 @@ def test_one_run_draws_each_family_from_the_file_s_values(tmp_path):
     names = [p.name for p in made.files]
     assert names == ["reward.png", "eval_accuracy.png", "response_length.png", "loss.png",
                      "kl_entropy.png", "throughput.png"]  # fmt: skip
-    for path in made.files:
-        assert path.read_bytes()[:8] == PNG and path.stat().st_size > 10_000
+    for path, spec in zip(made.files, made.specs, strict=True):
+        data = path.read_bytes()
+        assert data[:8] == PNG
+        # IHDR: width and height in pixels = figure inches (6.4 per column; 3.8 per row + 0.6
+        # for the title) x 40 dpi; one or two panels are one row
+        width, height = struct.unpack(">II", data[16:24])
+        cols = 1 if len(spec.panels) == 1 else 2
+        assert (width, height) == (round(6.4 * cols * 40), round((3.8 + 0.6) * 40))
     # no run has a memory metric: skipped, with a note, and no empty plot
     assert [s.split(":")[0] for s in made.skipped] == ["memory"]
     assert not (tmp_path / "out" / "memory.png").exists()
@@ -99,6 +106,19 @@ def test_the_drawn_figure_has_labelled_axes_and_the_file_s_points(tmp_path):
     assert any(ln.get_label().startswith("_") for ln in axes[0].get_lines())
     assert not any(ln.get_label().startswith("_") for ln in axes[1].get_lines())
     assert [ax.get_legend().get_texts()[0].get_text() for ax in axes] == ["add2", "add2"]
+
+
+def test_memory_metrics_get_their_figure_with_the_unit_of_their_name(tmp_path):
+    run = load_run(write_run(tmp_path / "r", [
+        {"step": 1, "stage": "", "memory/peak_rss_gb": 1.5, "sync/bytes": 4096.0},
+        {"step": 2, "stage": "", "memory/peak_rss_gb": 1.75, "sync/bytes": 4096.0},
+    ]))  # fmt: skip
+    specs, skipped = figure_specs([run])
+    (spec,) = specs  # sync/bytes is no memory metric; every other family is skipped
+    assert spec.name == "memory" and len(skipped) == 6
+    (ax,) = [ax for ax in draw(spec).axes if ax.get_visible()]
+    assert (ax.get_title(), ax.get_ylabel()) == ("memory/peak_rss_gb", "peak rss (GB)")
+    assert curves(ax) == {"r": ([1, 2], [1.5, 1.75])}
 
 
 def test_several_runs_share_each_figure_one_line_per_run(tmp_path):
