@@ -53,13 +53,20 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def grpo_run(tmp_path_factory, tiny_model_dir):
     """One finished `trinity run` of test_e2e's GRPO config (3 steps, evaluation at steps 0, 2
-    and 3, a checkpoint after every step): (the CompletedProcess, the folder holding `ckpt/`).
+    and 3, a checkpoint after every step, monitors tensorboard + wandb + mlflow and Ray's
+    timeline): (the CompletedProcess, the folder holding `ckpt/`).
     Tests only read it, or copy `ckpt/` into their own folder before running on it (`copy_run`),
     so one run serves the end-to-end checks, bench mode and the rerun's fresh folder."""
     from test_e2e import grpo_config, run_trinity
 
     root = tmp_path_factory.mktemp("grpo_run")
-    r = run_trinity(grpo_config(root, tiny_model_dir), overrides=["trainer.save_interval=1"])
+    monitors = [
+        "monitor.monitor_type=[tensorboard,wandb,mlflow]",
+        "monitor.enable_ray_timeline=true",
+    ]
+    r = run_trinity(
+        grpo_config(root, tiny_model_dir), overrides=["trainer.save_interval=1", *monitors]
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r, root
 

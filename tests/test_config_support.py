@@ -66,7 +66,7 @@ def test_refusals_name_the_key_and_feature() -> None:
                 "auxiliary_models": [{"model_path": "judge", "tensor_parallel_size": 2}],
             },
             "cluster": {"node_num": 1},
-            "monitor": {"monitor_type": ["jsonl", "swanlab"]},
+            "monitor": {"monitor_type": ["jsonl", "swanlab"], "detailed_stats": True},
             "trainer": {"trainer_strategy": "fsdp2", "ulysses_sequence_parallel_size": 1},
         }
     )
@@ -76,11 +76,11 @@ def test_refusals_name_the_key_and_feature() -> None:
         "explorer.rollout_model.tensor_parallel_size",
         "explorer.rollout_model.reasoning_parser",
         "explorer.auxiliary_models[0].tensor_parallel_size",
-        "monitor.monitor_type",
+        "monitor.detailed_stats",
         "trainer.trainer_strategy",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
     assert "LoRA" in probs["model.lora_configs"]
-    assert "'swanlab'" in probs["monitor.monitor_type"]
+    assert "evaluation metric" in probs["monitor.detailed_stats"]  # swanlab is built
     assert "tensor-parallel" in probs["explorer.rollout_model.tensor_parallel_size"]
 
 

@@ -212,6 +212,21 @@ def test_grpo_end_to_end(grpo_run, tiny_model_dir):
         # on-policy: explore step s samples with the weights of train step s-1
         assert by_step[s]["rollout/model_version"] == s - 1
     assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event files"
+    # the run's other monitors (the fixture's overrides): an offline wandb run, an MLflow file
+    # store whose metric history is metrics.jsonl's, and Ray's timeline of the run
+    assert len(list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's opt-in to its file store
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert mlrun.info.run_name == "grpo"
+    losses = [(m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "train/loss")]
+    assert losses == [(s, by_step[s]["train/loss"]) for s in (1, 2, 3)]
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    # Ray's events of the actors' calls: category task::<Class>.<method>
+    assert any(str(event.get("cat")).startswith("task::TrainerRunner.") for event in timeline)
+    assert "(metrics.jsonl, tensorboard/, wandb/, mlruns/)" in r.stdout.replace("\n", "")
     # the final checkpoint is a transformers directory whose weights moved
     ckpt = run_dir / "global_step_3"
     before = load_file(tiny_model_dir / "model.safetensors")

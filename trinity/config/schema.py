@@ -31,7 +31,6 @@ from trinity.config.side_schema import (
     TinkerConfig,
 )
 
-_WANDB = "for wandb/mlflow/swanlab monitors, which are not built"
 _LIMITS = NotApplicable("set from model.* (Trinity-RFT overwrites these on the rollout model too)")
 _ROLLOUT_MODEL = {
     "model_path": NotApplicable("the rollout model is model.model_path (or the last stage's)"),
@@ -374,7 +373,9 @@ class TrainerConfig(ConfigSection):
     trainer_config: dict[str, Any] = Field(default_factory=dict)
     """An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the keys that mean
     something here map to our fields (see compat.py)."""
-    enable_preview: Annotated[bool, NotApplicable(f"rollout preview {_WANDB}")] = True
+    enable_preview: Annotated[
+        bool, NotApplicable("tables of sample rollouts are not sent to the monitors here")
+    ] = True
     """Show sample rollouts in the wandb monitor."""
     save_interval: int | None = Field(None, ge=0)
     """Checkpoint (and ack the buffer) every this many train steps; None = a tenth of the run,
@@ -415,23 +416,29 @@ _MONITOR_TYPES: tuple[str, ...] = get_args(MonitorType)
 
 
 class MonitorConfig(ConfigSection):
-    """Where metrics go."""
+    """Where metrics go, besides `metrics.jsonl` and the console (always on). Backends write
+    under the run folder and need no network (docs/monitoring.md)."""
 
-    monitor_type: Annotated[
-        MonitorType | list[MonitorType],
-        Refused(
-            ("wandb", "mlflow", "swanlab"),
-            "wandb/mlflow/swanlab monitors; use tensorboard, jsonl or console",
-        ),
-    ] = Field(
+    monitor_type: MonitorType | list[MonitorType] = Field(
         "tensorboard", description=f"One backend or a list of them: {', '.join(_MONITOR_TYPES)}."
     )
-    monitor_args: Annotated[dict[str, Any], NotApplicable(f"backend arguments {_WANDB}")] = Field(
-        default_factory=dict
-    )
-    """Backend keyword arguments (e.g. wandb entity)."""
+    monitor_args: dict[str, Any] | None = Field(default_factory=dict)
+    """The backends' arguments, one dict for all (e.g. mlflow's `uri`, swanlab's `mode`); each
+    key is checked against the backends in use (`trinity.monitor.backends`)."""
     enable_console: Annotated[bool, NotApplicable("not read here; use monitor_type console")] = True
     """Also print a metrics line per step."""
+    enable_ray_timeline: bool = False
+    """Write Ray's timeline of every task and actor call to `<run_dir>/timeline.json`
+    (`timeline.<part>.json` for one process of a split run) when the run ends; open it in
+    chrome://tracing or Perfetto."""
+    detailed_stats: Annotated[
+        bool, NotBuilt("std, max and min of each evaluation metric (only means are reported)")
+    ] = False
+    """Report std/max/min of evaluation metrics besides their mean."""
+    cache_dir: Annotated[
+        str, NotApplicable("set by Trinity-RFT itself; outputs go to the run folder here")
+    ] = ""
+    """Trinity-RFT's folder of monitor outputs (`<run>/monitor`)."""
 
     @field_validator("monitor_type", mode="wrap")
     @classmethod

@@ -34,6 +34,7 @@ from trinity.config.run_folder import (
 )
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
+from trinity.monitor.backends import RunInfo, monitor_types
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import explorer_sync, versions_to_keep
@@ -59,6 +60,7 @@ class RunResult:
     stages: list[StageResult]
     seconds: float
     metrics_file: str = "metrics.jsonl"
+    outputs: list[str] = field(default_factory=lambda: ["metrics.jsonl"])
 
 
 def run_namespace(cfg: Any) -> str:
@@ -164,9 +166,13 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
     nodes = run_nodes(config.cluster.node_num, joined)
     run_dir = Path(resolve(config).run_dir)
-    types = config.monitor.monitor_type
-    types = [types] if isinstance(types, str) else list(types)
-    monitor = Monitor(run_dir, types, console, part=_run_part(config))
+    part = _run_part(config)
+    info = RunInfo(
+        run_dir, config.project, config.group, config.name, part, config.model_dump(mode="json")
+    )
+    mon = config.monitor
+    types = monitor_types(mon.monitor_type)
+    monitor = Monitor(run_dir, types, console, part=part, info=info, monitor_args=mon.monitor_args)
     hub = ray.remote(MetricsHub).options(num_cpus=0).remote(str(monitor.journal_path))
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
@@ -189,6 +195,10 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             offset += res.steps
     finally:
         monitor.close()
+        if mon.enable_ray_timeline:  # every task and actor call of the run, for chrome://tracing
+            ray.timeline(
+                filename=str(run_dir / (f"timeline.{part}.json" if part else "timeline.json"))
+            )
         ray.kill(hub)
         if name_actor is not None and ray.get(name_actor.detach.remote(_process_role(config))) == 0:
             ray.kill(name_actor)
@@ -197,6 +207,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         stages=results,
         seconds=time.perf_counter() - t0,
         metrics_file=monitor.jsonl_path.name,
+        outputs=monitor.outputs,
     )
     print_summary(result, console)
     return result
@@ -695,6 +706,5 @@ def print_summary(result: RunResult, console: Console) -> None:
         if s.checkpoint:
             console.print(f"  checkpoint: {s.checkpoint}")
     console.print(f"wall time {result.seconds:.1f} s")
-    console.print(
-        f"outputs   {result.run_dir} ({result.metrics_file}, tensorboard/)", soft_wrap=True
-    )
+    console.print(f"outputs   {result.run_dir} ({', '.join(result.outputs)})", soft_wrap=True)
+    console.print(f"plots     trinity report {result.run_dir}", soft_wrap=True)

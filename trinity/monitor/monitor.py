@@ -1,6 +1,9 @@
-"""Where metrics go: `metrics.jsonl`, TensorBoard event files and the console.
+"""Where metrics go: `metrics.jsonl`, the console, and the backends `monitor_type` names.
 
-    monitor: {monitor_type: tensorboard}   # jsonl and the console are always on
+    monitor: {monitor_type: [tensorboard, wandb]}   # jsonl and the console are always on
+
+Backends (TensorBoard, wandb offline, an MLflow file store, SwanLab offline) are registered in
+`trinity.monitor.backends.MONITOR`; each gets every record's numbers with its step.
 
 Explorer and trainer report each step separately; the monitor merges their reports into one
 record per step (`{"step": 3, "stage": "grpo", "rollout/reward_mean": ..., "train/loss": ...}`)
@@ -38,41 +41,41 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-SUPPORTED = {"tensorboard", "jsonl", "console"}
+from trinity.monitor.backends import RunInfo, build, monitor_types
 
 
 class Monitor:
     def __init__(
         self,
         run_dir: Path,
-        monitor_types: list[str],
+        types: list[str],
         console: Console | None = None,
         progress_bar: bool | None = None,
         part: str = "",
+        *,
+        info: RunInfo | None = None,
+        monitor_args: dict[str, Any] | None = None,
     ) -> None:
         """`progress_bar`: None = a bar when the console's file is a terminal, lines otherwise.
 
         `part`: the process's share of a run split over processes (`mode: explore` / `train`);
         it writes `metrics.<part>.jsonl` and `tensorboard/<part>/` beside the others'.
+        `info`: the run as the backends name it (project, group, name, config); None: a run
+        named after `run_dir`. `monitor_args`: the backends' arguments (`monitor.monitor_args`).
+        Raises `MonitorUnavailable` when a backend's package is missing, `RegistryError` for an
+        unknown name.
         """
-        unsupported = sorted(set(monitor_types) - SUPPORTED)
-        if unsupported:
-            raise ValueError(
-                f"monitor.monitor_type {unsupported} is not available in this build; "
-                f"supported: {sorted(SUPPORTED)}"
-            )
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = run_dir / (f"metrics.{part}.jsonl" if part else "metrics.jsonl")
         self.journal_path = self.jsonl_path.with_suffix(".journal.jsonl")
         _drop_torn_line(self.jsonl_path)
         self._unmerged = _unmerged_reports(self.journal_path, self.jsonl_path)
+        info = info or RunInfo(run_dir, name=run_dir.name, part=part)
+        self.backends = build(monitor_types(types), info, monitor_args or {})
+        self.outputs = [self.jsonl_path.name, *(type(b).OUTPUT for b in self.backends)]
+        """What this monitor writes in the run folder: its metrics file, then each backend's."""
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
-        self._tb = None
-        if "tensorboard" in monitor_types:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard" / part))
         self.console = console or Console(highlight=False)
         self.progress_bar = self.console.is_terminal if progress_bar is None else progress_bar
         self._bar: Progress | None = None
@@ -159,11 +162,9 @@ class Monitor:
         record = {"step": step, "stage": self.stage, **_clean(metrics)}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, int | float) and k != "step":
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        numbers = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
+        for backend in self.backends:
+            backend.log(numbers, step)
         self.history.append(record)
         self._print(record)
 
@@ -212,8 +213,9 @@ class Monitor:
         self._jsonl.close()
         if not self._unmerged:
             self.journal_path.unlink(missing_ok=True)
-        if self._tb is not None:
-            self._tb.close()
+        backends, self.backends = self.backends, []
+        for backend in backends:
+            backend.close()
 
 
 def _duration(seconds: float) -> str:
