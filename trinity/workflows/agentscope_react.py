@@ -50,7 +50,7 @@ from typing import Any
 from trinity.common.experience import Experience
 from trinity.rewards import REWARD_FN
 from trinity.workflows.agent_tools import AgentTool, resolve_tools
-from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
+from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow, built_arg_problems
 
 TEMPLATES = {
     "gsm8k": (
@@ -97,12 +97,8 @@ class AgentScopeReActWorkflow(Workflow):
 
     @classmethod
     def arg_problems(cls, args: dict[str, Any]) -> list[str]:
-        """What is wrong with `workflow_args` (pre-flight)."""
-        try:
-            cls(**args)
-        except (TypeError, ValueError) as e:
-            return [str(e)]
-        return []
+        """What is wrong with `workflow_args` (pre-flight): building the workflow checks them."""
+        return built_arg_problems(cls, args)
 
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
         """1. one session per episode (`model.defaults.n` of them), each with its own agent

@@ -131,14 +131,13 @@ class Workflow:
         raise NotImplementedError(f"{type(self).__name__} must implement `async def run`")
 
 
-class SyncModelHandle:
-    """Blocking view of a ModelHandle for `SyncWorkflow.run_sync` (runs in a worker thread)."""
+class _BlockingView:
+    """What both blocking views share: each model call is run on the explorer's loop while the
+    calling worker thread waits."""
 
-    def __init__(self, handle: ModelHandle, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._handle = handle
         self._loop = loop
-        self.model_version = handle.model_version
-        self.defaults = handle.defaults
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -163,16 +162,35 @@ class SyncModelHandle:
     def encode(self, text: str) -> list[int]:
         return self._handle.encode(text)
 
+    def openai_client(self, **kwargs: Any) -> Any:
+        """A blocking `openai.OpenAI` client of this model: its calls are answered by the
+        endpoint on the explorer's loop while this thread waits."""
+        return self._handle.openai_client(**kwargs)
+
+
+def built_arg_problems(cls: type, args: dict[str, Any]) -> list[str]:
+    """What is wrong with `workflow_args`, found by building the workflow with them (its
+    constructor checks every argument's value): for a workflow's `arg_problems` (pre-flight)."""
+    try:
+        cls(**args)
+    except (TypeError, ValueError, KeyError) as e:
+        return [str(e)]
+    return []
+
+
+class SyncModelHandle(_BlockingView):
+    """Blocking view of a ModelHandle for `SyncWorkflow.run_sync` (runs in a worker thread)."""
+
+    def __init__(self, handle: ModelHandle, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(handle, loop)
+        self.model_version = handle.model_version
+        self.defaults = handle.defaults
+
     def session(self) -> SyncModelHandle:
         return SyncModelHandle(self._handle.session(), self._loop)
 
     def auxiliary(self, key: int | str) -> SyncAuxiliaryHandle:
         return SyncAuxiliaryHandle(self._handle.auxiliary(key), self._loop)
-
-    def openai_client(self, **kwargs: Any) -> Any:
-        """A blocking `openai.OpenAI` client of this session: its calls are answered by the
-        endpoint on the explorer's loop while this thread waits."""
-        return self._handle.openai_client(**kwargs)
 
     def episode_of(self, sample: Sample) -> int:
         return self._handle.episode_of(sample)
@@ -183,40 +201,13 @@ class SyncModelHandle:
         return self._handle.extract_experiences(reward, **kwargs)
 
 
-class SyncAuxiliaryHandle:
+class SyncAuxiliaryHandle(_BlockingView):
     """Blocking view of an `AuxiliaryModelHandle` (for `SyncWorkflow.run_sync`)."""
 
     def __init__(self, handle: AuxiliaryModelHandle, loop: asyncio.AbstractEventLoop) -> None:
-        self._handle = handle
-        self._loop = loop
+        super().__init__(handle, loop)
         self.name = handle.name
         self.model_path = handle.model_path
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        **sampling: Any,
-    ) -> list[Sample]:
-        return self._call(self._handle.chat(messages, tools, **sampling))
-
-    def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
-        return self._call(self._handle.generate(prompt, **sampling))
-
-    def logprobs(self, tokens: list[int]) -> list[float]:
-        return self._call(self._handle.logprobs(tokens))
-
-    def decode(self, ids: list[int]) -> str:
-        return self._handle.decode(ids)
-
-    def encode(self, text: str) -> list[int]:
-        return self._handle.encode(text)
-
-    def openai_client(self, **kwargs: Any) -> Any:
-        return self._handle.openai_client(**kwargs)
 
     def async_openai_client(self, **kwargs: Any) -> Any:
         return self._handle.async_openai_client(**kwargs)

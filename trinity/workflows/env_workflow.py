@@ -32,7 +32,7 @@ from trinity.common.experience import Experience
 from trinity.common.rollout import Sample
 from trinity.envs import ENV
 from trinity.envs.base import episode_seed, first_prompt
-from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
+from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow, built_arg_problems
 
 
 @WORKFLOW.register("env_workflow")
@@ -59,12 +59,8 @@ class EnvWorkflow(Workflow):
 
     @classmethod
     def arg_problems(cls, args: dict[str, Any]) -> list[str]:
-        """What is wrong with `workflow_args` (pre-flight): the env name, its args, max_turns."""
-        try:
-            cls(**args)
-        except (TypeError, ValueError, KeyError) as e:
-            return [str(e)]
-        return []
+        """What is wrong with `workflow_args` (pre-flight): building the workflow checks them."""
+        return built_arg_problems(cls, args)
 
     def _make(self) -> Any:
         try:

@@ -61,7 +61,13 @@ from trinity.judges.judge import (
     template_problems,
 )
 from trinity.rewards import REWARD_FN
-from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow, exclude_from_training
+from trinity.workflows.base import (
+    WORKFLOW,
+    ModelHandle,
+    Workflow,
+    built_arg_problems,
+    exclude_from_training,
+)
 from trinity.workflows.math_workflow import single_turn_experience
 
 POLICIES = ("exclude", "score", "fail")
@@ -137,12 +143,8 @@ class _JudgeWorkflow(Workflow):
 
     @classmethod
     def arg_problems(cls, args: dict[str, Any]) -> list[str]:
-        """What is wrong with `workflow_args` (pre-flight): every argument's value."""
-        try:
-            cls(**args)
-        except (TypeError, ValueError) as e:
-            return [str(e)]
-        return []
+        """What is wrong with `workflow_args` (pre-flight): building the workflow checks them."""
+        return built_arg_problems(cls, args)
 
     @classmethod
     def auxiliary_keys(cls, args: dict[str, Any]) -> list[tuple[str, Any]]:
