@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import textwrap
 from fractions import Fraction
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from trinity.common.plugins import ENV_VAR
 from trinity.config import TrinityConfig
 from trinity.config.support import not_applicable_notes
 from trinity.envs import ENV
@@ -196,3 +199,66 @@ def test_enable_history_is_accepted_and_listed_as_not_applicable():
         {"model": {"model_path": "x"}, "explorer": {"rollout_model": {"enable_history": True}}}
     )
     assert any("enable_history" in note for note in not_applicable_notes(cfg))
+
+
+# -- docs/agentic.md "Add an environment", run as written ------------------------------------------
+
+
+def test_the_docs_add_an_environment_example_runs_as_written(tmp_path, tiny_model_dir, monkeypatch):
+    from gymnasium.utils.env_checker import check_env
+    from typer.testing import CliRunner
+
+    from trinity.cli import app
+    from trinity.common.experience import Experience
+
+    doc = (Path(__file__).parents[1] / "docs" / "agentic.md").read_text()
+    block = doc.split("<!-- add-an-environment -->\n```python\n", 1)[1].split("```", 1)[0]
+    plugins = tmp_path / "my_envs"
+    plugins.mkdir()
+    (plugins / "echo_word.py").write_text(block)
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        project: docs
+        name: echo
+        checkpoint_root_dir: {tmp_path / "ckpt"}
+        model: {{model_path: {tiny_model_dir}, max_response_tokens: 4}}
+        algorithm: {{algorithm_type: grpo, repeat_times: 4}}
+        buffer:
+          batch_size: 4
+          total_steps: 2
+          explorer_input:
+            taskset:
+              storage_type: synthetic
+              path: env_episodes
+              generator_args: {{num_tasks: 40}}
+              format: {{prompt_key: question}}
+              workflow_args: {{env: echo_word}}
+            default_workflow_type: env_workflow
+          trainer_input:
+            experience_buffer: {{name: exp, storage_type: queue}}
+        """)
+    )
+    out = tmp_path / "exps.jsonl"
+    monkeypatch.setenv(ENV_VAR, "")  # the CLI names the plugin folder here: undone after the test
+    try:
+        r = CliRunner().invoke(
+            app,
+            ["debug", "workflow", "--config", str(cfg), "--plugin-dir", str(plugins),
+             "--task", "2", "--out", str(out)],
+        )  # fmt: skip
+        assert r.exit_code == 0, r.output
+        exps = [Experience.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
+        assert len(exps) == 4  # repeat_times episodes of the task's seed
+        for e in exps:
+            assert e.kind.name == "MULTI_TURN" and e.reward in (0.0, 1.0)
+            assert e.metrics["echo"] == e.reward and 1 <= e.metrics["turns"] <= 2
+        env_cls = ENV.get("echo_word")
+        check_env(env_cls(), skip_render_check=True)
+        demos = generate("env_demos", "train", 0, 8, env="echo_word")
+        assert len(demos) == 8 and all(
+            r["messages"][-1]["content"] == r["messages"][-2]["content"].removeprefix("Word: ")
+            for r in demos
+        )
+    finally:
+        ENV._items.pop("echo_word", None)  # the plugin registered into the package's registry
