@@ -10,7 +10,7 @@ import torch
 from test_trainer import experiences, make_config
 from transformers import AutoModelForCausalLM
 
-from trinity.common.memory import PeakRss, tree_pss_bytes
+from trinity.common.memory import PeakRss, TreePssSampler, tree_pss_bytes
 from trinity.config import load_config
 from trinity.models.lean_head import head_logprobs, lean_head_logprobs
 from trinity.trainer.batch import collate
@@ -200,6 +200,7 @@ def test_tree_pss_counts_a_child_process():
 
     code = "import sys; b = b'x' * (200 * 2**20); sys.stdout.write('x'); sys.stdout.flush(); sys.stdin.read()"
     before = tree_pss_bytes(os.getpid())
+    sampler = TreePssSampler(os.getpid(), interval=0.05).start()
     child = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
@@ -210,3 +211,4 @@ def test_tree_pss_counts_a_child_process():
     finally:
         child.communicate(b"")
     assert 200 * 2**20 <= grew <= 260 * 2**20
+    assert sampler.stop() - before >= 200 * 2**20  # the sampler saw the child while it lived

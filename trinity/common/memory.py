@@ -96,3 +96,33 @@ def tree_pids(root_pid: int) -> list[int]:
 def tree_pss_bytes(root_pid: int) -> int:
     """PSS of `root_pid` and every descendant (0 for processes gone while reading)."""
     return sum(_pss_bytes(pid) for pid in tree_pids(root_pid))
+
+
+class TreePssSampler:
+    """The peak of `tree_pss_bytes(root_pid)` sampled every `interval` s in a daemon thread,
+    from `start()` to `stop()` (a sample, so a spike shorter than the interval can be missed)."""
+
+    def __init__(self, root_pid: int, interval: float = 2.0) -> None:
+        import threading
+
+        self.root_pid, self.interval = root_pid, interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-pss", daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.peak = max(self.peak, tree_pss_bytes(self.root_pid))
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> TreePssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop (after one last sample) and return the peak in bytes."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_pss_bytes(self.root_pid))
+        return self.peak
