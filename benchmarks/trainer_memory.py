@@ -64,7 +64,7 @@ def one_variant(args: argparse.Namespace) -> dict:
             f"model: {{model_path: '{args.model}', max_response_tokens: {args.response}}}\n"
             "algorithm: {algorithm_type: grpo, repeat_times: 4, optimizer: {lr: 1.0e-6}}\n"
             f"trainer: {{micro_batch_size_per_gpu: {args.rows}, use_dynamic_bsz: false, "
-            f"dtype: float32, num_threads: {args.threads}, "
+            f"dtype: float32, num_threads: {args.threads}, logprob_chunk_size: {args.chunk}, "
             f"enable_gradient_checkpointing: {str(ckpt).lower()}}}\n"
             f"buffer: {{batch_size: {args.rows // 4}, explorer_input: {{taskset: "
             "{storage_type: synthetic, path: arithmetic}}}\n"
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_size")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out-name", default="trainer_memory.json")
     ap.add_argument("--one", choices=list(VARIANTS), help=argparse.SUPPRESS)
@@ -130,7 +131,7 @@ def main() -> None:
     rows = []
     for name in args.variants:
         cmd = [sys.executable, __file__, "--one", name]
-        for k in ("model", "rows", "prompt", "response", "steps", "threads", "seed"):
+        for k in ("model", "rows", "prompt", "response", "steps", "threads", "seed", "chunk"):
             cmd += [f"--{k}", str(getattr(args, k))]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -142,7 +143,8 @@ def main() -> None:
     print(
         f"\n{args.model}: {rows[0]['params'] / 1e6:.1f}M params, vocab {rows[0]['vocab']}, "
         f"fp32, micro-batch {args.rows} x {args.prompt + args.response} tokens "
-        f"({args.response} response), {args.steps} steps, {args.threads} threads\n"
+        f"({args.response} response), {args.steps} steps, {args.threads} threads, "
+        f"logprob_chunk_size {args.chunk}\n"
     )
     print("| variant | s/step | first step (s) | step peak RSS (GB) | process peak RSS (GB) "
           "| PSS at end (GB) |")  # fmt: skip
@@ -153,7 +155,8 @@ def main() -> None:
               f"{r['pss_end_gb']:.2f} |")  # fmt: skip
     out = ROOT / "benchmarks" / "results" / args.out_name
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {k: getattr(args, k) for k in ("model", "rows", "prompt", "response", "steps", "seed")}
+    keys = ("model", "rows", "prompt", "response", "steps", "seed", "chunk", "threads")
+    meta = {k: getattr(args, k) for k in keys}
     meta["load_average"] = os.getloadavg()
     out.write_text(json.dumps({"settings": meta, "rows": rows}, indent=1))
     print(f"\nwrote {out}")

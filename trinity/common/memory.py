@@ -126,3 +126,17 @@ class TreePssSampler:
         self._thread.join()
         self.peak = max(self.peak, tree_pss_bytes(self.root_pid))
         return self.peak
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc `malloc_trim(0)`; a no-op elsewhere).
+    glibc keeps freed blocks below its mmap threshold (which grows up to 32 MB as large blocks
+    are freed) in the process, so after a train step's transients the RSS stays at the step's
+    peak; trimming returns them, so the other processes of the run (the explorer) can use them."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)

@@ -400,7 +400,7 @@ class TrainerConfig(ConfigSection):
     num_threads: int | None = Field(None, ge=1)
     """torch CPU threads of the trainer; None = its share of the free cores
     (trinity.common.resources)."""
-    logprob_chunk_size: int = Field(1024, ge=1)
+    logprob_chunk_size: int = Field(256, ge=1)
     """Tokens whose logits are materialised at once (unit: tokens); none are kept for backward
     (trinity/models/lean_head.py), so the LM head's transient memory is about 3 ×
     logprob_chunk_size × vocabulary × 4 bytes."""

@@ -15,7 +15,7 @@ does. This is Liger-Kernel's fused linear cross-entropy idea, done per chunk in 
 extended to the entropy term; a chunk whose entropy gradient is all zero (entropy bonus off)
 skips that term.
 
-    logprobs, entropy = head_logprobs(model.get_output_embeddings(), h, labels, chunk_size=1024)
+    logprobs, entropy = head_logprobs(model.get_output_embeddings(), h, labels, chunk_size=256)
 
 `head_logprobs` takes any head module: an `nn.Linear` goes through `LeanHeadFn`; another module
 (a head with its own scaling or soft-capping) through `torch.utils.checkpoint` per chunk, which
@@ -119,7 +119,7 @@ def lean_head_logprobs(
     labels: Tensor,
     weight: Tensor,
     bias: Tensor | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprob of each label and (optionally) the entropy, under softmax(h Wᵀ + b).
@@ -141,7 +141,7 @@ def head_logprobs(
     head: torch.nn.Module,
     h: Tensor,
     labels: Tensor,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = True,
     lean: bool = True,
 ) -> tuple[Tensor, Tensor | None]:

@@ -19,7 +19,7 @@ from trinity.trainer.batch import Batch
 def response_logprobs(
     model: torch.nn.Module,
     batch: Batch,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = True,
     lean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -28,7 +28,7 @@ from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
-from trinity.common.memory import GB, PeakRss
+from trinity.common.memory import GB, PeakRss, release_free_heap
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
@@ -224,6 +224,7 @@ class Trainer:
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
+        release_free_heap()  # the step's freed transients back to the OS (the explorer's share)
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
         metrics.update(
