@@ -86,6 +86,7 @@ VERL_KEYS: dict[str, str] = {
     f"{_ACTOR}.grad_clip": "trainer.grad_clip",
     f"{_ACTOR}.ulysses_sequence_parallel_size": "trainer.ulysses_sequence_parallel_size",
     f"{_ACTOR}.loss_agg_mode": "algorithm.loss_agg_mode",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "trainer.enable_gradient_checkpointing",
     f"{_ACTOR}.clip_ratio": "algorithm.policy_loss_fn_args.clip_range",
     f"{_ACTOR}.clip_ratio_low": "algorithm.policy_loss_fn_args.clip_range_low",
     f"{_ACTOR}.clip_ratio_high": "algorithm.policy_loss_fn_args.clip_range_high",

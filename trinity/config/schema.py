@@ -400,8 +400,14 @@ class TrainerConfig(ConfigSection):
     num_threads: int | None = Field(None, ge=1)
     """torch CPU threads of the trainer; None = its share of the free cores
     (trinity.common.resources)."""
-    logprob_chunk_size: int = Field(1024, ge=1)
-    """Tokens whose logits are materialised at once (unit: tokens)."""
+    logprob_chunk_size: int = Field(256, ge=1)
+    """Tokens whose logits are materialised at once (unit: tokens); none are kept for backward
+    (trinity/models/lean_head.py), so the LM head's transient memory is about 3 ×
+    logprob_chunk_size × vocabulary × 4 bytes."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (Hugging
+    Face's gradient checkpointing, non-reentrant): far less memory per micro-batch, about a third
+    more compute. verl's `actor_rollout_ref.model.enable_gradient_checkpointing` sets it."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each train batch; > 1 recomputes old logprobs first."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)

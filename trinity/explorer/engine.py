@@ -30,10 +30,13 @@ from transformers import DynamicCache
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models.lean_head import head_logprobs
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
 
 __all__ = ["HFRolloutEngine", "PromptTooLong", "Sample", "SamplingParams"]
+
+SCORE_CHUNK = 512  # tokens whose logits `logprobs()` holds at once
 
 
 @ENGINE.register("transformers")
@@ -250,9 +253,13 @@ class HFRolloutEngine:
     def logprobs(self, tokens: list[int]) -> list[float]:
         """Logprob of tokens[1:] given their prefixes (length len(tokens) - 1)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids).logits.float()[0, :-1]
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-        return lp.cpu().tolist()
+        backbone = self.model.get_decoder()
+        hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]  # [T-1, H]
+        # the head in chunks: never T × V logits at once (a 49k vocabulary is 0.2 GB per 1k tokens)
+        lp, _ = head_logprobs(
+            self.model.get_output_embeddings(), hidden, ids[0, 1:], SCORE_CHUNK, with_entropy=False
+        )
+        return lp.float().cpu().tolist()
 
     # -- weights ---------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import storage_class
+from trinity.common.memory import GB, TreePssSampler
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
 from trinity.common.plugins import plugin_env
@@ -61,6 +62,9 @@ class RunResult:
     seconds: float
     metrics_file: str = "metrics.jsonl"
     outputs: list[str] = field(default_factory=lambda: ["metrics.jsonl"])
+    peak_pss_gb: float | None = None
+    """Peak PSS of this process and its descendants during the run (sampled every 2 s): with a
+    Ray instance this process started, that is the driver, Ray's own processes and every actor."""
 
 
 def run_namespace(cfg: Any) -> str:
@@ -156,6 +160,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
     joined = init_ray(config.cluster.ray_address, run_namespace(config))
+    pss = TreePssSampler(os.getpid()).start()
     name_actor = None
     if config.mode in ("explore", "train", "serve") and joins_existing_run(config):
         config, name_actor = agree_on_name(config, console)
@@ -194,6 +199,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             model_path = res.checkpoint or model_path
             offset += res.steps
     finally:
+        peak_pss = pss.stop()
         monitor.close()
         if mon.enable_ray_timeline:  # every task and actor call of the run, for chrome://tracing
             ray.timeline(
@@ -208,8 +214,9 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         seconds=time.perf_counter() - t0,
         metrics_file=monitor.jsonl_path.name,
         outputs=monitor.outputs,
+        peak_pss_gb=peak_pss / GB,
     )
-    print_summary(result, console)
+    print_summary(result, console, joined)
     return result
 
 
@@ -693,7 +700,7 @@ def _wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
     return ray.get(refs)
 
 
-def print_summary(result: RunResult, console: Console) -> None:
+def print_summary(result: RunResult, console: Console, joined: bool = False) -> None:
     console.rule("[bold]summary")
     first = result.stages[0] if result.stages else None
     if first and first.eval_start:
@@ -706,5 +713,12 @@ def print_summary(result: RunResult, console: Console) -> None:
         if s.checkpoint:
             console.print(f"  checkpoint: {s.checkpoint}")
     console.print(f"wall time {result.seconds:.1f} s")
+    if result.peak_pss_gb is not None:
+        whose = (
+            "this process only: the Ray cluster it joined is not its child"
+            if joined
+            else ("driver, Ray and every actor")
+        )
+        console.print(f"peak PSS  {result.peak_pss_gb:.2f} GB ({whose}; sampled every 2 s)")
     console.print(f"outputs   {result.run_dir} ({', '.join(result.outputs)})", soft_wrap=True)
     console.print(f"plots     trinity report {result.run_dir}", soft_wrap=True)

@@ -2,21 +2,29 @@
 
 A naive step on a 49k-vocabulary model holds B×T×V fp32 logits (0.8 GB for 32×128). Here the
 backbone's hidden states are gathered at the response positions only and the LM head runs on
-`chunk_size` tokens at a time.
+`chunk_size` tokens at a time. Under autograd the lean path (`trinity.models.lean_head`, the
+default) keeps no logits for backward: it recomputes each chunk's there. `lean=False` is the
+plain autograd path (every chunk's logits kept until backward), the reference the tests and
+`benchmarks/trainer_memory.py` compare against.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trinity.algorithm.entropy import entropy_from_logits
+from trinity.models.lean_head import head_logprobs
 from trinity.trainer.batch import Batch
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: Batch, chunk_size: int = 1024, with_entropy: bool = True
+    model: torch.nn.Module,
+    batch: Batch,
+    chunk_size: int = 256,
+    with_entropy: bool = True,
+    lean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Returns (logprobs [B, R], entropy [B, R] or None); zeros where `valid_mask` is False."""
+    """Returns (logprobs [B, R], entropy [B, R] or None); zeros where `valid_mask` is False.
+    `lean`: keep no [chunk, V] logits for backward (module docstring)."""
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     head = model.get_output_embeddings()
     hidden = backbone(
@@ -27,16 +35,10 @@ def response_logprobs(
         raise ValueError("train batch has no response tokens: every experience is prompt-only")
     h = hidden[rows, batch.response_pos[rows, cols]]  # [N, H]
     labels = batch.response_ids[rows, cols]  # [N]
-    lp_parts, ent_parts = [], []
-    for s in range(0, h.shape[0], chunk_size):
-        logits = head(h[s : s + chunk_size]).float()  # [n, V]
-        logp = torch.log_softmax(logits, dim=-1)
-        lp_parts.append(logp.gather(-1, labels[s : s + chunk_size, None]).squeeze(-1))
-        if with_entropy:
-            ent_parts.append(entropy_from_logits(logits))
-    logprobs = torch.zeros(batch.valid_mask.shape, dtype=torch.float32, device=h.device)
-    logprobs = logprobs.index_put((rows, cols), torch.cat(lp_parts))
+    lp, ent = head_logprobs(head, h, labels, chunk_size, with_entropy, lean=lean)
+    logprobs = torch.zeros(batch.valid_mask.shape, dtype=lp.dtype, device=h.device)
+    logprobs = logprobs.index_put((rows, cols), lp)
     entropy = None
-    if with_entropy:
-        entropy = torch.zeros_like(logprobs).index_put((rows, cols), torch.cat(ent_parts))
+    if ent is not None:
+        entropy = torch.zeros_like(logprobs).index_put((rows, cols), ent)
     return logprobs, entropy

@@ -28,6 +28,7 @@ from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
+from trinity.common.memory import GB, PeakRss, release_free_heap
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
@@ -71,6 +72,9 @@ class Trainer:
         self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
         self.model.train()
         self.model.config.use_cache = False
+        if tcfg.enable_gradient_checkpointing:  # decoder layers recompute in backward
+            enable_checkpointing(self.model)
+        self.peak_rss = PeakRss()  # this process's peak RSS per train step
         # buffer.trainer_input.auxiliary_buffers: readers a sample strategy may draw from
         self.auxiliary = auxiliary_readers(config, self.tokenizer)
         self.critic: Critic | None = None
@@ -153,6 +157,9 @@ class Trainer:
         """
         timers, metrics = Timers(), {}
         t_start = time.perf_counter()
+        self.peak_rss.reset()
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         a = self.algo
         tcfg = self.config.trainer
         # 1. sample and collate
@@ -217,6 +224,7 @@ class Trainer:
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
+        release_free_heap()  # the step's freed transients back to the OS (the explorer's share)
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
         metrics.update(
@@ -229,9 +237,18 @@ class Trainer:
                 "train/tokens": float(batch.num_tokens),
                 "train/tokens_per_s": batch.num_tokens / elapsed,
                 **timers.metrics("timing/train_"),
+                **self._memory_metrics(),
             }
         )
         return metrics
+
+    def _memory_metrics(self) -> dict[str, float]:
+        """The step's peak RSS of this process (`trinity.common.memory.PeakRss`: the kernel's
+        high-water mark, reset at the step's start) and, on CUDA, the allocator's peak."""
+        out = {"memory/trainer_peak_rss_gb": self.peak_rss.peak_bytes() / GB}
+        if self.device == "cuda":
+            out["memory/trainer_peak_cuda_gb"] = torch.cuda.max_memory_allocated() / GB
+        return out
 
     def _advantage_input(self, batch: Batch) -> tuple[AdvantageInput, dict[str, float]]:
         """The advantage fn's record: token rewards (a workflow's own, else each outcome reward
@@ -474,6 +491,16 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = int(state["step"])
         return state
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Hugging Face's gradient (activation) checkpointing of every decoder layer, non-reentrant
+    (`activation_checkpointing_enable` from transformers 5.x on, the old name before)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def check_same_vocabulary(student: Any, teacher: Any, teacher_path: Any) -> None:

@@ -1,0 +1,142 @@
+"""Memory of this process and of a process tree, as the metrics report it (Linux /proc).
+
+- `PeakRss`: the peak resident set size of THIS process over a span (one train step). Linux keeps
+  a high-water mark, `VmHWM` in /proc/self/status; writing "5" to /proc/self/clear_refs resets
+  it to the current RSS (Linux ≥ 4.0), so `reset()` at the start of a step and `peak_bytes()` at
+  its end give that step's own peak, transients included (not a sample). Before the first reset,
+  or where the reset is not allowed, the mark covers the process life so far (`resettable` says
+  which); without /proc it falls back to `getrusage`'s ru_maxrss (life-long as well). The reset
+  is process-wide: one `PeakRss` user per process (the trainer).
+- `tree_pss_bytes(pid)`: the proportional set size of a process and all its descendants (shared
+  pages divided among the processes that map them, so the sum is the tree's real footprint;
+  from /proc/<pid>/smaps_rollup). A Ray run's driver, raylet, GCS and actor workers are all
+  descendants of the driver when it started Ray itself.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+from pathlib import Path
+
+GB = 1024**3
+
+
+def _status_kb(field: str, pid: int | str = "self") -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def rss_bytes() -> int | None:
+    """Current RSS of this process (None without /proc)."""
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb * 1024
+
+
+class PeakRss:
+    """Peak RSS of this process since the last `reset()` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.resettable: bool | None = None  # known after the first `reset()`
+
+    def reset(self) -> bool:
+        """Reset the kernel's high-water mark to the current RSS; False when not allowed."""
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+        return self.resettable
+
+    def peak_bytes(self) -> int:
+        kb = _status_kb("VmHWM")
+        if kb is None:  # no /proc: ru_maxrss is in kB on Linux, life-long
+            kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kb * 1024
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:  # exited, or not ours to read
+        return 0
+    m = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
+    return int(m.group(1)) * 1024 if m else 0
+
+
+def _children() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc/<pid>/stat."""
+    out: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+        out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def tree_pids(root_pid: int) -> list[int]:
+    """`root_pid` and all its descendants."""
+    children, pids, todo = _children(), [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children.get(pid, [])
+    return pids
+
+
+def tree_pss_bytes(root_pid: int) -> int:
+    """PSS of `root_pid` and every descendant (0 for processes gone while reading)."""
+    return sum(_pss_bytes(pid) for pid in tree_pids(root_pid))
+
+
+class TreePssSampler:
+    """The peak of `tree_pss_bytes(root_pid)` sampled every `interval` s in a daemon thread,
+    from `start()` to `stop()` (a sample, so a spike shorter than the interval can be missed)."""
+
+    def __init__(self, root_pid: int, interval: float = 2.0) -> None:
+        import threading
+
+        self.root_pid, self.interval = root_pid, interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-pss", daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.peak = max(self.peak, tree_pss_bytes(self.root_pid))
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> TreePssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop (after one last sample) and return the peak in bytes."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_pss_bytes(self.root_pid))
+        return self.peak
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc `malloc_trim(0)`; a no-op elsewhere).
+    glibc keeps freed blocks below its mmap threshold (which grows up to 32 MB as large blocks
+    are freed) in the process, so after a train step's transients the RSS stays at the step's
+    peak; trimming returns them, so the other processes of the run (the explorer) can use them."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
