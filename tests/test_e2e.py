@@ -353,6 +353,7 @@ def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, 
     assert buffer_counts(cfg)["trained"] == 5 * 4 * 4
 
 
+@pytest.mark.slow  # two whole runs compared update by update (30-37 s)
 def test_async_at_staleness_0_makes_the_same_updates_as_sync(tmp_path, tiny_model_dir):
     # explorer_driven with max_staleness 0: every explore step must start with the weights of the
     # previous train step, so the run is on-policy lockstep by admission; for a fixed seed it

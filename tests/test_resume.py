@@ -71,6 +71,7 @@ def sft_config(tmp_path, model_dir, total_steps: int):
     return cfg
 
 
+@pytest.mark.slow  # a crash trial: an interrupted and an uninterrupted run (35-51 s)
 def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, tiny_model_dir):
     # uninterrupted: 6 steps
     whole = tmp_path / "whole"
