@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -47,6 +44,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
+
+from trinity.models.folders import build_folder
 
 GGUF_SCHEME = "gguf://"
 PKG_SCHEME = "pkg://"
@@ -271,29 +270,13 @@ def import_model(source: str, out_dir: str | Path, overwrite: bool = False) -> P
         )
     fingerprint = import_fingerprint(gguf_file, spec.dtype)
     out = Path(out_dir).expanduser().absolute()
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
-        if is_imported_dir(out, fingerprint):
-            return out
-        raise FileExistsError(f"{out} already exists (pass overwrite=True to replace it)")
-    # 2.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        _convert(spec, gguf_file, tmp, fingerprint)
-        # 3.
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if is_imported_dir(out, fingerprint):  # a concurrent import won the race
-                return out
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    # 2., 3.
+    return build_folder(
+        out,
+        lambda tmp: _convert(spec, gguf_file, tmp, fingerprint),
+        lambda folder: is_imported_dir(folder, fingerprint),
+        overwrite,
+    )
 
 
 def load_gguf(gguf_file: Path) -> tuple[Any, Any]:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from trinity.models.folders import build_folder
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]  # ids 0, 1, 2
@@ -307,27 +306,9 @@ def create_tiny_model(
     out = Path(out_dir).expanduser().absolute()
     if preset not in PRESETS:
         raise ValueError(f"unknown tiny-model preset {preset!r}; valid: {', '.join(PRESETS)}")
-    # 1.
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
-        if is_tiny_model_dir(out, preset, seed):
-            return out
-        raise FileExistsError(f"{out} already exists (pass overwrite=True to replace it)")
-    # 2.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        _build(tmp, preset, seed)
-        # 3.
-        if out.exists() and overwrite:
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if is_tiny_model_dir(out, preset, seed):  # a concurrent build won the race
-                return out
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return build_folder(
+        out,
+        lambda tmp: _build(tmp, preset, seed),
+        lambda folder: is_tiny_model_dir(folder, preset, seed),
+        overwrite,
+    )
