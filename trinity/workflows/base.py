@@ -40,12 +40,8 @@ from trinity.common.rollout import Sample, SamplingParams
 WORKFLOW: Registry[type] = Registry("workflow")
 
 
-@runtime_checkable
-class AuxiliaryModelHandle(Protocol):
-    """An auxiliary model as a workflow sees it (`ModelHandle.auxiliary`): nothing recorded."""
-
-    name: str | None
-    model_path: str  # the model name its OpenAI clients pass
+class _Sampling(Protocol):
+    """What every model handle offers: sampling, scoring, tokenising and OpenAI clients."""
 
     async def chat(
         self,
@@ -63,35 +59,30 @@ class AuxiliaryModelHandle(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def openai_client(self, **kwargs: Any) -> Any:
-        """`openai.OpenAI` bound to this model (needs its `enable_openai_api`)."""
+        """An `openai.OpenAI` client bound to this model (needs its `enable_openai_api`);
+        `client.model_path` is the model name to pass."""
         ...
 
     def async_openai_client(self, **kwargs: Any) -> Any:
-        """`openai.AsyncOpenAI` bound to this model (needs its `enable_openai_api`)."""
+        """The same as an `openai.AsyncOpenAI` client (for `async def run`)."""
         ...
 
 
 @runtime_checkable
-class ModelHandle(Protocol):
-    """What a workflow may ask of the rollout model. Every call is batched with concurrent ones."""
+class AuxiliaryModelHandle(_Sampling, Protocol):
+    """An auxiliary model as a workflow sees it (`ModelHandle.auxiliary`): nothing recorded."""
+
+    name: str | None
+    model_path: str  # the model name its OpenAI clients pass
+
+
+@runtime_checkable
+class ModelHandle(_Sampling, Protocol):
+    """What a workflow may ask of the rollout model. Every call is batched with concurrent ones,
+    and every call (its OpenAI clients' too) is recorded in this session's ledger."""
 
     model_version: int
     defaults: SamplingParams  # the task's sampling: n samples (episodes) per task, temperature...
-
-    async def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        **sampling: Any,
-    ) -> list[Sample]: ...
-
-    async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]: ...
-
-    async def logprobs(self, tokens: list[int]) -> list[float]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-    def encode(self, text: str) -> list[int]: ...
 
     def session(self) -> ModelHandle:
         """A new session (own ledger and conversation state), e.g. one per concurrent episode."""
@@ -99,15 +90,6 @@ class ModelHandle(Protocol):
 
     def auxiliary(self, key: int | str) -> AuxiliaryModelHandle:
         """Auxiliary model `key`: its position in `explorer.auxiliary_models` or its `name`."""
-        ...
-
-    def openai_client(self, **kwargs: Any) -> Any:
-        """An `openai.OpenAI` client sampling in this session, its calls recorded
-        (`explorer.rollout_model.enable_openai_api`); `client.model_path` is the model name."""
-        ...
-
-    def async_openai_client(self, **kwargs: Any) -> Any:
-        """The same as an `openai.AsyncOpenAI` client (for `async def run`)."""
         ...
 
     def episode_of(self, sample: Sample) -> int:
