@@ -55,9 +55,9 @@ def one_variant(args: argparse.Namespace) -> dict:
     from trinity.trainer import trainer as trainer_module
 
     lean, ckpt = VARIANTS[args.one]
-    if not lean:  # the path before: every chunk's logits kept until backward
-        plain = functools.partial(lp_module.response_logprobs, lean=False)
-        trainer_module.response_logprobs = plain  # type: ignore[assignment]
+    # the trainer's default is the plain path (every chunk's logits kept until backward)
+    chosen = functools.partial(lp_module.response_logprobs, lean=lean)
+    trainer_module.response_logprobs = chosen  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "cfg.yaml"
         cfg_file.write_text(

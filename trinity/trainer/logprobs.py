@@ -2,10 +2,13 @@
 
 A naive step on a 49k-vocabulary model holds B×T×V fp32 logits (0.8 GB for 32×128). Here the
 backbone's hidden states are gathered at the response positions only and the LM head runs on
-`chunk_size` tokens at a time. Under autograd the lean path (`trinity.models.lean_head`, the
-default) keeps no logits for backward: it recomputes each chunk's there. `lean=False` is the
-plain autograd path (every chunk's logits kept until backward), the reference the tests and
-`benchmarks/trainer_memory.py` compare against.
+`chunk_size` tokens at a time. Under autograd the lean path (`lean=True`,
+`trinity.models.lean_head`) keeps no logits for backward: it recomputes each chunk's there.
+The default is still the plain autograd path (every chunk's logits kept until backward): with
+the lean path the SFT memorisation test (tests/test_learning.py) ends at 52 of 100 sums right
+instead of 60 or more, every time, although one step's gradients agree with the plain path's
+to 7e-7 (relative). Until that is understood the lean head is opt-in (tests and
+`benchmarks/trainer_memory.py` use it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def response_logprobs(
     batch: Batch,
     chunk_size: int = 256,
     with_entropy: bool = True,
-    lean: bool = True,
+    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (logprobs [B, R], entropy [B, R] or None); zeros where `valid_mask` is False.
     `lean`: keep no [chunk, V] logits for backward (module docstring)."""
