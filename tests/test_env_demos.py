@@ -262,3 +262,24 @@ def test_the_docs_add_an_environment_example_runs_as_written(tmp_path, tiny_mode
         )
     finally:
         ENV._items.pop("echo_word", None)  # the plugin registered into the package's registry
+
+
+def test_validate_names_an_unknown_env_of_env_demos(tmp_path):
+    """A typo in env_demos' env is a problem at its key path in `trinity validate` (it used
+    to escape pre-flight as a traceback), exit 2."""
+    from typer.testing import CliRunner
+
+    from trinity.cli import app
+
+    example = Path(__file__).parents[1] / "examples" / "envs" / "countdown_calculator.yaml"
+    text = example.read_text()
+    typo = text.replace(
+        "        env: countdown_calculator\n", "        env: countdown_calculatr\n", 1
+    )
+    assert typo != text
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(typo)
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 2, r.output
+    assert "experience_buffer.generator_args" in r.output
+    assert "unknown env 'countdown_calculatr'" in r.output

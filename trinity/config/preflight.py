@@ -413,6 +413,7 @@ def _model_problems(cfg: TrinityConfig) -> list[Problem]:
 
 def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
     """Load one dataset as the runtime would."""
+    from trinity.common.registry import RegistryError
     from trinity.tasks import TasksetError, load_taskset
 
     if storage.storage_type not in ("file", "synthetic"):
@@ -423,8 +424,8 @@ def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
         tasks = load_taskset(storage, bad_rows=bad, **kwargs)
     except TasksetError as e:
         return "path", str(e), [], 0
-    except (TypeError, ValueError) as e:  # a generator refusing its arguments
-        return "generator_args", str(e), [], 0
+    except (TypeError, ValueError, RegistryError) as e:  # a generator refusing its arguments
+        return "generator_args", str(e), [], 0  # (e.g. env_demos naming an unknown env)
     return "", None, bad, len(tasks)
 
 
