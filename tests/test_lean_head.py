@@ -178,6 +178,36 @@ def test_gradient_checkpointing_is_acted_on_and_exact(tmp_path, tiny_model_dir):
         assert m["memory/trainer_peak_rss_gb"] * 1024**3 > n_bytes
 
 
+def test_lean_lm_head_key_is_acted_on_and_exact(tmp_path, tiny_model_dir, monkeypatch):
+    """trainer.lean_lm_head routes the train step's head through LeanHeadFn (the no-grad old and
+    reference logprobs need no backward and stay plain); one step lands on the same parameters."""
+    from trinity.models import lean_head
+
+    calls = []
+    original = lean_head.LeanHeadFn.apply
+    monkeypatch.setattr(lean_head.LeanHeadFn, "apply", lambda *a: calls.append(1) or original(*a))
+    exps = experiences(AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size)
+    after = []
+    for on in ("false", "true"):
+        calls.clear()
+        cfg = make_config(tmp_path, tiny_model_dir, lean_lm_head=on)
+        trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+        trainer.train_step(copy.deepcopy(exps))
+        assert bool(calls) == (on == "true"), (on, len(calls))
+        after.append(trainer.model.state_dict())
+    # Adam's first step moves every entry by about lr * g / (|g| + eps): an entry whose gradient
+    # is rounding noise moves by ~lr in a direction the noise sets, which the two head paths
+    # round differently. Such entries exist: the key projection's bias has a zero gradient in
+    # exact arithmetic (adding q.b to every score of a row leaves its softmax unchanged), and
+    # rows of the vocabulary no token predicts have gradients near eps. Measured: 24 of the
+    # model's entries differ by more than lr/1000, the largest by 1.6e-4. A wrong gradient moves
+    # most entries by ~lr. (The gradients themselves: the test above.)
+    lr = 1e-2
+    diffs = torch.cat([(after[1][k] - after[0][k]).abs().flatten() for k in after[0]])
+    assert int((diffs > lr / 100).sum()) <= diffs.numel() // 10_000, int((diffs > lr / 100).sum())
+    assert float(diffs.median()) < 1e-7
+
+
 def test_verl_gradient_checkpointing_key_sets_ours(tmp_path, tiny_model_dir):
     p = Path(tmp_path) / "verl.yaml"
     p.write_text(

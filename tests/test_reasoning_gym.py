@@ -122,6 +122,32 @@ def test_answer_formats():
         reward(a, None, row, answer_format="xml")
 
 
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("So 12 + 30 = 42.", "42"),
+        ("The total is 12,000 apples, not 11,999", "11999"),
+        ("-7 + 2 = -5", "-5"),
+        ("it costs 3.50 dollars", "3.50"),
+        ("1,5 and 2", "2"),  # a comma before fewer than three digits is not a separator
+        ("no digits at all", None),
+    ],
+)
+def test_last_number_reads_the_final_number(response, expected):
+    from trinity.rewards.reasoning_gym_reward import extract
+
+    assert extract(response, "last_number") == expected
+
+
+def test_last_number_scores_through_the_dataset():
+    row = rows("test", num_tasks=1, dataset="chain_sum")[0]
+    a = row["answer"]
+    right = reward(f"First 1 + 2 = 3, then the sum is {a}.", None, row, answer_format="last_number")
+    assert right["accuracy"] == 1.0
+    wrong = reward(f"The sum is {a} plus 1", None, row, answer_format="last_number")
+    assert wrong["accuracy"] == 0.0
+
+
 def test_tasks_from_a_taskset_config_score_through_their_row():
     storage = StorageConfig(
         storage_type="synthetic",

@@ -401,9 +401,15 @@ class TrainerConfig(ConfigSection):
     """torch CPU threads of the trainer; None = its share of the free cores
     (trinity.common.resources)."""
     logprob_chunk_size: int = Field(256, ge=1)
-    """Tokens whose logits are materialised at once (unit: tokens); none are kept for backward
-    (trinity/models/lean_head.py), so the LM head's transient memory is about 3 ×
-    logprob_chunk_size × vocabulary × 4 bytes."""
+    """Tokens whose logits are materialised at once (unit: tokens). Plain autograd keeps each
+    chunk's logits for backward (two or three copies of response tokens × vocabulary × 4 bytes);
+    with `lean_lm_head` none are kept and the transient is about 3 × logprob_chunk_size ×
+    vocabulary × 4 bytes."""
+    lean_lm_head: bool = False
+    """Keep no logits for backward: recompute each chunk's in backward and apply the gradients of
+    log p and of the entropy in closed form (trinity/models/lean_head.py). Values and gradients
+    equal plain autograd; saves most of the LM head's memory on large vocabularies for one more
+    head matmul per chunk. Off by default (docs/real_model.md says why)."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging
     Face's gradient checkpointing, non-reentrant): far less memory per micro-batch, about a third

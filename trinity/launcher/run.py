@@ -7,6 +7,7 @@ metrics from the hub to the monitor, and turns any actor's exception into a non-
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import socket
@@ -208,16 +209,33 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         ray.kill(hub)
         if name_actor is not None and ray.get(name_actor.detach.remote(_process_role(config))) == 0:
             ray.kill(name_actor)
+    summary_name = f"summary.{part}.json" if part else "summary.json"
     result = RunResult(
         run_dir=run_dir,
         stages=results,
         seconds=time.perf_counter() - t0,
         metrics_file=monitor.jsonl_path.name,
-        outputs=monitor.outputs,
+        outputs=[*monitor.outputs, summary_name],
         peak_pss_gb=peak_pss / GB,
     )
+    write_summary(result, run_dir / summary_name, joined)
     print_summary(result, console, joined)
     return result
+
+
+def write_summary(result: RunResult, path: Path, joined: bool) -> None:
+    """What the closing summary prints, as JSON beside the metrics (replaced atomically): each
+    stage's steps, seconds, evals and checkpoint, the wall time and the peak PSS with its scope
+    (`tree`: driver, Ray and every actor; `driver`: this process only, in a cluster it joined)."""
+    record = {
+        "wall_seconds": result.seconds,
+        "peak_pss_gb": result.peak_pss_gb,
+        "peak_pss_scope": "driver" if joined else "tree",
+        "stages": [dataclasses.asdict(s) for s in result.stages],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _process_role(cfg: Any) -> str:

@@ -14,7 +14,11 @@ The answer is taken from the response by `answer_format`:
 - `answer_tag` (default): the last `<answer>...</answer>`, as reasoning-gym's own prompts ask
   (its `SYSTEM_PROMPTS["default"]`, a good `format.system_prompt`); none: no answer (score 0);
 - `boxed`: the content of the last `\\boxed{...}`; none: no answer;
-- `raw`: the whole response.
+- `raw`: the whole response;
+- `last_number`: the last number in the response (thousands separators dropped, `12,000` is
+  `12000`), as lm-eval-harness's "flexible-extract" reads GSM8K answers: for small models that do
+  not follow a tag instruction (SmolLM2-135M writes "... = 23" and no tags), it gives GRPO a reward
+  that varies within a group; none: no answer.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from typing import Any
 from trinity.rewards.base import REWARD_FN, needs_task_fields
 from trinity.rewards.math_answer import last_boxed_content
 
-ANSWER_FORMATS = ("answer_tag", "boxed", "raw")
+ANSWER_FORMATS = ("answer_tag", "boxed", "raw", "last_number")
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 def extract(response: str, answer_format: str) -> str | None:
@@ -40,6 +46,9 @@ def extract(response: str, answer_format: str) -> str | None:
         return last_boxed_content(response)
     if answer_format == "raw":
         return response
+    if answer_format == "last_number":
+        found = _NUMBER.findall(_THOUSANDS.sub("", response))
+        return found[-1] if found else None
     raise ValueError(
         f"reasoning_gym_reward: unknown answer_format {answer_format!r}; "
         f"use one of {', '.join(ANSWER_FORMATS)}"

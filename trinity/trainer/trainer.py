@@ -375,7 +375,10 @@ class Trainer:
         """Forward, loss parts, backward for one micro-batch. Losses are pre-scaled by `agg`
         (`part_aggs`: the usual and expert rows' own aggregators, when the batch mixes them)."""
         a = self.algo
-        logprob, entropy = response_logprobs(self.model, mb, self.config.trainer.logprob_chunk_size)
+        tcfg = self.config.trainer
+        logprob, entropy = response_logprobs(
+            self.model, mb, tcfg.logprob_chunk_size, lean=tcfg.lean_lm_head
+        )
         mask = mb.response_mask
         if not recompute_old:  # recorded for the off-policy metrics
             mb.old_logprobs = logprob.detach()
