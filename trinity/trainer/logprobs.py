@@ -7,8 +7,8 @@ backbone's hidden states are gathered at the response positions only and the LM 
 The default is still the plain autograd path (every chunk's logits kept until backward): with
 the lean path the SFT memorisation test (tests/test_learning.py) ends at 52 of 100 sums right
 instead of 60 or more, every time, although one step's gradients agree with the plain path's
-to 7e-7 (relative). Until that is understood the lean head is opt-in (tests and
-`benchmarks/trainer_memory.py` use it).
+to 7e-7 (relative). Until that is understood the lean head is opt-in (`trainer.lean_lm_head`;
+docs/real_model.md).
 """
 
 from __future__ import annotations
