@@ -74,3 +74,9 @@ def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads((run_dir / "bench.json").read_text())
     assert [(row["checkpoint"], row["step"]) for row in rows] == [("global_step_3", 3)]
+    # no base model evaluated: the summary has no "at start" line, and the checkpoint's after
+    summary = json.loads((run_dir / "summary.bench.json").read_text())["stages"][0]
+    assert summary["eval_start"] == {} and summary["eval_end"] == {
+        k: v for k, v in rows[0].items() if k.endswith("/accuracy")
+    }
+    assert "eval at start" not in r.stdout

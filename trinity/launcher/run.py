@@ -553,7 +553,10 @@ def run_bench(
         mode="bench",
         steps=0,
         checkpoint=None,
-        eval_start={k: v for k, v in rows[0].items() if k.endswith("/accuracy")},
+        # "at start" is the base model (step 0) only: a bench of checkpoints alone has no start
+        eval_start={k: v for k, v in rows[0].items() if k.endswith("/accuracy")}
+        if points[0].step == 0
+        else {},
         eval_end={k: v for k, v in rows[-1].items() if k.endswith("/accuracy")},
         seconds=time.perf_counter() - t0,
     )
