@@ -738,7 +738,7 @@ def print_summary(result: RunResult, console: Console, joined: bool = False) -> 
         whose = (
             "this process only: the Ray cluster it joined is not its child"
             if joined
-            else ("driver, Ray and every actor")
+            else "driver, Ray and every actor"
         )
         console.print(f"peak PSS  {result.peak_pss_gb:.2f} GB ({whose}; sampled every 2 s)")
     console.print(f"outputs   {result.run_dir} ({', '.join(result.outputs)})", soft_wrap=True)
