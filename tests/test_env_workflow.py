@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 import ray
 from test_e2e import run_trinity
-from typer.testing import CliRunner
 
 from tests.chat_templates import chatml
 from tests.fake_engine import FakeEngine
-from trinity.cli import app
 from trinity.common.experience import ExperienceKind
 from trinity.common.rollout import SamplingParams
 from trinity.envs import ENV
@@ -178,12 +176,6 @@ def test_env_episodes_rows_and_disjoint_splits():
     assert {r["seed"] for r in test} | {r["seed"] for r in full_train} == set(range(1000))
     with pytest.raises(ValueError, match=f"env_episodes: only {n_test} distinct"):
         generate("env_episodes", "test", seed=0, num_tasks=n_test + 1, num_seeds=1000)
-
-
-@pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
-def test_env_examples_validate(config, no_ray):
-    result = CliRunner().invoke(app, ["validate", "--config", str(config)])
-    assert result.exit_code == 0, result.output
 
 
 def test_examples_cover_every_builtin_env():

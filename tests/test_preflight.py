@@ -82,11 +82,21 @@ def test_every_bad_row_is_reported_with_file_and_line(no_ray):
     assert any(m.startswith("1 bad row;") for m in messages)
 
 
-def test_good_configs_pass(no_ray):
-    result = CliRunner().invoke(
-        app, ["validate", "--config", str(ROOT / "examples/quickstart/quickstart.yaml")]
-    )
+EXAMPLE_CONFIGS = sorted((ROOT / "examples").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", EXAMPLE_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_example_config_validates(config, no_ray):
+    """Each shipped example passes `trinity validate` as its header says to run it: with its
+    folder as a plugin directory when the folder holds the plugin (*.py) it names."""
+    plugins = ["--plugin-dir", str(config.parent)] if any(config.parent.glob("*.py")) else []
+    result = CliRunner().invoke(app, ["validate", "--config", str(config), *plugins])
     assert result.exit_code == 0, result.output
+
+
+def test_example_configs_are_found():
+    names = {f"{p.parent.name}/{p.stem}" for p in EXAMPLE_CONFIGS}
+    assert {"quickstart/quickstart", "real_model/smollm2_grpo", "real_model/smollm2_bench"} <= names
 
 
 # -- skip_bad_rows ---------------------------------------------------------------------------------
