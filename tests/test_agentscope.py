@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from trinity.config.preflight import preflight
 from trinity.endpoint.app import build_app
 from trinity.endpoint.server import EndpointServer, SessionPublisher, WorkflowSessions
 from trinity.explorer.engine import HFRolloutEngine
+from trinity.explorer.explorer import Explorer
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer
@@ -219,6 +221,10 @@ def test_agentscope_react_episodes_that_end_early_keep_what_was_sampled(case):
     if case == "malformed_call":
         assert e.response_text == "<tool_call>{calculator(2+2)}</tool_call>"
         assert (e.metrics["tool_calls"], e.metrics["context_exceeded"]) == (0.0, 0.0)
+        assert e.info["tool_calls"] == [
+            "malformed"
+        ]  # kept for training (explorer.malformed_tool_calls)
+        assert handle.ledger_stats().tool_calls_malformed == 1
     else:
         assert e.response_text == ""  # unanswered
         assert (e.metrics["tool_calls"], e.metrics["context_exceeded"]) == (1.0, 1.0)
@@ -298,6 +304,49 @@ def test_openai_client_agent_runs_its_tools_and_trains_exactly_the_sampled_token
         assert "<tool_response>\n81\n</tool_response>" in masked_text(tok, e)
     stats = handle.ledger_stats()
     assert (stats.segments, stats.drift, stats.bridged) == (2, 0, 2)
+
+
+@pytest.mark.parametrize("policy", ["keep", "mask", "penalize"])
+def test_the_explorer_keeps_masks_or_penalizes_a_malformed_call_as_configured(policy):
+    """explorer.malformed_tool_calls, acted on where the explorer runs a task (`_run_with_retry`,
+    with the endpoint `prepare` starts): each episode's only reply tries to call the calculator
+    with bad JSON. It comes back to the agent as text (its final answer, reward 0), is counted,
+    kept on the experience, and trained as the policy says; an evaluation is never changed."""
+    load_plugin_dirs([PLUGINS])
+    tok = chatml()
+    bad = "<tool_call>{calculator(9*9)}</tool_call>"
+    engine = ByTurn(tok, [bad], "<|im_start|>assistant")
+    overrides = [f"explorer.malformed_tool_calls.policy={policy}"]
+    if policy == "penalize":
+        overrides.append("explorer.malformed_tool_calls.penalty=-0.5")
+    cfg = load_config(AGENT_EXAMPLE, overrides)
+    task = Task(index=2, raw={}, prompt="9*9=", truth="81", workflow_args={"max_turns": 3})
+
+    async def run(train: bool) -> tuple[list, dict]:
+        sessions = WorkflowSessions("policy", len(tok), 64, engine)
+        server = EndpointServer(build_app(sessions, tool_call_parser="hermes"))
+        await server.start()
+        explorer = Explorer.__new__(Explorer)  # what `prepare` gives `_run_with_retry`
+        explorer.cfg, explorer.client, explorer.tokenizer = cfg, engine, tok
+        explorer.endpoint, explorer.sessions, explorer.auxiliary = server, sessions, None
+        counts: dict = Counter()
+        try:
+            params = SamplingParams(n=2, max_tokens=48)
+            return await explorer._run_with_retry(task, params, counts, 7, train), counts
+        finally:
+            await server.stop()
+
+    exps, counts = asyncio.run(run(train=True))
+    assert len(exps) == 2 and counts["ledger_tool_calls_malformed"] == 2
+    for e in exps:
+        assert e.response_text == bad and e.info["tool_calls"] == ["malformed"]
+        assert e.info["tool_call_errors"]["0"].startswith("tool call 0: ")
+        [(start, end, _)] = e.info["turns"]
+        trained = e.action_mask[start:end].tolist()
+        assert trained == [policy != "mask"] * (end - start)
+        assert e.reward == (-0.5 if policy == "penalize" else 0.0)
+    evaluated, _ = asyncio.run(run(train=False))
+    assert all(e.reward == 0.0 and e.action_mask.all() for e in evaluated)
 
 
 def test_openai_client_agent_example_validates(monkeypatch):

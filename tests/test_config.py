@@ -273,6 +273,14 @@ def test_cross_field_checks(tmp_path: Path) -> None:
     assert "60 + 50 = 110" in probs["model.max_model_len"].message
 
 
+def test_a_malformed_call_penalty_needs_policy_penalize(tmp_path: Path) -> None:
+    text = "model: {model_path: m}\nexplorer: {malformed_tool_calls: {%s}}\n"
+    probs = problems_of(write(tmp_path, text % "policy: mask, penalty: -0.5"))
+    assert "policy is 'mask'" in probs["explorer.malformed_tool_calls.penalty"].message
+    probs = problems_of(write(tmp_path, text % "policy: penalize, penalty: -0.5", "ok.yaml"))
+    assert not any(p.startswith("explorer.") for p in probs)  # the run's other gaps only
+
+
 def test_explore_needs_taskset_with_path(tmp_path: Path) -> None:
     probs = problems_of(write(tmp_path, "mode: explore\nmodel: {model_path: m}\n"))
     assert list(probs) == ["buffer.explorer_input.taskset"]

@@ -192,6 +192,15 @@ def test_tool_calls_are_parsed_and_a_malformed_one_is_returned_as_text(scripted)
     r = c.chat.completions.create(model="policy", messages=USER, tools=tools, max_tokens=64)
     assert r.choices[0].message.content == engine.reply and not r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "stop"
+    # the ledger keeps every parse for training: the first conversation (a call, then its
+    # answer) is one trajectory with statuses ok, none; the malformed reply opened a second
+    handle = served.sessions.pop("tools")
+    stats = handle.ledger_stats()
+    assert (stats.tool_calls_ok, stats.tool_calls_malformed) == (1, 1)
+    first, second = handle.extract_experiences(reward=1.0)
+    assert first.info["tool_calls"] == ["ok", "none"] and "tool_call_errors" not in first.info
+    assert second.info["tool_calls"] == ["malformed"]
+    assert second.info["tool_call_errors"]["0"].startswith("tool call 0: ")  # hermes' JSON error
 
 
 def test_tool_choice_none_returns_a_call_as_text(scripted):

@@ -13,6 +13,7 @@ from trinity.common.rollout import Sample, SamplingParams
 from trinity.explorer.bridging import delta_ids
 from trinity.explorer.ledger import Intent, SessionLedger, fingerprint
 from trinity.explorer.model_client import TaskModelHandle, mask_prompt_truncated
+from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.trainer.batch import collate
 
 
@@ -96,6 +97,56 @@ def test_a_truncated_prompt_s_stand_in_token_is_not_trained():
     (e,) = led.extract_experiences()
     assert e.action_mask.tolist() == [False]
     assert mask_prompt_truncated([e], [[1, 2]]) == 1  # the explorer's masking finds it too
+
+
+def _two_turns_and_a_fork() -> SessionLedger:
+    """Turn 0 [4, 5] parses as a call, turn 1 [8] is malformed; a second sample of turn 1
+    continues from turn 0 as a fork holding turn 0's record too."""
+    led = SessionLedger("s")
+    led.record([sample([1, 2, 3], [4, 5], [-0.1, -0.2])], fingerprint="f")
+    led.record([sample([1, 2, 3, 4, 5, 6, 7], [8], [-0.3])], fingerprint="f")
+    led.record([sample([1, 2, 3, 4, 5, 6, 7], [9, 9], [-0.4, -0.4])], fingerprint="f")
+    led.note_tool_calls("s/0/0", "ok")
+    led.note_tool_calls("s/1/0", "malformed", "tool call 0: bad JSON")
+    return led
+
+
+def test_tool_call_parses_are_kept_per_turn_and_counted():
+    led = _two_turns_and_a_fork()
+    a, b = led.extract_experiences(reward=1.0)
+    assert a.info["turns"] == [[0, 2, "s/0/0"], [4, 5, "s/1/0"]]
+    assert a.info["tool_calls"] == ["ok", "malformed"]
+    assert a.info["tool_call_errors"] == {"1": "tool call 0: bad JSON"}
+    assert b.info["tool_calls"] == ["ok", None]  # the fork's own turn was not parsed
+    assert (led.stats.tool_calls_ok, led.stats.tool_calls_malformed) == (1, 1)
+    assert led.stats.merged(led.stats).metrics()["ledger_tool_calls_malformed"] == 2.0
+    with pytest.raises(ValueError, match="already parsed"):
+        led.note_tool_calls("s/0/0", "ok")
+    with pytest.raises(KeyError, match="no record 's/7/0'"):
+        led.note_tool_calls("s/7/0", "ok")
+    # a ledger no parser read carries no tool-call keys
+    plain = SessionLedger("p")
+    plain.record([sample([1], [2], [-0.2])], fingerprint="f")
+    assert "tool_calls" not in plain.extract_experiences()[0].info
+
+
+def test_malformed_policy_masks_or_penalizes_exactly_the_malformed_turns():
+    # response positions: 4 5 (turn 0, ok) | 6 7 (delta) | 8 (turn 1, malformed)
+    led = _two_turns_and_a_fork()
+    kept = led.extract_experiences(reward=1.0)
+    assert apply_malformed_policy(kept, "keep", -1.0) == 0
+    assert kept[0].action_mask.tolist() == [True, True, False, False, True]
+    masked = led.extract_experiences(reward=1.0)
+    assert apply_malformed_policy(masked, "mask", -1.0) == 1
+    assert masked[0].action_mask.tolist() == [True, True, False, False, False]
+    assert masked[0].reward == 1.0 and masked[0].info["malformed_masked"] == 1
+    assert masked[1].action_mask.tolist() == [True, True, False, False, True, True]  # untouched
+    penalized = led.extract_experiences(reward=1.0)
+    assert apply_malformed_policy(penalized, "penalize", -0.25) == 1
+    assert [e.reward for e in penalized] == [0.75, 1.0]
+    assert penalized[0].action_mask.tolist() == [True, True, False, False, True]
+    with pytest.raises(ValueError, match="gave it no reward"):
+        apply_malformed_policy(led.extract_experiences(), "penalize", -1.0)
 
 
 def test_logprobs_must_match_the_completion():

@@ -180,6 +180,17 @@ def _overlong_fits(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("explorer.malformed_tool_calls")
+def _penalty_has_its_policy(cfg: TrinityConfig) -> Iterator[Problem]:
+    m = cfg.explorer.malformed_tool_calls
+    if m.penalty is not None and m.policy != "penalize":
+        yield Problem(
+            "explorer.malformed_tool_calls.penalty",
+            f"is used by policy 'penalize' only, but policy is {m.policy!r}: set "
+            "policy: penalize, or drop the penalty",
+        )
+
+
 @_check("mode", "buffer.explorer_input.eval_tasksets")
 def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
     if cfg.mode == "bench" and not cfg.stages and not cfg.buffer.explorer_input.eval_tasksets:

@@ -244,6 +244,21 @@ class ClusterConfig(ConfigSection):
     """GPUs the run may use on the node; None = every GPU the Ray cluster has."""
 
 
+class MalformedToolCallsConfig(ConfigSection):
+    """What training does with a reply that tried to call a tool and did not parse (the
+    endpoint's `tool_call_parser`: bad JSON, no name, an unclosed tag). Every parse is counted
+    (`rollout/ledger_tool_calls_ok`, `rollout/ledger_tool_calls_malformed`) and kept on the
+    experience (`info["tool_calls"]`, one status per turn), whatever the policy."""
+
+    policy: Literal["keep", "mask", "penalize"] = "keep"
+    """'keep' = train on the reply as sampled; 'mask' = its tokens get action mask 0 (the rest of
+    the trajectory is still trained); 'penalize' = `penalty` is added to its experience's
+    reward once per malformed reply."""
+    penalty: float | None = None
+    """Policy 'penalize': added to the reward per malformed reply; None = -1.0 there (set only
+    with that policy)."""
+
+
 class ExplorerConfig(ConfigSection):
     """The explorer: runs workflows on tasks to produce experiences."""
 
@@ -305,6 +320,8 @@ class ExplorerConfig(ConfigSection):
         int, NotApplicable("a crashed engine is restarted by Ray (rollout_model.max_restarts)")
     ] = Field(1, ge=1)
     """Mode 'serve': engines kept running at least."""
+    malformed_tool_calls: MalformedToolCallsConfig = Field(default_factory=MalformedToolCallsConfig)
+    """Replies whose tool call did not parse: kept, masked or penalised in training."""
 
 
 class SynchronizerConfig(ConfigSection):

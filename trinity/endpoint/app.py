@@ -304,6 +304,8 @@ def _chat_choice(i: int, s: Sample, handle: TaskModelHandle, parse: Any) -> _Cho
         s.info["tool_call_status"] = parsed.status
         if parsed.error:
             s.info["tool_call_error"] = parsed.error
+        if "call_id" in s.info:  # the ledger keeps it for the experience
+            handle.note_tool_calls(s.info["call_id"], parsed.status, parsed.error or "")
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     finish = _finish(s)
     if parsed.status == "ok":

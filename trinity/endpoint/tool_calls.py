@@ -5,7 +5,10 @@
 A parser is a function `(text) -> ParsedCalls`, registered in `TOOL_CALL_PARSER`. The status says
 what happened, so a malformed call is never dropped silently: the endpoint returns the raw text
 as the message content (finish_reason "stop", no `tool_calls`) and records the status on the
-sample (`Sample.info["tool_call_status"]`), where the experience pipeline can penalise or mask it.
+sample (`Sample.info["tool_call_status"]`) and in its session's ledger
+(`SessionLedger.note_tool_calls`), whence the experience (`info["tool_calls"]`); the explorer
+keeps, masks or penalises a malformed reply as `explorer.malformed_tool_calls` says
+(`explorer.tool_call_policy`).
 
 - "none": the text holds no tool call; content is the whole text.
 - "ok": every call parsed; content is the text outside the calls (None when empty).

@@ -248,6 +248,9 @@ class AuxiliaryHandle:
     def bind_reply(self, call_id: str, tool_call_ids: list[str]) -> None:
         """Nothing to bind: no later call continues an auxiliary reply (the endpoint's hook)."""
 
+    def note_tool_calls(self, call_id: str, status: str, error: str = "") -> None:
+        """Nothing to keep: auxiliary replies are not trained (the endpoint's hook)."""
+
     def openai_client(self, **kwargs: Any) -> Any:
         """An `openai.OpenAI` client for this model (blocking: for `SyncWorkflow`s); its
         `model_path` attribute is the model name to pass. Needs `enable_openai_api: true` on

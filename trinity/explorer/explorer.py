@@ -39,6 +39,7 @@ from trinity.explorer.auxiliary import (
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.sampling import stable_key
+from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.schedule import (
     admission_version,
@@ -424,12 +425,13 @@ class Explorer:
                     self.serving.pop(sid)  # never rewarded in time: its calls are not trained
                 if ready:
                     step += 1
-                    exps = self._served_experiences(step, ready, groups)
+                    exps, ledgers = self._served_experiences(step, ready, groups)
                     t0 = time.perf_counter()
                     await self._write(exps, None)
                     metrics = {
                         **(rollout_metrics(exps, "rollout/") if exps else {}),
                         **{f"serve/{k}": float(v) for k, v in self.book.counts.items()},
+                        **{f"rollout/{k}": v for k, v in ledgers.metrics().items()},
                         "serve/sessions_written": float(len(ready)),
                         "rollout/model_version": float(self._version()),
                         "timing/buffer_write": time.perf_counter() - t0,
@@ -455,16 +457,19 @@ class Explorer:
 
     def _served_experiences(
         self, step: int, ready: list[Any], groups: dict[str, int]
-    ) -> list[Experience]:
+    ) -> tuple[list[Experience], LedgerStats]:
         """The ready sessions' trajectories (their ledgers), rewarded: the session's reward, or
-        the sum of its calls' rewards over the calls each trajectory holds. Sessions committed
-        with one `group` share EID.task (GRPO compares them); others are groups of their own."""
+        the sum of its calls' rewards over the calls each trajectory holds, then
+        `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions committed with one
+        `group` share EID.task (GRPO compares them); others are groups of their own."""
         assert self.serving is not None
         out: list[Experience] = []
+        stats = LedgerStats()
         for r in ready:
             handle = self.serving.pop(r.session_id)
             if handle is None:  # feedback and commit only: no call was made in it
                 continue
+            stats = stats.merged(handle.ledger_stats())
             by_record = r.record_rewards()
             key = r.group if r.group is not None else f"session:{r.session_id}"
             task = groups.setdefault(key, len(groups))
@@ -478,7 +483,8 @@ class Explorer:
                 e.eid = EID(batch=0, task=task, run=len(out), suffix="serve")
                 e.info["session_id"] = r.session_id
                 out.append(e)
-        return out
+        _malformed_policy(self.cfg, out)
+        return out, stats
 
     async def _take_share(self, wait_s: float = SHARE_WAIT_S) -> None:
         """Before a step of a split run: claim this explorer's part of the run's cores
@@ -691,6 +697,7 @@ class Explorer:
                 self._eval_params,
                 f"eval {name!r}",
                 key=self._sampling_key("eval", step, name),
+                train=False,
             )
             exps = [e for _, es in kept for e in es]
             if not exps:
@@ -838,6 +845,7 @@ class Explorer:
         budget: float | None = None,
         key: int | None = None,
         first: int = 0,
+        train: bool = True,
     ) -> tuple[list[tuple[int, list[Experience]]], dict[str, float]]:
         """Run every task's workflow concurrently (bounded by `runner_per_model` per engine).
 
@@ -848,7 +856,8 @@ class Explorer:
         is dropped and counted. When more than `max_failure_fraction` of the tasks fail (or
         more than `budget` tasks, when given), the step raises with the first failure's tracebacks: a
         broken workflow fails loudly, a flaky environment does not end a long run. Returns
-        ([(position in `tasks`, its experiences) for each task kept], counts).
+        ([(position in `tasks`, its experiences) for each task kept], counts). `train`: the
+        experiences are trained (`explorer.malformed_tool_calls` applies), not evaluated.
         """
         assert self.client is not None
         ecfg = self.cfg.explorer
@@ -859,7 +868,9 @@ class Explorer:
             async with limit:
                 try:
                     task_key = None if key is None else stable_key(key, first + i)
-                    return await self._run_with_retry(task, params_fn(task), counts, task_key)
+                    return await self._run_with_retry(
+                        task, params_fn(task), counts, task_key, train
+                    )
                 except WorkflowFailed as e:
                     return e
 
@@ -886,7 +897,12 @@ class Explorer:
         return kept, stats
 
     async def _run_with_retry(
-        self, task: Task, params: SamplingParams, counts: dict[str, int], key: int | None = None
+        self,
+        task: Task,
+        params: SamplingParams,
+        counts: dict[str, int],
+        key: int | None = None,
+        train: bool = True,
     ) -> list[Experience]:
         ecfg = self.cfg.explorer
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
@@ -923,10 +939,7 @@ class Explorer:
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
-                if handle.truncated_prompts:
-                    counts["prompt_truncated"] += mask_prompt_truncated(
-                        exps, handle.truncated_prompts
-                    )
+                counts["prompt_truncated"] += finish_experiences(self.cfg, exps, handle, train)
                 for k, v in handle.ledger_stats().metrics().items():
                     counts[k] += v
                 return exps
@@ -956,6 +969,27 @@ class Explorer:
         for e in [*self.engines, *(e for pool in self.aux_engines.values() for e in pool)]:
             ray.kill(e)
         self.engines, self.aux_engines = [], {}
+
+
+def finish_experiences(
+    cfg: Any, experiences: list[Experience], handle: TaskModelHandle, train: bool
+) -> int:
+    """What the explorer does to a task's experiences when its workflow returns them: zero the
+    action mask of those built on a truncated prompt (`mask_prompt_truncated`; returns how
+    many) and, when they are to be trained, apply `explorer.malformed_tool_calls`."""
+    cut = (
+        mask_prompt_truncated(experiences, handle.truncated_prompts)
+        if handle.truncated_prompts
+        else 0
+    )
+    if train:
+        _malformed_policy(cfg, experiences)
+    return cut
+
+
+def _malformed_policy(cfg: Any, experiences: list[Experience]) -> None:
+    malformed = cfg.explorer.malformed_tool_calls
+    apply_malformed_policy(experiences, malformed.policy, _first(malformed.penalty, -1.0))
 
 
 def _drop_flat_groups(

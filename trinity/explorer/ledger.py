@@ -29,6 +29,7 @@ drift belongs to the episode it was meant to continue, as its next part (`EID.ru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -129,21 +130,20 @@ class LedgerStats:
     drift: int = 0  # segments opened by a call that meant to continue a conversation
     forks: int = 0  # trajectories opened from a record that was no longer a tip
     bridged: int = 0  # records whose prompt extended held tokens (merged)
+    tool_calls_ok: int = 0  # replies a tool-call parser read as calls (`note_tool_calls`)
+    tool_calls_malformed: int = 0  # replies that tried to call a tool and did not parse
     drift_reasons: dict[str, int] = field(default_factory=dict)
 
     def merged(self, other: LedgerStats) -> LedgerStats:
+        counts = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "drift_reasons"
+        }
         reasons = dict(self.drift_reasons)
         for k, v in other.drift_reasons.items():
             reasons[k] = reasons.get(k, 0) + v
-        return LedgerStats(
-            calls=self.calls + other.calls,
-            samples=self.samples + other.samples,
-            segments=self.segments + other.segments,
-            drift=self.drift + other.drift,
-            forks=self.forks + other.forks,
-            bridged=self.bridged + other.bridged,
-            drift_reasons=reasons,
-        )
+        return LedgerStats(**counts, drift_reasons=reasons)
 
     def metrics(self) -> dict[str, float]:
         """`ledger_*` counts, as the explorer reports them under `rollout/`."""
@@ -153,6 +153,8 @@ class LedgerStats:
             "ledger_drift": float(self.drift),
             "ledger_forks": float(self.forks),
             "ledger_bridged": float(self.bridged),
+            "ledger_tool_calls_ok": float(self.tool_calls_ok),
+            "ledger_tool_calls_malformed": float(self.tool_calls_malformed),
         }
 
 
@@ -170,6 +172,7 @@ class SessionLedger:
         self._calls = 0
         self._episodes = episodes if episodes is not None else itertools.count()
         self._by_end: dict[int, list[CallRecord]] = {}  # records by the length they end at
+        self.tool_calls: dict[str, tuple[str, str]] = {}  # call id -> (parse status, error)
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -235,6 +238,20 @@ class SessionLedger:
             self.stats.samples += 1
             out.append(rec)
         return out
+
+    def note_tool_calls(self, call_id: str, status: str, error: str = "") -> None:
+        """What a tool-call parser made of record `call_id`'s reply (`endpoint.tool_calls`:
+        "none", "ok" or "malformed", with the parser's error), kept for its experience
+        (`info["tool_calls"]`) and counted. A reply is parsed once: a second note is refused."""
+        if call_id not in self.records:
+            raise KeyError(f"ledger {self.session!r}: no record {call_id!r} to note")
+        if call_id in self.tool_calls:
+            raise ValueError(f"ledger {self.session!r}: record {call_id!r} was already parsed")
+        self.tool_calls[call_id] = (status, error)
+        if status == "ok":
+            self.stats.tool_calls_ok += 1
+        elif status == "malformed":
+            self.stats.tool_calls_malformed += 1
 
     def _longest_parent(self, prompt: list[int]) -> CallRecord | None:
         """The record whose held tokens `prompt` extends, longest first; a tip before others."""
@@ -316,7 +333,10 @@ class SessionLedger:
         so the mask may have holes (tool/user turns). `reward`: one for every row, or per
         episode (its `EID.run` without `run_offset`), or None. model_version: the oldest weights any
         of its calls used (`info["model_versions"]` lists each call's); truncated: its last
-        call stopped at its length budget. `info["turns"]`: `Trajectory.turn_spans`.
+        call stopped at its length budget. `info["turns"]`: `Trajectory.turn_spans`; when a
+        parser read any of its replies (`note_tool_calls`), `info["tool_calls"]` gives each
+        turn's parse status (None: not parsed) and `info["tool_call_errors"]` the malformed
+        ones' errors by turn index.
         """
         out = []
         for traj in self.trajectories:
@@ -350,11 +370,22 @@ class SessionLedger:
                         "turns": [list(span) for span in traj.turn_spans()],
                         "model_versions": versions,
                         "fingerprint": traj.records[-1].fingerprint,
+                        **self._tool_call_info(traj),
                     },
                     metrics=dict(metrics or {}),
                 )
             )
         return out
+
+    def _tool_call_info(self, traj: Trajectory) -> dict[str, Any]:
+        notes = [self.tool_calls.get(rec.call_id) for rec in traj.records]
+        if not any(notes):
+            return {}
+        errors = {str(i): n[1] for i, n in enumerate(notes) if n and n[0] == "malformed"}
+        return {
+            "tool_calls": [n[0] if n else None for n in notes],
+            **({"tool_call_errors": errors} if errors else {}),
+        }
 
 
 # -- fingerprints ------------------------------------------------------------------------------

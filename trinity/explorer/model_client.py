@@ -448,6 +448,11 @@ class TaskModelHandle:
         """See `ChatSession.bind_reply`: tool-call ids a parser gave record `call_id`'s reply."""
         self._chat.bind_reply(call_id, tool_call_ids)
 
+    def note_tool_calls(self, call_id: str, status: str, error: str = "") -> None:
+        """See `SessionLedger.note_tool_calls`: a parser's status for record `call_id`'s reply,
+        kept for its experience and `explorer.malformed_tool_calls`."""
+        self.ledger.note_tool_calls(call_id, status, error)
+
     def episode_of(self, sample: Sample) -> int:
         """The episode (`EID.run` of its experience) of a sample this session returned."""
         record = self.ledger.records[sample.info["call_id"]]

@@ -32,7 +32,7 @@ from trinity.explorer.auxiliary import (
     served_auxiliary,
     why_not_served,
 )
-from trinity.explorer.explorer import _first, task_sampling
+from trinity.explorer.explorer import _first, finish_experiences, task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.explorer.sampling import stable_key
@@ -123,7 +123,9 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
                 publish=publisher,
             )
             workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
-            return await workflow.run(task, handle)
+            exps = await workflow.run(task, handle)
+            finish_experiences(cfg, exps, handle, train=not task.is_eval)  # as the explorer
+            return exps
         finally:
             if server is not None:
                 await server.stop()
