@@ -1,8 +1,9 @@
 """Checkpoints are durable before their leases are acked, and a torn one is never resumed from.
 
-`save_hf_checkpoint` is driven with stand-ins for the model and tokenizer that write files the way
-`save_pretrained` does (a weights file, a config, tokenizer files; the critic's weights in a
-subfolder), so every test runs in milliseconds and knows each file it wrote.
+`save_hf_checkpoint` is driven with stand-ins for the model (its weights writer, `save_weights`)
+and tokenizer that write files the way `save_pretrained` does (a weights file, a config, tokenizer
+files; the critic's weights in a subfolder), so every test runs in milliseconds and knows each file
+it wrote. `save_weights` itself is tested on a real model at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class _Model:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.safetensors").write_bytes(self.tag.encode() * 1000)
         (folder / "config.json").write_text(json.dumps({"tag": self.tag}))
+
+
+@pytest.fixture(autouse=True)
+def _stand_in_weights(monkeypatch):
+    monkeypatch.setattr(ckpt, "save_weights", lambda model, folder: model.save_pretrained(folder))
 
 
 class _Tokenizer:
@@ -206,3 +212,30 @@ def test_pruning_keeps_the_newest_and_leaves_no_half_folder(tmp_path):
         _save(tmp_path, step, str(step), keep=2)
     assert [c.name for c in list_checkpoints(tmp_path)] == ["global_step_4", "global_step_5"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_4", "global_step_5"]
+
+
+def test_save_weights_writes_what_from_pretrained_reads_tied_weights_once(tmp_path, tiny_model_dir):
+    """The real writer on a real model whose output embedding is tied to its input one: the file
+    holds each tensor once (the tied one under its first name, as `save_pretrained` writes it),
+    and the folder loads back equal, still tied."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ckpt.save_weights(model, tmp_path / "mine")
+    model.save_pretrained(tmp_path / "theirs")
+    with (
+        safe_open(tmp_path / "mine" / "model.safetensors", "pt") as mine,
+        safe_open(tmp_path / "theirs" / "model.safetensors", "pt") as theirs,
+    ):
+        keys = set(mine.keys())  # safe_open has keys(), no __contains__
+        assert keys == set(theirs.keys()) and "lm_head.weight" not in keys
+        for k in keys:
+            assert torch.equal(mine.get_tensor(k), theirs.get_tensor(k)), k
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "mine")
+    assert back.lm_head.weight is back.model.embed_tokens.weight
+    for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    assert (tmp_path / "mine" / "generation_config.json").is_file()

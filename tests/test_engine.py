@@ -57,6 +57,35 @@ def test_greedy_is_deterministic_and_weights_update_bumps_version(tiny_model_dir
     )
 
 
+def test_a_weight_update_is_adopted_not_copied_and_the_tie_holds(tiny_model_dir):
+    """The engine keeps a sync's tensors as its parameters (one copy of the weights, not the
+    transport's and its own): the tied output embedding follows the new input embedding, and
+    it samples as an engine that copied the same weights does. Tensors of another
+    dtype are copied (converted) instead."""
+    from trinity.models.loading import distinct_tensors
+
+    adopting, copying = (HFRolloutEngine(str(tiny_model_dir), seed=0) for _ in range(2))
+    g = torch.Generator().manual_seed(0)
+    new = {
+        k: v.detach() + 0.05 * torch.randn(v.shape, generator=g)
+        for k, v in distinct_tensors(adopting.model.state_dict()).items()
+    }
+    assert "lm_head.weight" not in new  # tied: sent once, under the input embedding's name
+    adopting.load_state(new, 5)
+    held = adopting.model.state_dict()
+    assert all(held[k].data_ptr() == t.data_ptr() for k, t in new.items())
+    assert adopting.model.lm_head.weight is adopting.model.model.embed_tokens.weight
+    copying.load_state({k: t.double() for k, t in new.items()}, 5)  # float64: copied, cast
+    assert copying.model.lm_head.weight.dtype == torch.float32
+    assert all(copying.model.state_dict()[k].data_ptr() != t.data_ptr() for k, t in new.items())
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
+    a = adopting.generate([prompt(adopting)], params, keys=[11])[0]
+    b = copying.generate([prompt(copying)], params, keys=[11])[0]
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]
+    for x, y in zip(a, b, strict=True):  # equal up to kernel rounding (memory alignment)
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs))
+
+
 class FakeEngine:
     """Stands in for a Ray actor handle: records the batches it is sent."""
 

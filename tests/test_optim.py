@@ -54,3 +54,23 @@ def test_scheduler_drives_the_optimizer_lr():
         opt.step()
         sched.step()
     assert seen == pytest.approx([0.05, 0.1, 0.1])
+
+
+def test_the_fused_update_is_adamw_s_formula():
+    """One fused AdamW update on CPU, checked against the formula (Loshchilov & Hutter):
+    p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), m_hat = g, v_hat = g^2 after one step,
+    so each entry moves by lr sign(g) (up to eps), plus the decay."""
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0, 0.5]]))
+    opt_cfg = SimpleNamespace(
+        lr=0.01, betas=(0.9, 0.999), weight_decay=0.1, lr_warmup_steps=0,
+        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0,
+    )  # fmt: skip
+    opt, _ = build_optimizer(model, opt_cfg, total_steps=10)
+    assert opt.param_groups[0]["fused"] is True  # no all-parameter temporaries (optim.py)
+    model.weight.grad = torch.tensor([[0.3, -4.0, 0.0]])
+    opt.step()
+    w0, g = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.3, -4.0, 0.0])
+    expected = w0 * (1 - 0.01 * 0.1) - 0.01 * g / (g.abs() + 1e-8)
+    assert model.weight.detach()[0].tolist() == pytest.approx(expected.tolist(), abs=1e-7)

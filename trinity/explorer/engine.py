@@ -270,8 +270,11 @@ class HFRolloutEngine:
         return self.load_state(sync_method(method).receive(payload, peers), version)
 
     def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
-        """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent)."""
-        load_weights(self.model, tensors, f"weight update v{version}")
+        """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent).
+        The engine keeps the tensors as its parameters when they match them (`load_weights`'s
+        `adopt`: a sync method's tensors are the engine's alone), so it holds one copy of the
+        weights, not the transport's plus its own."""
+        load_weights(self.model, tensors, f"weight update v{version}", adopt=True)
         self.model_version = version
         return version
 

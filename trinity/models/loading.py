@@ -191,15 +191,45 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> An
     return model.to(device).eval()
 
 
-def load_weights(model: Any, tensors: dict[str, Any], what: str) -> None:
+def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` without a tensor that is the very tensor of an earlier name (a tied output
+    embedding, `lm_head.weight` = `model.embed_tokens.weight`): what is saved or sent once, and
+    tied again on loading (`load_weights`)."""
+    out, seen = {}, set()
+    for name, t in state.items():
+        view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if t.numel() and view in seen:
+            continue
+        seen.add(view)
+        out[name] = t
+    return out
+
+
+def load_weights(model: Any, tensors: dict[str, Any], what: str, adopt: bool = False) -> bool:
     """Load a name -> tensor dict into `model`; only a tied output embedding may be absent.
+
+    `adopt`: when every tensor has its parameter's dtype, device and shape, the parameters
+    become those tensors (`load_state_dict(assign=True)`) instead of copies of them: the caller
+    hands over tensors nobody else writes (an engine's weight update), and the model holds one
+    copy of its weights, not two. Tied parameters are tied again. Returns whether it adopted.
 
     Raises RuntimeError naming `what` (the weights' origin) when names do not match.
     """
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    held = model.state_dict(keep_vars=True)  # parameters and buffers, tied ones by each name
+    adopt = adopt and all(
+        k in held
+        and t.dtype == held[k].dtype
+        and t.device == held[k].device
+        and t.shape == held[k].shape
+        for k, t in tensors.items()
+    )
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=adopt)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
     if missing or unexpected:
         raise RuntimeError(
             f"{what} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    if adopt and tied:  # the output embedding still holds the old input embedding
+        model.tie_weights()
+    return adopt

@@ -6,9 +6,11 @@ its own bytes: as a view of the same bits as a signed integer of the same width,
 receipt, so a bf16 model moves half the bytes of a float32 copy and arrives bit-exact. The object
 is freed when the synchronizer drops the last reference (`discard`) and no engine still holds it.
 
-`receive` hands out read-only views of the object-store arrays, not copies: the engine copies them
-into its own parameters anyway (`load_state_dict`), so a copy here would move every byte twice
-(it made a sync 3.2-3.8x a plain memory copy instead of ~2x, see docs/benchmarks.md).
+`receive` hands out read-only views of the object-store arrays, not copies: an engine whose
+parameters have their dtype keeps the views as its parameters (`load_weights(adopt=True)`; the
+object stays pinned while it holds them), any other copies them, so a copy here would only move
+every byte twice (it made a sync 3.2-3.8x a plain memory copy instead of ~2x, see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

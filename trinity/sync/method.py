@@ -33,9 +33,9 @@ class SyncMethod(Protocol):
         ...
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
-        """Engine half: the weights a payload stands for, as tensors the engine copies from
-        (`load_state_dict`) before its next `receive`; they may be read-only views of the
-        transport's buffers.
+        """Engine half: the weights a payload stands for, as tensors the engine may keep as its
+        parameters until its next `receive` (`load_weights(adopt=True)`; it never writes them):
+        they may be read-only views of the transport's buffers, valid while referenced.
 
         `peers`: this engine's place among the engines that load the payload in the same call (a
         collective method needs it; the others ignore it). None: an engine loading on its own.

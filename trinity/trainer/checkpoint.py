@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from trinity.models.loading import distinct_tensors
+
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _REPLACED = re.compile(r"^\.global_step_(\d+)\.old$")
 
@@ -50,6 +52,30 @@ def trained_leases(checkpoint: Path | None) -> list[int]:
     if checkpoint is None or not (Path(checkpoint) / LEASES).is_file():
         return []
     return [int(i) for i in json.loads((Path(checkpoint) / LEASES).read_text())]
+
+
+def save_weights(model: Any, folder: Path) -> None:
+    """`model`'s weights as `model.safetensors` with its `config.json` (and
+    `generation_config.json`), what `save_pretrained` writes for a model in one file, read by
+    `from_pretrained` unchanged: a tensor tied to an earlier one (the output embedding) is
+    written once, under its first name. Tensors are written from where they are, without
+    `save_pretrained`'s copy of the whole model (+0.52 GB of peak memory for SmolLM2-135M in
+    fp32, measured); only a tensor that is not contiguous, or that shares its storage with
+    another one without being it, is copied."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(folder)
+    tensors, storages = {}, set()
+    for name, t in distinct_tensors(model.state_dict()).items():
+        t = t.detach()
+        storage = t.untyped_storage().data_ptr()
+        shared = storage in storages  # another tensor's storage, not that tensor
+        storages.add(storage)
+        tensors[name] = t.clone() if shared or not t.is_contiguous() else t
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def save_hf_checkpoint(
@@ -73,7 +99,7 @@ def save_hf_checkpoint(
     tmp = root / f".global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     # 1.
-    model.save_pretrained(tmp, safe_serialization=True)
+    save_weights(model, tmp)
     tokenizer.save_pretrained(tmp)
     if extra_files is not None:
         trainer_state = {**(trainer_state or {}), **extra_files(tmp)}

@@ -10,6 +10,7 @@ import ray
 
 from trinity.buffer.storage import BufferClosed
 from trinity.config.resolved import resolve
+from trinity.models.loading import distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.checkpoint import trained_leases
@@ -242,7 +243,7 @@ class TrainerRunner:
         """Publish the weights of `step` with the configured sync method's trainer half."""
         assert self.trainer is not None
         t0 = time.perf_counter()
-        state = self.trainer.model.state_dict()
+        state = distinct_tensors(self.trainer.model.state_dict())  # a tied tensor once
         method = sync_method(resolve(self.cfg).sync_method)
         payload = method.send(state, step, self.stage_dir / "sync")
         ray.get(self.synchronizer.publish.remote(step, payload))
