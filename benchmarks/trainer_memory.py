@@ -15,9 +15,10 @@ experiences, `--prompt` prompt + `--response` response tokens each, groups of 4 
 - `process peak RSS`: the whole process life (the peak up to the first step, model loading
   included, and every step's),
 - `PSS at end`: the process's proportional set size after the last step.
-Variants: `plain` (every chunk's [n, V] logits kept for backward, the path before), `lean`
-(`trinity.models.lean_head`), `lean+ckpt` (plus `trainer.enable_gradient_checkpointing`),
-`plain+ckpt`. Prints a markdown table and writes `benchmarks/results/trainer_memory.json`.
+Variants: `plain` (every chunk's [n, V] logits kept for backward, the default), `lean`
+(`trainer.lean_lm_head`), `lean+ckpt` (plus `trainer.enable_gradient_checkpointing`),
+`plain+ckpt`. GRPO's default k3 KL loss loads a reference model; `--no-reference` runs with
+beta 0 as the SmolLM2 example does. Prints a markdown table and writes `benchmarks/results/trainer_memory.json`.
 """
 
 from __future__ import annotations
@@ -44,26 +45,23 @@ GB = 1024**3
 def one_variant(args: argparse.Namespace) -> dict:
     """Run in a child process: build the trainer, run the steps, return the numbers."""
     sys.path.insert(0, str(ROOT))
-    import functools
 
     import torch
 
     from trinity.common.experience import EID, Experience
     from trinity.common.memory import PeakRss, rss_bytes, tree_pss_bytes
     from trinity.config import load_config
-    from trinity.trainer import logprobs as lp_module
     from trinity.trainer import trainer as trainer_module
 
     lean, ckpt = VARIANTS[args.one]
-    # the trainer's default is the plain path (every chunk's logits kept until backward)
-    chosen = functools.partial(lp_module.response_logprobs, lean=lean)
-    trainer_module.response_logprobs = chosen  # type: ignore[assignment]
+    kl = "" if args.reference else ", kl_loss_fn: none"
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "cfg.yaml"
         cfg_file.write_text(
             f"model: {{model_path: '{args.model}', max_response_tokens: {args.response}}}\n"
-            "algorithm: {algorithm_type: grpo, repeat_times: 4, optimizer: {lr: 1.0e-6}}\n"
+            f"algorithm: {{algorithm_type: grpo, repeat_times: 4, optimizer: {{lr: 1.0e-6}}{kl}}}\n"
             f"trainer: {{micro_batch_size_per_gpu: {args.rows}, use_dynamic_bsz: false, "
+            f"lean_lm_head: {str(lean).lower()}, "
             f"dtype: float32, num_threads: {args.threads}, logprob_chunk_size: {args.chunk}, "
             f"enable_gradient_checkpointing: {str(ckpt).lower()}}}\n"
             f"buffer: {{batch_size: {args.rows // 4}, explorer_input: {{taskset: "
@@ -121,6 +119,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_size")
+    ap.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="beta 0 (algorithm.kl_loss_fn: none): no reference model, as the SmolLM2 example",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out-name", default="trainer_memory.json")
     ap.add_argument("--one", choices=list(VARIANTS), help=argparse.SUPPRESS)
@@ -133,6 +137,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one", name]
         for k in ("model", "rows", "prompt", "response", "steps", "threads", "seed", "chunk"):
             cmd += [f"--{k}", str(getattr(args, k))]
+        cmd += [] if args.reference else ["--no-reference"]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
@@ -144,7 +149,8 @@ def main() -> None:
         f"\n{args.model}: {rows[0]['params'] / 1e6:.1f}M params, vocab {rows[0]['vocab']}, "
         f"fp32, micro-batch {args.rows} x {args.prompt + args.response} tokens "
         f"({args.response} response), {args.steps} steps, {args.threads} threads, "
-        f"logprob_chunk_size {args.chunk}\n"
+        f"logprob_chunk_size {args.chunk}, "
+        f"{'k3 KL loss (a reference model)' if args.reference else 'beta 0 (no reference model)'}\n"
     )
     print("| variant | s/step | first step (s) | step peak RSS (GB) | process peak RSS (GB) "
           "| PSS at end (GB) |")  # fmt: skip
@@ -155,7 +161,7 @@ def main() -> None:
               f"{r['pss_end_gb']:.2f} |")  # fmt: skip
     out = ROOT / "benchmarks" / "results" / args.out_name
     out.parent.mkdir(parents=True, exist_ok=True)
-    keys = ("model", "rows", "prompt", "response", "steps", "seed", "chunk", "threads")
+    keys = ("model", "rows", "prompt", "response", "steps", "seed", "chunk", "threads", "reference")
     meta = {k: getattr(args, k) for k in keys}
     meta["load_average"] = os.getloadavg()
     out.write_text(json.dumps({"settings": meta, "rows": rows}, indent=1))

@@ -377,6 +377,8 @@ def test_debug_workflow_serves_the_endpoint_to_an_agent(
     assert len(exps) == 2  # repeat_times episodes, one session (and trajectory) each
     assert {e.kind for e in exps} == {ExperienceKind.MULTI_TURN}
     assert all(e.reward is not None and e.metrics["tool_calls"] >= 0 for e in exps)
+    # every reply went through the endpoint's parser: its status per turn is shown and saved
+    assert "tool calls per turn" in r.output and all(e.info["tool_calls"] for e in exps)
 
 
 # -- end to end ----------------------------------------------------------------------------------

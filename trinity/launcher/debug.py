@@ -166,6 +166,12 @@ def debug_workflow(
         console.print(transcript(exp, tokenizer), soft_wrap=True)
         if exp.metrics:
             console.print(f"metrics {json.dumps(exp.metrics)}", soft_wrap=True)
+        if exp.info.get(
+            "tool_calls"
+        ):  # each turn's tool-call parse (explorer.malformed_tool_calls)
+            console.print(
+                f"tool calls per turn {json.dumps(exp.info['tool_calls'])}", soft_wrap=True
+            )
     console.print("[dim]legend: prompt dim, trained tokens green, not trained yellow[/]")
     if out is not None:
         out.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in exps), encoding="utf-8")
