@@ -57,12 +57,13 @@ def test_greedy_is_deterministic_and_weights_update_bumps_version(tiny_model_dir
     )
 
 
-def test_a_weight_update_is_adopted_not_copied_and_the_tie_holds(tiny_model_dir):
-    """The engine keeps a sync's tensors as its parameters (one copy of the weights, not the
-    transport's and its own): the tied output embedding follows the new input embedding, and
-    it samples as an engine that copied the same weights does. Tensors of another
-    dtype are copied (converted) instead."""
+def test_a_handed_over_update_is_kept_not_copied_and_the_tie_holds(tiny_model_dir):
+    """A sync method that hands its tensors over (`hands_over`): the engine keeps them as its
+    parameters (one copy of the weights, not the transport's and its own), the tied output
+    embedding follows the new input embedding, and it samples as an engine that copied the same
+    weights does. Tensors of another dtype are converted (copied), never written into."""
     from trinity.models.loading import distinct_tensors
+    from trinity.sync.method import SYNC_METHOD
 
     adopting, copying = (HFRolloutEngine(str(tiny_model_dir), seed=0) for _ in range(2))
     g = torch.Generator().manual_seed(0)
@@ -71,11 +72,13 @@ def test_a_weight_update_is_adopted_not_copied_and_the_tie_holds(tiny_model_dir)
         for k, v in distinct_tensors(adopting.model.state_dict()).items()
     }
     assert "lm_head.weight" not in new  # tied: sent once, under the input embedding's name
-    adopting.load_state(new, 5)
+    assert SYNC_METHOD.get("memory").hands_over and SYNC_METHOD.get("checkpoint").hands_over
+    assert not SYNC_METHOD.get("nccl").hands_over  # it receives the next version in place
+    adopting.load_state(new, 5, take=True)
     held = adopting.model.state_dict()
     assert all(held[k].data_ptr() == t.data_ptr() for k, t in new.items())
     assert adopting.model.lm_head.weight is adopting.model.model.embed_tokens.weight
-    copying.load_state({k: t.double() for k, t in new.items()}, 5)  # float64: copied, cast
+    copying.load_state({k: t.double() for k, t in new.items()}, 5, take=True)  # float64: cast
     assert copying.model.lm_head.weight.dtype == torch.float32
     assert all(copying.model.state_dict()[k].data_ptr() != t.data_ptr() for k, t in new.items())
     params = SamplingParams(n=2, temperature=1.0, max_tokens=6)

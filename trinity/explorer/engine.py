@@ -267,14 +267,16 @@ class HFRolloutEngine:
         self, method: str, payload: list[Any], version: int, peers: Peers | None = None
     ) -> int:
         """Load the weights a sync method published (`trinity.sync.method`); bump the version."""
-        return self.load_state(sync_method(method).receive(payload, peers), version)
+        transport = sync_method(method)
+        tensors = transport.receive(payload, peers)
+        return self.load_state(tensors, version, take=transport.hands_over)
 
-    def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+    def load_state(self, tensors: dict[str, torch.Tensor], version: int, take: bool = False) -> int:
         """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent).
-        The engine keeps the tensors as its parameters when they match them (`load_weights`'s
-        `adopt`: a sync method's tensors are the engine's alone), so it holds one copy of the
-        weights, not the transport's plus its own."""
-        load_weights(self.model, tensors, f"weight update v{version}", adopt=True)
+        `take`: keep the tensors as the parameters (`load_weights`; a sync method that hands
+        them over), so the engine holds one copy of the weights, not the transport's and its
+        own."""
+        load_weights(self.model, tensors, f"weight update v{version}", take=take)
         self.model_version = version
         return version
 

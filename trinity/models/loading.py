@@ -205,31 +205,47 @@ def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_weights(model: Any, tensors: dict[str, Any], what: str, adopt: bool = False) -> bool:
+def for_safetensors(state: dict[str, Any], keep_tied: bool = False) -> dict[str, Any]:
+    """`state` as safetensors writes it (it refuses two names on one storage): a tensor that is
+    the very tensor of an earlier name is dropped (`distinct_tensors`), or copied under its own
+    name with `keep_tied`; one that is not contiguous, or shares its storage with another one
+    without being it, is copied; every other tensor is written from where it is (no copy of
+    the whole model)."""
+    out, storages = {}, set()
+    kept = state if keep_tied else distinct_tensors(state)
+    for name, t in kept.items():
+        t = t.detach()
+        storage = t.untyped_storage().data_ptr()
+        shared = storage in storages
+        storages.add(storage)
+        out[name] = t.clone() if shared or not t.is_contiguous() else t
+    return out
+
+
+def load_weights(model: Any, tensors: dict[str, Any], what: str, take: bool = False) -> None:
     """Load a name -> tensor dict into `model`; only a tied output embedding may be absent.
 
-    `adopt`: when every tensor has its parameter's dtype, device and shape, the parameters
-    become those tensors (`load_state_dict(assign=True)`) instead of copies of them: the caller
-    hands over tensors nobody else writes (an engine's weight update), and the model holds one
-    copy of its weights, not two. Tied parameters are tied again. Returns whether it adopted.
+    `take`: the tensors are handed over (a sync method whose transport never writes them again,
+    `SyncMethod.hands_over`): the parameters become them (`load_state_dict(assign=True)`),
+    converted to the parameter's dtype and device where those differ (a copy then), instead of
+    being copied into. The model then holds one copy of its weights, not the transport's and its
+    own, and a parameter is never written in place (it may be a read-only view of the buffer an
+    earlier update handed over). Tied parameters are tied again.
 
     Raises RuntimeError naming `what` (the weights' origin) when names do not match.
     """
-    held = model.state_dict(keep_vars=True)  # parameters and buffers, tied ones by each name
-    adopt = adopt and all(
-        k in held
-        and t.dtype == held[k].dtype
-        and t.device == held[k].device
-        and t.shape == held[k].shape
-        for k, t in tensors.items()
-    )
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=adopt)
+    if take:
+        held = model.state_dict(keep_vars=True)  # parameters and buffers, tied ones by each name
+        tensors = {
+            k: t.to(dtype=held[k].dtype, device=held[k].device) if k in held else t
+            for k, t in tensors.items()
+        }
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=take)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
     if missing or unexpected:
         raise RuntimeError(
             f"{what} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    if adopt and tied:  # the output embedding still holds the old input embedding
+    if take and tied:  # the output embedding still holds the old input embedding
         model.tie_weights()
-    return adopt

@@ -20,13 +20,17 @@ if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only d
 
 @SYNC_METHOD.register("checkpoint")
 class CheckpointSync:
+    hands_over = True  # `receive` reads fresh tensors from the file: the engine may keep them
+
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         from safetensors.torch import save_file
 
         path = Path(sync_dir) / f"weights_v{version}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        save_file(_untie({k: v.detach().contiguous() for k, v in state.items()}), str(tmp))
+        from trinity.models.loading import for_safetensors
+
+        save_file(for_safetensors(state, keep_tied=True), str(tmp))  # every name it was given
         tmp.rename(path)
         return [str(path)]
 
@@ -46,14 +50,3 @@ class CheckpointSync:
 
     def discard(self, payload: list[Any]) -> None:
         Path(payload[0]).unlink(missing_ok=True)
-
-
-def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses shared storage: copy tensors that alias another entry."""
-    seen: set[int] = set()
-    out = {}
-    for k, v in state.items():
-        ptr = v.data_ptr()
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out

@@ -7,7 +7,7 @@ receipt, so a bf16 model moves half the bytes of a float32 copy and arrives bit-
 is freed when the synchronizer drops the last reference (`discard`) and no engine still holds it.
 
 `receive` hands out read-only views of the object-store arrays, not copies: an engine whose
-parameters have their dtype keeps the views as its parameters (`load_weights(adopt=True)`; the
+parameters have their dtype keeps the views as its parameters (`load_weights(take=True)`; the
 object stays pinned while it holds them), any other copies them, so a copy here would only move
 every byte twice (it made a sync 3.2-3.8x a plain memory copy instead of ~2x, see
 docs/benchmarks.md).
@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only d
 
 @SYNC_METHOD.register("memory")
 class MemorySync:
+    hands_over = True  # an object-store object is immutable: the engine may keep its views
+
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         arrays, viewed = {}, {}
         for k, v in state.items():

@@ -28,14 +28,20 @@ if TYPE_CHECKING:  # the synchronizer's process passes payloads and never needs 
 
 @runtime_checkable
 class SyncMethod(Protocol):
+    hands_over: bool
+    """True when the tensors `receive` returns are never written by the transport again (an
+    immutable object, a file read into fresh tensors): the engine keeps them as its parameters
+    (`load_weights(take=True)`), holding one copy of the weights. False: the transport reuses
+    them (the next receive's buffers), and the engine copies out of them."""
+
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         """Trainer half: publish `state` (the trainer's weights of `version`) as a payload."""
         ...
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
-        """Engine half: the weights a payload stands for, as tensors the engine may keep as its
-        parameters until its next `receive` (`load_weights(adopt=True)`; it never writes them):
-        they may be read-only views of the transport's buffers, valid while referenced.
+        """Engine half: the weights a payload stands for, as tensors the engine copies from or,
+        when `hands_over`, keeps as its parameters (it never writes them): they may be read-only
+        views of the transport's buffers, valid while referenced.
 
         `peers`: this engine's place among the engines that load the payload in the same call (a
         collective method needs it; the others ignore it). None: an engine loading on its own.

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trinity.models.loading import distinct_tensors
+from trinity.models.loading import for_safetensors
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _REPLACED = re.compile(r"^\.global_step_(\d+)\.old$")
@@ -68,13 +68,7 @@ def save_weights(model: Any, folder: Path) -> None:
     model.config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
-    tensors, storages = {}, set()
-    for name, t in distinct_tensors(model.state_dict()).items():
-        t = t.detach()
-        storage = t.untyped_storage().data_ptr()
-        shared = storage in storages  # another tensor's storage, not that tensor
-        storages.add(storage)
-        tensors[name] = t.clone() if shared or not t.is_contiguous() else t
+    tensors = for_safetensors(model.state_dict())
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
