@@ -183,6 +183,7 @@ def test_examples_cover_every_builtin_env():
     assert named == {"countdown_calculator", "frozen_lake", "guess_number"}
 
 
+@pytest.mark.slow  # ~35 s on 2 cores: keeps `make test` under its 10 minutes
 def test_env_workflow_trains_on_multi_turn_episodes_end_to_end(tmp_path):
     """examples/envs/guess_number.yaml for 2 GRPO steps: every explored episode is trained."""
     cfg = ROOT / "examples" / "envs" / "guess_number.yaml"
