@@ -2,6 +2,9 @@
 retention."""
 
 import asyncio
+import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -236,6 +239,59 @@ def test_experience_roundtrip_and_length_checks():
         Experience(
             tokens=torch.tensor([1, 2, 3]), prompt_length=2, logprobs=torch.tensor([0.0, 0.0])
         )
+
+
+def test_a_pickled_experience_keeps_its_tensors_packed_until_one_is_read():
+    e = Experience(
+        tokens=torch.tensor([5, 6, 7, 8, 9]),
+        prompt_length=2,
+        logprobs=torch.tensor([-0.25, -1.5, -3.0]),
+        advantages=torch.tensor([1.0, 1.0, 1.0]),
+        reward=0.5,
+        info={"turns": [1]},
+    )
+    again = pickle.loads(pickle.dumps(e))
+    # scalars, the length and the list form, all without building a tensor
+    assert again.reward == 0.5 and again.info == {"turns": [1]}
+    assert again.response_length == 3
+    assert again.to_dict() == e.to_dict()
+    assert "tokens" not in vars(again)
+    # the first tensor read unpacks every field, with its dtype; unset ones stay None
+    assert again.logprobs.tolist() == [-0.25, -1.5, -3.0]
+    assert again.tokens.dtype == torch.long and again.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert again.action_mask.dtype == torch.bool and again.action_mask.tolist() == [True] * 3
+    assert again.returns is None and again.token_level_reward is None
+    # a field set before the unpacking is not overwritten by it
+    third = pickle.loads(pickle.dumps(e))
+    third.advantages = torch.tensor([2.0, 2.0, 2.0])
+    assert third.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert third.advantages.tolist() == [2.0, 2.0, 2.0]
+    # a read from a dict is packed too and checks lengths as the constructor does
+    packed = Experience.from_dict(e.to_dict())
+    assert "tokens" not in vars(packed) and packed.response_length == 3
+    with pytest.raises(ValueError, match="advantages has length 1, expected response length 3"):
+        Experience.from_dict({**e.to_dict(), "advantages": [0.0]})
+
+
+def test_the_buffer_side_passes_experiences_on_without_torch(tmp_path):
+    """The queue storage takes pickled experiences, logs them to SQLite and pages them back in a
+    process that never imports torch (~130 MB less per such process)."""
+    payload = pickle.dumps([exp(i) for i in range(3)])
+    code = (
+        "import asyncio, pickle, sys\n"
+        "from trinity.buffer.queue import QueueStorage\n"
+        "async def main():\n"
+        f"    q = QueueStorage({str(tmp_path / 'b.db')!r})\n"
+        "    await q.write(pickle.loads(sys.stdin.buffer.read()))\n"
+        f"    again = QueueStorage({str(tmp_path / 'b.db')!r})  # a restart pages them from disk\n"
+        "    got = (await again.read(3, timeout=5)).experiences\n"
+        "    sys.stdout.buffer.write(pickle.dumps([e.reward for e in got]))\n"
+        "    assert 'torch' not in sys.modules, 'the buffer imported torch'\n"
+        "asyncio.run(main())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert pickle.loads(r.stdout) == [0.0, 1.0, 2.0]
 
 
 def test_restart_holds_at_most_capacity_in_memory_and_pages_the_rest_in_order(tmp_path):

@@ -74,6 +74,9 @@ def test_dynamic_sampling_drops_flat_groups_and_refills(tmp_path, tiny_model_dir
         assert rec["rollout/filtered_groups"] == 4.0
         assert rec["rollout/sampled_tasks"] == 8.0
         assert rec["rollout/filter_exhausted"] == 0.0
-        assert rec["rollout/flat_group_frac"] == 0.0  # only informative groups were written
+        # rollout/* describe every sample drawn, the dropped groups too: 4 flat groups (all 1)
+        # and 4 mixed ones (half 1), where the trainer's batch holds only the mixed ones
+        assert rec["rollout/flat_group_frac"] == 0.5
+        assert rec["rollout/reward_mean"] == 0.75
         # max_response_tokens 4: L_cache = max(1, 4 // 5) = 1, so a 4-token answer pays -1
         assert "train/overlong_penalty_mean" in rec

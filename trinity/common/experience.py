@@ -3,15 +3,35 @@
 Token-in/token-out: `tokens` are exactly the ids the engine sampled (prompt + response), never
 re-tokenised text. Response-side tensors (`logprobs`, `action_mask`, `advantages`, `returns`,
 `token_level_reward`) have length `len(tokens) - prompt_length`.
+
+This module does not import torch until a tensor is needed, so the processes that only pass
+experiences on (the buffer, the driver) never load it: an experience pickles as its tensors' raw
+bytes (`__reduce__`), and one unpickled or read from a dict (`from_dict`) keeps them packed until
+a tensor field is first read. Its scalar fields, `response_length` and `to_dict` work packed.
 """
 
 from __future__ import annotations
 
+import array
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+_TENSORS = ("tokens", "logprobs", "action_mask", "advantages", "returns", "token_level_reward")
+# how each field's list form (`to_dict`) reads from and writes to raw bytes without torch
+_DTYPES = {
+    "tokens": ("int64", "q"),
+    "logprobs": ("float32", "f"),
+    "action_mask": ("bool", "B"),
+    "advantages": ("float32", "f"),
+    "returns": ("float32", "f"),
+    "token_level_reward": ("float32", "f"),
+}
+# a packed tensor: (torch dtype name, shape, raw bytes)
+Packed = tuple[str, tuple[int, ...], bytes]
 
 
 class ExperienceKind(enum.StrEnum):
@@ -65,6 +85,8 @@ class Experience:
     metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        import torch
+
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long)
         n = self.response_length
         if n < 0:
@@ -80,6 +102,9 @@ class Experience:
 
     @property
     def response_length(self) -> int:
+        packed = self.__dict__.get("_packed")
+        if packed is not None and "tokens" not in self.__dict__:
+            return _numel(packed["tokens"]) - self.prompt_length
         return len(self.tokens) - self.prompt_length
 
     @property
@@ -89,18 +114,10 @@ class Experience:
     # -- serialisation (SQLite rows, files, Ray without torch pickling) -------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        def lst(t: torch.Tensor | None) -> list | None:
-            return None if t is None else t.tolist()
-
         return {
-            "tokens": self.tokens.tolist(),
+            **{name: self._as_list(name) for name in _TENSORS},
             "prompt_length": self.prompt_length,
-            "logprobs": lst(self.logprobs),
-            "action_mask": lst(self.action_mask),
             "reward": self.reward,
-            "token_level_reward": lst(self.token_level_reward),
-            "advantages": lst(self.advantages),
-            "returns": lst(self.returns),
             "eid": self.eid.to_dict(),
             "model_version": self.model_version,
             "truncated": self.truncated,
@@ -113,24 +130,130 @@ class Experience:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Experience:
-        def t(v: list | None, dtype: torch.dtype) -> torch.Tensor | None:
-            return None if v is None else torch.tensor(v, dtype=dtype)
+        """The experience `to_dict` wrote, packed (no torch until a tensor is read); a tensor
+        of the wrong length raises ValueError here, as the constructor would."""
+        packed: dict[str, Packed | None] = {}
+        for name in _TENSORS:
+            value = d.get(name)
+            if value is None and name == "action_mask":
+                value = [1] * (len(d["tokens"]) - d["prompt_length"])
+            if value is None:
+                packed[name] = None
+                continue
+            dtype, code = _DTYPES[name]
+            packed[name] = (dtype, (len(value),), array.array(code, value).tobytes())
+        scalars = {
+            "prompt_length": d["prompt_length"],
+            "reward": d.get("reward"),
+            "eid": EID(**d.get("eid", {})),
+            "model_version": d.get("model_version", 0),
+            "truncated": d.get("truncated", False),
+            "kind": ExperienceKind(d.get("kind", "single_turn")),
+            "prompt_text": d.get("prompt_text"),
+            "response_text": d.get("response_text"),
+            "info": d.get("info", {}),
+            "metrics": d.get("metrics", {}),
+        }
+        exp = _unpack(scalars, packed)
+        n = exp.response_length
+        if n < 0:
+            raise ValueError(
+                f"prompt_length {exp.prompt_length} exceeds token count {n + exp.prompt_length}"
+            )
+        for name in _TENSORS[1:]:
+            if packed[name] is not None and _numel(packed[name]) != n:
+                raise ValueError(
+                    f"{name} has length {_numel(packed[name])}, expected response length {n}"
+                )
+        return exp
 
-        return cls(
-            tokens=torch.tensor(d["tokens"], dtype=torch.long),
-            prompt_length=d["prompt_length"],
-            logprobs=t(d.get("logprobs"), torch.float32),
-            action_mask=t(d.get("action_mask"), torch.bool),
-            reward=d.get("reward"),
-            token_level_reward=t(d.get("token_level_reward"), torch.float32),
-            advantages=t(d.get("advantages"), torch.float32),
-            returns=t(d.get("returns"), torch.float32),
-            eid=EID(**d.get("eid", {})),
-            model_version=d.get("model_version", 0),
-            truncated=d.get("truncated", False),
-            kind=ExperienceKind(d.get("kind", "single_turn")),
-            prompt_text=d.get("prompt_text"),
-            response_text=d.get("response_text"),
-            info=d.get("info", {}),
-            metrics=d.get("metrics", {}),
-        )
+    # -- the packed form (pickling without torch) -------------------------------------------
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], dict[str, Packed | None]]]:
+        packed = self.__dict__.get("_packed") or {}
+        tensors = {
+            name: (packed[name] if name not in self.__dict__ else _pack(self.__dict__[name]))
+            for name in _TENSORS
+        }
+        scalars = {k: v for k, v in self.__dict__.items() if k not in _TENSORS and k != "_packed"}
+        return _unpack, (scalars, tensors)
+
+    def __copy__(self) -> Experience:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)  # a packed form is never changed, only dropped
+        return new
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a missing attribute: a tensor field still packed
+        packed = self.__dict__.get("_packed")
+        if packed is None or name not in _TENSORS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        import torch
+
+        for field_name in _TENSORS:
+            if field_name not in self.__dict__:
+                self.__dict__[field_name] = _tensor(torch, packed[field_name])
+        del self.__dict__["_packed"]
+        return self.__dict__[name]
+
+    def _as_list(self, name: str) -> list | None:
+        packed = self.__dict__.get("_packed")
+        if packed is None or name in self.__dict__:
+            value = getattr(self, name)
+            return None if value is None else value.tolist()
+        item = packed[name]
+        if item is None:
+            return None
+        dtype, shape, raw = item
+        codes = {"int64": "q", "float32": "f", "bool": "B", "float64": "d", "int32": "i"}
+        if dtype not in codes or len(shape) != 1:
+            return getattr(self, name).tolist()  # another dtype or shape: torch reads it
+        values = array.array(codes[dtype], raw).tolist()
+        return [bool(v) for v in values] if dtype == "bool" else values
+
+
+# A field's default lives in the generated __init__; without the class attribute, reading a
+# packed field that has a default (`logprobs`, ...) reaches __getattr__ instead of the default.
+for _name in _TENSORS:
+    if _name in Experience.__dict__:
+        delattr(Experience, _name)
+
+
+def _pack(t: torch.Tensor | None) -> Packed | None:
+    """A tensor as (dtype name, shape, raw bytes): no torch needed to hold or pickle it."""
+    if t is None:
+        return None
+    import torch
+
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return (
+        str(t.dtype).removeprefix("torch."),
+        tuple(t.shape),
+        flat.view(torch.uint8).numpy().tobytes(),
+    )
+
+
+def _tensor(torch: Any, item: Packed | None) -> torch.Tensor | None:
+    if item is None:
+        return None
+    dtype_name, shape, raw = item
+    dtype = getattr(torch, dtype_name)
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+
+
+def _numel(item: Packed | None) -> int:
+    assert item is not None
+    n = 1
+    for d in item[1]:
+        n *= d
+    return n
+
+
+def _unpack(scalars: dict[str, Any], tensors: dict[str, Packed | None]) -> Experience:
+    """An experience whose tensors stay packed until one is read (`Experience.__getattr__`)."""
+    exp = object.__new__(Experience)
+    exp.__dict__.update(scalars)
+    exp.__dict__["_packed"] = tensors
+    return exp

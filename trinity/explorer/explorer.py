@@ -629,6 +629,7 @@ class Explorer:
             short = max(0, target - len(kept))
             counts["filter_exhausted"] = float(short > 0 and len(flat) > 0)
             kept += flat[:short]  # the step keeps its size: the trainer reads a fixed count
+            flat = flat[short:]
         if self.greedy_baseline:
             await self._greedy_baselines([tasks[i] for i, _ in kept], [e for _, e in kept], key)
         experiences: list[Experience] = []
@@ -652,12 +653,15 @@ class Explorer:
             sum(1 for _, exps in kept if exps and all(e.info.get("excluded") for e in exps))
         )
         elapsed = time.perf_counter() - t0  # the step's rollouts, not the write's wait
+        # rollout/* describe the policy: every sample of the step, also those dynamic sampling
+        # dropped (the trainer's batch alone is biased toward mixed groups; train/* reports it)
+        sampled = experiences + [e for _, exps in flat for e in exps]
         report = {
             **(before or {}),
-            **rollout_metrics(experiences, prefix="rollout/"),
+            **rollout_metrics(sampled, prefix="rollout/"),
             "rollout/tasks": float(len(kept)),
             **{f"rollout/{k}": v for k, v in counts.items()},
-            "rollout/tokens_per_s": sum(e.response_length for e in experiences) / elapsed,
+            "rollout/tokens_per_s": sum(e.response_length for e in sampled) / elapsed,
             "rollout/model_version": float(self.client.model_version),
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
