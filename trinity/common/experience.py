@@ -115,9 +115,14 @@ class Experience:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            **{name: self._as_list(name) for name in _TENSORS},
+            "tokens": self._as_list("tokens"),
             "prompt_length": self.prompt_length,
+            "logprobs": self._as_list("logprobs"),
+            "action_mask": self._as_list("action_mask"),
             "reward": self.reward,
+            "token_level_reward": self._as_list("token_level_reward"),
+            "advantages": self._as_list("advantages"),
+            "returns": self._as_list("returns"),
             "eid": self.eid.to_dict(),
             "model_version": self.model_version,
             "truncated": self.truncated,
