@@ -23,8 +23,9 @@ EXAMPLE = ROOT / "examples" / "real_model" / "smollm2_grpo.yaml"
 # Peak PSS of the run's whole process tree (driver, Ray, every actor) for this test's small
 # batches. The 4 GB target is for the example's sizes and is not met yet (docs/real_model.md
 # says what the run holds); this bound catches a regression (measured: 5.9 GB, 2 steps; 5.2 GB
-# since the fused AdamW kernel and engines keeping the weights a sync hands them).
-PEAK_PSS_BUDGET_GB = 6.5
+# since the fused AdamW kernel and engines keeping the weights a sync hands them; 4.8 GB since
+# the example's engine maps the trainer's weights, `sync_method: shared`).
+PEAK_PSS_BUDGET_GB = 5.5
 
 
 @pytest.mark.slow

@@ -40,6 +40,28 @@ def test_wait_blocks_until_published():
     asyncio.run(main())
 
 
+def test_start_weights_wait_for_the_trainer_that_hands_them_over():
+    # sync_method shared: the trainer publishes its start weights as v0, and the explorer,
+    # whose count already says v0, waits for that payload rather than taking none
+    async def main():
+        s = SynchronizerActor("shared", max_versions=8)
+        await s.register_reader("e")
+        waiter = asyncio.create_task(s.wait_for(0, timeout=5, reader="e"))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        await s.publish(0, ["start"])
+        assert await waiter == (0, ["start"])
+        # a trainer that dies before handing them over wakes the explorer with its error
+        s2 = SynchronizerActor("shared", max_versions=8)
+        waiter = asyncio.create_task(s2.wait_for(0, timeout=5, reader="e"))
+        await asyncio.sleep(0.01)
+        await s2.fail("RuntimeError: no model")
+        with pytest.raises(RuntimeError, match="before publishing v0: RuntimeError: no model"):
+            await waiter
+
+    asyncio.run(main())
+
+
 def test_trainer_failure_wakes_waiters_and_timeout_names_versions():
     async def main():
         s = SynchronizerActor("memory", max_versions=8)

@@ -211,6 +211,39 @@ def _local_instance_is_one_node(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("synchronizer", "cluster.node_num", "cluster.gpu_per_node")
+def _shared_weights_never_race(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`sync_method: shared` gives the engines the trainer's live weights (trinity/sync/shared.py):
+    only a schedule where nothing samples while the trainer trains may use them."""
+    sync = cfg.synchronizer
+    if sync.sync_method != "shared" or cfg.mode != "both":
+        return  # other modes fall back to checkpoint (resolve)
+    why = "sync_method shared: the engines sample with the trainer's live weights, so"
+    if sync.sync_style != "fixed":
+        yield Problem(
+            "synchronizer.sync_style",
+            f"{why} the schedule must be fixed (got {sync.sync_style!r}); use sync_method memory",
+        )
+    if sync.sync_interval != 1 or sync.sync_offset != 0:
+        yield Problem(
+            "synchronizer.sync_offset" if sync.sync_offset else "synchronizer.sync_interval",
+            f"{why} the run must be strictly on-policy (sync_interval 1, sync_offset 0; got "
+            f"{sync.sync_interval}, {sync.sync_offset}): otherwise the explorer samples while the "
+            "trainer updates; use sync_method memory",
+        )
+    if (cfg.cluster.node_num or 1) > 1:
+        yield Problem(
+            "cluster.node_num",
+            f"{why} trainer and engines share one machine's memory; use memory or nccl across "
+            f"{cfg.cluster.node_num} nodes",
+        )
+    if cfg.cluster.gpu_per_node:
+        yield Problem(
+            "cluster.gpu_per_node",
+            f"{why} the weights must be in CPU memory; use nccl or memory with GPUs",
+        )
+
+
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     for path, storage, _ in cfg.buffer.explorer_input.storages():

@@ -59,7 +59,7 @@ class ResolvedConfig:
     save_interval_source: str
     sync_interval: int  # train steps between weight syncs
     sync_offset: int  # explore steps the explorer runs ahead
-    sync_method: str  # memory | checkpoint | nccl
+    sync_method: str  # memory | checkpoint | nccl | shared
     sync_method_source: str
     engine_type: str  # rollout engine of explorer.rollout_model
     engine_type_source: str
@@ -103,10 +103,10 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,
         "trainer_strategy": (strategy, "trainer.trainer_strategy") if strategy else BEST_STRATEGY,
     }
-    if sync == "nccl" and cfg.mode != "both":
+    if sync in ("nccl", "shared") and cfg.mode != "both":
         chosen["sync_method"] = (
             "checkpoint",
-            f"synchronizer.sync_method nccl needs trainer and engines in one run (mode both); "
+            f"synchronizer.sync_method {sync} needs trainer and engines in one run (mode both); "
             f"mode {cfg.mode} sends weights by checkpoint, as Trinity-RFT does",
         )
     tasks, groups = cfg.buffer.batch_size, samples_per_task(cfg)

@@ -335,10 +335,12 @@ class SynchronizerConfig(ConfigSection):
         },
     }
 
-    sync_method: Literal["checkpoint", "memory", "nccl"] | None = None
+    sync_method: Literal["checkpoint", "memory", "nccl", "shared"] | None = None
     """'checkpoint' = via files on disk; 'memory' = via the Ray object store; 'nccl' = a collective
-    broadcast (gloo on CPU; mode both only, checkpoint otherwise); None = the best available here
-    ('memory', see resolve())."""
+    broadcast (gloo on CPU; mode both only, checkpoint otherwise); 'shared' = the engines use the
+    trainer's own weights in shared memory, one copy on the machine (mode both only, checkpoint
+    otherwise; one node, CPU, sync_style fixed, sync_interval 1, sync_offset 0); None = the best
+    available here ('memory', see resolve())."""
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
     """'fixed' = every sync_interval steps; 'explorer_driven' / 'trainer_driven' = when that side
     asks (were dynamic_by_explorer / dynamic_by_trainer)."""

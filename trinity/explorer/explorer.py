@@ -15,7 +15,7 @@ import statistics
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -41,6 +41,7 @@ from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_
 from trinity.explorer.sampling import stable_key
 from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.models import load_tokenizer, resolve_model_path
+from trinity.sync.method import sync_method
 from trinity.sync.schedule import (
     admission_version,
     explorer_syncs_after,
@@ -127,6 +128,9 @@ class Explorer:
         )
         # ReMax: each task's greedy answer is scored as its samples' baseline
         self.greedy_baseline = lookup_algorithm(config.algorithm.algorithm_type).greedy_baseline
+        # the engines hold the trainer's live weights (sync_method shared): a step's evaluation
+        # runs before its experiences are written, while the trainer still waits for them
+        self.live_weights = sync_method(resolve(config).sync_method).live
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -345,6 +349,8 @@ class Explorer:
             await self.evaluate(step=0)
         if weights is not None:
             await self.load_weights(*weights)
+        if self.live_weights and sync == "schedule":
+            await self.share_trainer_weights()
         stream = self._stream = _Counting(self._task_stream())
         first = 1
         if start is not None:
@@ -561,8 +567,13 @@ class Explorer:
         tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
         if not tasks:
             return None
+        due = ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps
+        if due and self.live_weights:
+            return await self.explore_step(
+                step, tasks, stream, synced, then=lambda: self.evaluate(step, report=False)
+            )
         metrics = await self.explore_step(step, tasks, stream, synced)
-        if ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps:
+        if due:  # while the trainer trains this step, on the weights the step sampled with
             metrics.update(await self.evaluate(step, report=False))
         return metrics
 
@@ -579,6 +590,7 @@ class Explorer:
         tasks: list[Task],
         refill: Iterator[Task] | None = None,
         before: dict[str, float] | None = None,
+        then: Callable[[], Awaitable[dict[str, float]]] | None = None,
     ) -> dict[str, float]:
         """Run one step's tasks and write their experiences to the buffer.
 
@@ -588,7 +600,9 @@ class Explorer:
 
         The step's report (`before`: what the step measured before its tasks ran, such as its
         weight sync, then its rollout metrics) goes to the buffer with the experiences, in one
-        transaction (`Cursor.metrics`); the returned metrics add the write's time.
+        transaction (`Cursor.metrics`); the returned metrics add the write's time, and those of
+        `then`, run after the rollouts and before the write (the evaluation of a step whose
+        engines hold the trainer's live weights).
         """
         t0 = time.perf_counter()
         key = self._sampling_key("train", step)
@@ -666,11 +680,12 @@ class Explorer:
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
         }
+        after = await then() if then is not None else {}
         stream = self._stream
         cursor = Cursor(self.cfg.explorer.name, step, stream.taken, report) if stream else None
         t_write = time.perf_counter()
         await self._write(experiences, cursor)
-        return {**report, "timing/buffer_write": time.perf_counter() - t_write}
+        return {**report, **after, "timing/buffer_write": time.perf_counter() - t_write}
 
     async def _greedy_baselines(
         self, tasks: list[Task], samples: list[list[Experience]], key: int
@@ -814,6 +829,17 @@ class Explorer:
         """
         if version <= 0 or self.client is None or self.client.model_version >= version:
             return {}
+        return await self._wait_and_load(version)
+
+    async def share_trainer_weights(self) -> dict[str, float]:
+        """A live sync method (`shared`): map the trainer's weights of the version the engines
+        hold (the trainer publishes its start weights at once), so the engines drop the copy
+        they loaded instead of holding it through the first train step."""
+        if self.client is None:
+            return {}
+        return await self._wait_and_load(self.client.model_version)
+
+    async def _wait_and_load(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         timeout = self.cfg.synchronizer.sync_timeout
         got, payload = await self._waiting(

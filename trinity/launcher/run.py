@@ -375,6 +375,13 @@ def run_stage(
             cfg, trains, explores or evaluates, lockstep, split, nodes, run_shares
         )
         monitor.console.print(plan.describe(), soft_wrap=True)
+        on_gpu = [s for s in (plan.trainer, plan.engine) if s is not None and s.num_gpus > 0]
+        if rcfg.sync_method == "shared" and on_gpu:
+            raise ValueError(
+                "synchronizer.sync_method shared: the trainer and engines share CPU memory, but "
+                "Ray gives this run's compute actors GPUs; use nccl or memory, or "
+                "cluster.gpu_per_node: 0 to train on CPU"
+            )
         if rcfg.sync_method == "nccl" and plan.gpu_shared():
             cfg, note = _sync_by_memory(cfg, plan)
             rcfg = resolve(cfg)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only d
 @SYNC_METHOD.register("checkpoint")
 class CheckpointSync:
     hands_over = True  # `receive` reads fresh tensors from the file: the engine may keep them
+    live = False
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         from safetensors.torch import save_file

@@ -369,6 +369,7 @@ _SETUP = threading.Lock()
 @SYNC_METHOD.register("nccl")
 class CollectiveSync:
     hands_over = False  # an engine receives the next version into the same buckets: copy out
+    live = False
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         global _BROADCASTER

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only d
 @SYNC_METHOD.register("memory")
 class MemorySync:
     hands_over = True  # an object-store object is immutable: the engine may keep its views
+    live = False
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         arrays, viewed = {}, {}

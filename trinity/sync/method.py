@@ -1,6 +1,6 @@
 """The weight-sync contract: how weights travel from the trainer to the rollout engines.
 
-    synchronizer: {sync_method: memory}     # or checkpoint, or nccl (a collective broadcast)
+    synchronizer: {sync_method: memory}     # or checkpoint, nccl (a collective broadcast), shared
 
 A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_method` name:
 
@@ -33,6 +33,11 @@ class SyncMethod(Protocol):
     immutable object, a file read into fresh tensors): the engine keeps them as its parameters
     (`load_weights(take=True)`), holding one copy of the weights. False: the transport reuses
     them (the next receive's buffers), and the engine copies out of them."""
+    live: bool
+    """True when the engines' parameters are the trainer's own (`shared`): they change as the
+    trainer steps, so the explorer finishes all sampling of a step, its evaluation included,
+    before it writes the step's experiences (which is what lets the trainer start). False: an
+    engine holds the snapshot it received."""
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         """Trainer half: publish `state` (the trainer's weights of `version`) as a payload."""
@@ -59,6 +64,7 @@ SYNC_METHOD: Registry[type] = Registry(
         "memory": "trinity.sync.memory",
         "checkpoint": "trinity.sync.checkpoint",
         "nccl": "trinity.sync.collective",
+        "shared": "trinity.sync.shared",
     },
 )
 

@@ -126,9 +126,10 @@ class SynchronizerActor(RefCounted):
             self._finished = step
             self._cond.notify_all()
 
-    def _ended(self, version: int) -> None:
-        """Raise why `version` will never be published, if it will not."""
-        if self.version >= version:
+    def _ended(self, version: int, unpublished: bool = False) -> None:
+        """Raise why `version` will never be published, if it will not (`unpublished`: it has
+        no payload, whatever the version count says)."""
+        if self.version >= version and not unpublished:
             return
         if self._failed is not None:
             raise RuntimeError(f"trainer stopped before publishing v{version}: {self._failed}")
@@ -154,8 +155,11 @@ class SynchronizerActor(RefCounted):
         if ask:
             self.wanted = max(self.wanted, version)
 
+        def published() -> bool:  # v0 has a payload only from a trainer that hands it over
+            return self.version >= version and any(v >= version for v in self._payloads)
+
         def ready() -> bool:
-            return self.version >= version or self._failed is not None or self._finished is not None
+            return published() or self._failed is not None or self._finished is not None
 
         async with self._cond:
             try:
@@ -165,7 +169,8 @@ class SynchronizerActor(RefCounted):
                     f"waited {timeout}s for weights v{version}; latest is v{self.version}, the "
                     f"trainer has trained step {self.trained}"
                 ) from e
-            self._ended(version)
+            if not published():
+                self._ended(version, unpublished=True)
             return self._take(reader, min(v for v in self._payloads if v >= version))
 
     def _discard(self, payload: list[Any]) -> None:

@@ -120,6 +120,10 @@ class TrainerRunner:
                     flush=True,
                 )
         ray.get(self.synchronizer.trainer_started.remote(step))
+        if publish_steps and sync_method(resolved.sync_method).live:
+            # the engines map these weights now and drop the copy they loaded, instead of
+            # holding it through the first train step (sync_method shared)
+            self._publish(step)
         budget_reached = False
         try:
             while total_steps is None or step < total_steps:
