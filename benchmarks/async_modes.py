@@ -4,6 +4,7 @@
 
 Table 1 (modes): the same train steps (4 tasks x 8 samples, up to 64 response tokens each) in
   sync          sync_interval 1, sync_offset 0 (on-policy lockstep)
+  sync (shared) the same with sync_method shared (the engine maps the trainer's weights)
   off-policy    sync_offset 1 (the explorer produces step s+1 while the trainer trains s)
   interval 4    sync_interval 4
   async         mode explore and mode train as two `trinity run` processes on a
@@ -12,9 +13,10 @@ Table 1 (modes): the same train steps (4 tasks x 8 samples, up to 64 response to
   environment (simulated I/O). Seconds per step are taken between the arrival of the first and
   the last step's metrics (start-up excluded); speed-up is against sync with the same workflow.
 Table 2 (sync): one weight sync (trainer half in one Ray actor, engine half in another, until the
-  engine has copied the tensors into its own, as `load_state_dict` does) per method for each
-  preset's weights, against a plain in-process memory copy (`clone`) of the same bytes. Median
-  of 3 after a warm-up.
+  engine holds the weights as the engine does: a method that hands its tensors over is kept,
+  `nccl`'s buckets are copied into the engine's own tensors) per method for each preset's
+  weights, against a plain in-process memory copy (`clone`) of the same bytes. Median of 3
+  after a warm-up.
 Table 3 (start-up): `trinity run` start to the first finished step, and the peak PSS of the whole
   process tree (driver, Ray, actors), from the sync run with the CPU-bound workflow.
 Writes benchmarks/results/async_modes.json.
@@ -52,6 +54,11 @@ class WaitsOnEnvironment(MathWorkflow):
 
 MODES = {
     "sync": ["synchronizer.sync_interval=1", "synchronizer.sync_offset=0"],
+    "sync (shared)": [
+        "synchronizer.sync_interval=1",
+        "synchronizer.sync_offset=0",
+        "synchronizer.sync_method=shared",
+    ],
     "off-policy": ["synchronizer.sync_interval=1", "synchronizer.sync_offset=1"],
     "interval 4": ["synchronizer.sync_interval=4", "synchronizer.sync_offset=0"],
 }
@@ -229,11 +236,16 @@ def sync_rows(presets: list[str], tmp: Path) -> list[dict]:
             return sync_method(method).send(self.state, version, Path(sync_dir))
 
         def receive(self, method: str, payload: list) -> int:
-            # until the engine holds the weights: copied into its own tensors, as
-            # load_state_dict does (a lazily mapped file is read here, not skipped)
-            got = sync_method(method).receive(payload, Peers())
-            for k, t in got.items():
-                self.state[k].copy_(t)
+            # until the engine holds the weights, as the engine does (`load_weights`): a method
+            # that hands its tensors over is kept (object-store views, tensors read from the
+            # file, the trainer's mapped parameters), any other copied into the engine's own
+            transport = sync_method(method)
+            got = transport.receive(payload, Peers())
+            if transport.hands_over:
+                self.held = got
+            else:
+                for k, t in got.items():
+                    self.state[k].copy_(t)
             return len(got)
 
         def discard(self, method: str, payload: list) -> None:
@@ -255,7 +267,7 @@ def sync_rows(presets: list[str], tmp: Path) -> list[dict]:
             copy_s = statistics.median(copies)
             rows.append({"preset": preset, "method": "memory copy (clone)", "mb": nbytes / 2**20,
                          "seconds": copy_s, "vs_copy": 1.0})  # fmt: skip
-            for method in ("memory", "checkpoint", "nccl"):
+            for method in ("memory", "checkpoint", "nccl", "shared"):
                 times = []
                 for version in range(1, 5):  # the first is a warm-up
                     t0 = time.perf_counter()
