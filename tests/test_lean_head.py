@@ -3,6 +3,10 @@
 
 import copy
 import ctypes
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,27 +137,53 @@ def test_lean_head_keeps_no_logits_for_backward():
 )
 def test_lean_head_peak_rss_is_below_the_plain_path():
     """The process's peak RSS over forward + backward (kernel high-water mark, reset before
-    each, after a first unmeasured pass of both): plain holds ≥ 2 × 204.8 MB of logits at once; lean about three 128-row chunks,
-    3 × 128 × 50,000 × 4 B = 76.8 MB."""
-    head, h, labels = big_vocab_head()
-    peak = PeakRss()
-    rise = {}
-    for lean in (True, False):  # once unmeasured: one-time allocations (thread pools, kernels'
-        h.grad = head.weight.grad = None  # workspaces) a process makes on its first use
-        lp, ent = head_logprobs(head, h, labels, chunk_size=128, lean=lean)
-        (lp.sum() + ent.sum()).backward()
-        del lp, ent
-    for lean in (True, False):
-        h.grad = head.weight.grad = None
-        ctypes.CDLL(None).malloc_trim(0)  # freed heap pages back to the OS: a clean baseline
-        base = _rss()
-        peak.reset()
-        lp, ent = head_logprobs(head, h, labels, chunk_size=128, lean=lean)
-        (lp.sum() + ent.sum()).backward()
-        del lp, ent
-        rise[lean] = peak.peak_bytes() - base
+    each, after a first unmeasured pass of both): plain holds ≥ 2 × 204.8 MB of logits at once;
+    lean about three 128-row chunks, 3 × 128 × 50,000 × 4 B = 76.8 MB. Measured in a fresh
+    process whose allocator maps every block of 1 MB or more (`MALLOC_MMAP_THRESHOLD_`), so a
+    freed chunk leaves RSS at once: with glibc's moving threshold the 25.6 MB chunks went to the
+    heap and the lean rise read 365-416 MB (failing the bound twice); mapped, it reads 83 MB
+    against the plain path's 742 MB."""
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rise = {lean == "True": v for lean, v in json.loads(r.stdout.splitlines()[-1]).items()}
     assert rise[False] >= 2 * 1024 * 50_000 * 4
-    assert rise[True] < rise[False] / 3
+    assert rise[True] < rise[False] / 3, rise
+
+
+PEAK_RSS_PROBE = """
+import ctypes, json, sys
+sys.path.insert(0, ".")
+sys.path.insert(0, "..")
+from test_lean_head import big_vocab_head, _rss
+from trinity.common.memory import PeakRss
+from trinity.models.lean_head import head_logprobs
+
+head, h, labels = big_vocab_head()
+peak = PeakRss()
+rise = {}
+for lean in (True, False):  # once unmeasured: one-time allocations (thread pools, kernels'
+    h.grad = head.weight.grad = None  # workspaces) a process makes on its first use
+    lp, ent = head_logprobs(head, h, labels, chunk_size=128, lean=lean)
+    (lp.sum() + ent.sum()).backward()
+    del lp, ent
+for lean in (True, False):
+    h.grad = head.weight.grad = None
+    ctypes.CDLL(None).malloc_trim(0)  # freed heap pages back to the OS: a clean baseline
+    base = _rss()
+    peak.reset()
+    lp, ent = head_logprobs(head, h, labels, chunk_size=128, lean=lean)
+    (lp.sum() + ent.sum()).backward()
+    del lp, ent
+    rise[str(lean)] = peak.peak_bytes() - base
+print(json.dumps(rise))
+"""
 
 
 def _rss() -> int:

@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import ray
@@ -52,12 +53,14 @@ def test_sending_moves_the_parameters_into_shared_memory_once(monkeypatch):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     weight, before = model.weight, model.weight.detach().clone()
+    before_names = _shm_names()
     method = SharedSync()
     payload = method.send(model.state_dict(), 1, None)
     # in place: the same parameter objects (the optimizer's), the same values, now shared
     assert model.weight is weight and model.weight.is_shared() and model.bias.is_shared()
     assert torch.equal(model.weight.detach(), before)
     assert method.send(model.state_dict(), 2, None) == payload  # nothing moves again
+    assert not _shm_names() - before_names  # anonymous: no name in /dev/shm
     with pytest.raises(RuntimeError, match="shares CPU memory"):
         method.send({"w": torch.zeros(1, device="meta")}, 3, None)
 
@@ -137,6 +140,7 @@ def test_shared_trains_exactly_what_memory_trains(tmp_path, tiny_model_dir):
     """The same strictly on-policy run (evaluation at step 2 of 3) with each method: the same
     rollouts, losses, evaluation and final weights, bit for bit."""
     pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
+    before = _shm_names()
     runs = {}
     for method in ("memory", "shared"):
         d = tmp_path / method
@@ -163,3 +167,11 @@ def test_shared_trains_exactly_what_memory_trains(tmp_path, tiny_model_dir):
     assert 2 in memory["eval"] and shared["eval"] == memory["eval"]
     for k, w in memory["weights"].items():
         assert torch.equal(w, shared["weights"][k]), k
+    # the weights lived in anonymous segments: the run's end (Ray kills its actors) left no
+    # file behind in /dev/shm (named ones leaked a model's size per run)
+    assert _shm_names() - before == set()
+
+
+def _shm_names() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("torch_*")} if shm.is_dir() else set()
