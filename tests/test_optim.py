@@ -45,7 +45,7 @@ def test_scheduler_drives_the_optimizer_lr():
     model = torch.nn.Linear(2, 2)
     opt_cfg = SimpleNamespace(
         lr=0.1, betas=(0.9, 0.999), weight_decay=0.0, lr_warmup_steps=2,
-        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0,
+        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, state_dtype="float32",
     )  # fmt: skip
     opt, sched = build_optimizer(model, opt_cfg, total_steps=10)
     seen = []
@@ -65,7 +65,7 @@ def test_the_fused_update_is_adamw_s_formula():
         model.weight.copy_(torch.tensor([[1.0, -2.0, 0.5]]))
     opt_cfg = SimpleNamespace(
         lr=0.01, betas=(0.9, 0.999), weight_decay=0.1, lr_warmup_steps=0,
-        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0,
+        lr_warmup_steps_ratio=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, state_dtype="float32",
     )  # fmt: skip
     opt, _ = build_optimizer(model, opt_cfg, total_steps=10)
     assert opt.param_groups[0]["fused"] is True  # no all-parameter temporaries (optim.py)

@@ -98,6 +98,36 @@ def tree_pss_bytes(root_pid: int) -> int:
     return sum(_pss_bytes(pid) for pid in tree_pids(root_pid))
 
 
+def process_label(pid: int) -> str:
+    """What a process of a run is, from its command line: a Ray actor's title (`ray::Explorer`,
+    Ray sets it to the actor's class), a Ray service (`raylet`, `gcs_server`, ...), or the
+    program's base name ('' for a process gone while reading)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    words = [a.decode(errors="replace") for a in argv if a]
+    if not words:
+        return ""
+    if words[0].startswith("ray::"):  # an actor or worker's process title
+        return words[0].split()[0]
+    prog = words[0].rsplit("/", 1)[-1]
+    if prog.startswith("python") and len(words) > 1:  # `python -m x` or `python path/to/x[.py]`
+        target = words[2] if words[1] == "-m" and len(words) > 2 else words[1]
+        prog = target.rsplit("/", 1)[-1].removesuffix(".py")
+    return prog
+
+
+def tree_pss_by_process(root_pid: int) -> dict[int, tuple[str, int]]:
+    """pid -> (label, PSS bytes) for `root_pid` and every descendant alive while reading."""
+    out = {}
+    for pid in tree_pids(root_pid):
+        label, pss = process_label(pid), _pss_bytes(pid)
+        if label:
+            out[pid] = (label, pss)
+    return out
+
+
 class TreePssSampler:
     """The peak of `tree_pss_bytes(root_pid)` sampled every `interval` s in a daemon thread,
     from `start()` to `stop()` (a sample, so a spike shorter than the interval can be missed)."""

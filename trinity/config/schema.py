@@ -71,6 +71,10 @@ class OptimizerConfig(ConfigSection):
     """Decoupled weight decay."""
     clip_grad: float = Field(1.0, gt=0)
     """Max global gradient norm (trainer.grad_clip overrides it)."""
+    state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of AdamW's two moments (our extension): bfloat16 halves the optimizer's memory
+    (the update is still computed in float32; the second moment is rounded stochastically,
+    trinity/trainer/bf16_adamw.py). Resume with the state_dtype a checkpoint was saved with."""
 
 
 LossAggMode = Literal[

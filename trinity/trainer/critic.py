@@ -65,7 +65,9 @@ class Critic:
     def plan(self, total_steps: int | None) -> None:
         opt = self.config.trainer.critic.optimizer
         total = None if total_steps is None else max(total_steps, 1)
-        self.optimizer, self.scheduler = build_optimizer(self.model, opt, total)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, opt, total, self.config.seed + 1
+        )
 
     @torch.no_grad()
     def values(self, batch: Batch, mbs: list[torch.Tensor]) -> torch.Tensor:

@@ -73,21 +73,23 @@ def _implementation(params: list[torch.nn.Parameter]) -> dict[str, bool]:
 
 
 def build_optimizer(
-    model: torch.nn.Module, opt_cfg: Any, total_steps: int | None
+    model: torch.nn.Module, opt_cfg: Any, total_steps: int | None, seed: int = 0
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its lr schedule over `total_steps` TRAIN steps: step the scheduler once per train
     step, after all of that step's optimizer updates. `total_steps` None (no budget): only a
-    schedule that needs none (`no_budget_problem`)."""
+    schedule that needs none (`no_budget_problem`). `opt_cfg.state_dtype` bfloat16 stores the
+    moments in bf16 (`trinity.trainer.bf16_adamw`, its rounding noise seeded by `seed`)."""
     if total_steps is None and (problem := no_budget_problem(opt_cfg)):
         raise ValueError(problem)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=opt_cfg.lr,
-        betas=tuple(opt_cfg.betas),
-        weight_decay=opt_cfg.weight_decay,
-        **_implementation(params),
-    )
+    hyper = {"lr": opt_cfg.lr, "betas": tuple(opt_cfg.betas), "weight_decay": opt_cfg.weight_decay}
+    optimizer: torch.optim.Optimizer
+    if opt_cfg.state_dtype == "bfloat16":
+        from trinity.trainer.bf16_adamw import BF16StateAdamW
+
+        optimizer = BF16StateAdamW(params, **hyper, seed=seed)
+    else:
+        optimizer = torch.optim.AdamW(params, **hyper, **_implementation(params))
     warmup = warmup_steps(opt_cfg, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

@@ -135,7 +135,7 @@ class Trainer:
         budget, a constant schedule)."""
         opt = self.config.algorithm.optimizer
         total = None if total_steps is None else max(total_steps, 1)
-        self.optimizer, self.scheduler = build_optimizer(self.model, opt, total)
+        self.optimizer, self.scheduler = build_optimizer(self.model, opt, total, self.config.seed)
         if self.critic is not None:
             self.critic.plan(total_steps)
 
