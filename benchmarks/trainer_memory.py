@@ -59,7 +59,8 @@ def one_variant(args: argparse.Namespace) -> dict:
         cfg_file = Path(tmp) / "cfg.yaml"
         cfg_file.write_text(
             f"model: {{model_path: '{args.model}', max_response_tokens: {args.response}}}\n"
-            f"algorithm: {{algorithm_type: grpo, repeat_times: 4, optimizer: {{lr: 1.0e-6}}{kl}}}\n"
+            f"algorithm: {{algorithm_type: grpo, repeat_times: 4, "
+            f"optimizer: {{lr: 1.0e-6, state_dtype: {args.state_dtype}}}{kl}}}\n"
             f"trainer: {{micro_batch_size_per_gpu: {args.rows}, use_dynamic_bsz: false, "
             f"lean_lm_head: {str(lean).lower()}, "
             f"dtype: float32, num_threads: {args.threads}, logprob_chunk_size: {args.chunk}, "
@@ -125,6 +126,12 @@ def main() -> None:
         action="store_false",
         help="beta 0 (algorithm.kl_loss_fn: none): no reference model, as the SmolLM2 example",
     )
+    ap.add_argument(
+        "--state-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="algorithm.optimizer.state_dtype: AdamW's moments in bf16 halve the optimizer state",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out-name", default="trainer_memory.json")
     ap.add_argument("--one", choices=list(VARIANTS), help=argparse.SUPPRESS)
@@ -138,6 +145,7 @@ def main() -> None:
         for k in ("model", "rows", "prompt", "response", "steps", "threads", "seed", "chunk"):
             cmd += [f"--{k}", str(getattr(args, k))]
         cmd += [] if args.reference else ["--no-reference"]
+        cmd += ["--state-dtype", args.state_dtype]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
@@ -149,7 +157,7 @@ def main() -> None:
         f"\n{args.model}: {rows[0]['params'] / 1e6:.1f}M params, vocab {rows[0]['vocab']}, "
         f"fp32, micro-batch {args.rows} x {args.prompt + args.response} tokens "
         f"({args.response} response), {args.steps} steps, {args.threads} threads, "
-        f"logprob_chunk_size {args.chunk}, "
+        f"logprob_chunk_size {args.chunk}, optimizer state {args.state_dtype}, "
         f"{'k3 KL loss (a reference model)' if args.reference else 'beta 0 (no reference model)'}\n"
     )
     print("| variant | s/step | first step (s) | step peak RSS (GB) | process peak RSS (GB) "
@@ -161,7 +169,8 @@ def main() -> None:
               f"{r['pss_end_gb']:.2f} |")  # fmt: skip
     out = ROOT / "benchmarks" / "results" / args.out_name
     out.parent.mkdir(parents=True, exist_ok=True)
-    keys = ("model", "rows", "prompt", "response", "steps", "seed", "chunk", "threads", "reference")
+    keys = ("model", "rows", "prompt", "response", "steps", "seed", "chunk", "threads", "reference",
+            "state_dtype")  # fmt: skip
     meta = {k: getattr(args, k) for k in keys}
     meta["load_average"] = os.getloadavg()
     out.write_text(json.dumps({"settings": meta, "rows": rows}, indent=1))

@@ -59,15 +59,18 @@ def sft_model(tmp_path_factory) -> tuple[Path, dict, dict]:
     return ckpt, base, rl_stage
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "dapo", "gspo", "cispo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "dapo", "gspo", "cispo", "grpo_bf16_state"])
 def test_the_algorithm_raises_the_quickstart_reward(sft_model, tmp_path, algorithm) -> None:
+    """`grpo_bf16_state`: GRPO with AdamW's moments in bf16 (algorithm.optimizer.state_dtype)."""
     ckpt, base, rl_stage = sft_model
     stage = json.loads(json.dumps(rl_stage))
-    stage["algorithm"]["algorithm_type"] = algorithm
+    stage["algorithm"]["algorithm_type"] = algorithm.removesuffix("_bf16_state")
     stage["buffer"]["total_steps"] = STEPS
     stage["buffer"]["batch_size"] = 16
     stage["explorer"]["eval_interval"] = 0
     stage["algorithm"]["optimizer"].update(lr_warmup_steps=3, lr_scheduler_type="constant")
+    if algorithm.endswith("_bf16_state"):
+        stage["algorithm"]["optimizer"]["state_dtype"] = "bfloat16"
     if algorithm == "ppo":  # its default critic lr (1e-5) is for billion-parameter critics
         stage["trainer"] = {"critic": {"optimizer": {"lr": stage["algorithm"]["optimizer"]["lr"]}}}
     if algorithm == "dapo":  # the 6-token budget is the longest right answer: no overlong zone

@@ -112,9 +112,13 @@ def process_label(pid: int) -> str:
     if words[0].startswith("ray::"):  # an actor or worker's process title
         return words[0].split()[0]
     prog = words[0].rsplit("/", 1)[-1]
-    if prog.startswith("python") and len(words) > 1:  # `python -m x` or `python path/to/x[.py]`
-        target = words[2] if words[1] == "-m" and len(words) > 2 else words[1]
-        prog = target.rsplit("/", 1)[-1].removesuffix(".py")
+    if prog.startswith("python"):  # `python [-u] -m x` or `python [-u] path/to/x[.py]`
+        args = iter(words[1:])
+        for arg in args:
+            if arg == "-m":
+                return next(args, prog)
+            if not arg.startswith("-"):
+                return arg.rsplit("/", 1)[-1].removesuffix(".py")
     return prog
 
 
@@ -170,3 +174,58 @@ def release_free_heap() -> None:
     except (OSError, AttributeError):  # not glibc
         return
     trim(0)
+
+
+class IdleTrim:
+    """Trim the C heap (`release_free_heap`) once a process has been idle for `idle_s` seconds
+    after some work, from a daemon thread: `with trim.busy(): ...` marks the work.
+
+    For the rollout engine: its decode loop grows the KV cache by one token per step
+    (`DynamicCache` concatenates), so every step allocates new blocks and frees the old ones,
+    and glibc keeps the freed heap. Measured on a cache shaped like the SmolLM2 example's
+    (64 rows × 30 layers, 40 → 104 tokens): RSS 222 → 956 MB after the second batch, back to
+    222 MB after one trim of 84 ms. Trimming after every call would put 84 ms on each; an idle
+    engine (while the trainer steps, in an on-policy run) gives that memory back once instead.
+    `malloc_trim` is thread-safe (it takes the arena locks), so the trim may overlap a call that
+    starts meanwhile."""
+
+    def __init__(self, idle_s: float = 1.0) -> None:
+        import threading
+
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._active, self._dirty, self._last = 0, False, 0.0
+        self._thread = threading.Thread(target=self._loop, name="idle-trim", daemon=True)
+        self._thread.start()
+
+    def busy(self) -> _Busy:
+        return _Busy(self)
+
+    def _loop(self) -> None:
+        import time
+
+        while True:
+            time.sleep(self.idle_s / 2)
+            with self._lock:
+                due = self._dirty and not self._active
+                due = due and time.monotonic() - self._last >= self.idle_s
+                if due:
+                    self._dirty = False
+            if due:
+                release_free_heap()
+
+
+class _Busy:
+    def __init__(self, owner: IdleTrim) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        with self.owner._lock:
+            self.owner._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        import time
+
+        with self.owner._lock:
+            self.owner._active -= 1
+            self.owner._dirty, self.owner._last = True, time.monotonic()

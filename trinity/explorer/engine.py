@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from trinity.common.memory import IdleTrim
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
@@ -78,6 +79,8 @@ class HFRolloutEngine:
             else next(iter(self.eos_ids))
         )
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
+        # the KV cache's freed blocks go back to the OS once the engine idles (common.memory)
+        self.idle_trim = IdleTrim()
 
     def set_num_threads(self, num_threads: int) -> None:
         """Compute with `num_threads` torch threads from the next call on (a split run's
@@ -113,13 +116,14 @@ class HFRolloutEngine:
         ]
         fits = [i for i, p in enumerate(prompts) if self._budget(len(p), params.max_tokens) > 0]
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
-        for start in range(0, len(fits), per_chunk):
-            chunk = fits[start : start + per_chunk]
-            got = self._generate_batch(
-                [prompts[i] for i in chunk], params, [keys[i] for i in chunk]
-            )
-            for i, samples in zip(chunk, got, strict=True):
-                out[i] = samples
+        with self.idle_trim.busy():
+            for start in range(0, len(fits), per_chunk):
+                chunk = fits[start : start + per_chunk]
+                got = self._generate_batch(
+                    [prompts[i] for i in chunk], params, [keys[i] for i in chunk]
+                )
+                for i, samples in zip(chunk, got, strict=True):
+                    out[i] = samples
         return out
 
     def _budget(self, prompt_len: int, max_tokens: int) -> int:
@@ -276,7 +280,8 @@ class HFRolloutEngine:
         `take`: keep the tensors as the parameters (`load_weights`; a sync method that hands
         them over), so the engine holds one copy of the weights, not the transport's and its
         own."""
-        load_weights(self.model, tensors, f"weight update v{version}", take=take)
+        with self.idle_trim.busy():  # the replaced weights' blocks, when they were copied
+            load_weights(self.model, tensors, f"weight update v{version}", take=take)
         self.model_version = version
         return version
 
