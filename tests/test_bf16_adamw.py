@@ -10,6 +10,12 @@ import torch
 from trinity.trainer.bf16_adamw import BF16StateAdamW, NoisePool, stochastic_round_to_bf16
 from trinity.trainer.optim import build_optimizer
 
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")],
+)
+DEVICES = ["cpu", CUDA]  # the rounding noise lives on the parameters' device
+
 
 def opt_cfg(**kw):
     base = dict(
@@ -45,35 +51,38 @@ def test_stochastic_rounding_rounds_up_with_the_fraction_of_the_gap():
     assert stochastic_round_to_bf16(y, g()).float().mean().item() == pytest.approx(0.3, rel=2e-4)
 
 
-def test_one_update_is_adamw_s_formula_with_bf16_moments():
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_update_is_adamw_s_formula_with_bf16_moments(device):
     """After one update m_hat = g, v_hat = g^2 (the bias corrections undo 1-b1 and 1-b2), so each
     entry moves by lr*sign(g) plus the decay: p <- p(1 - lr wd) - lr g/(|g| + eps). The moments
     are held in bf16: m = 0.1 g rounded to nearest, v = 0.001 g^2 within one bf16 step."""
-    model = torch.nn.Linear(3, 1, bias=False)
+    model = torch.nn.Linear(3, 1, bias=False, device=device)
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.0, -2.0, 0.5]]))
     opt, _ = build_optimizer(model, opt_cfg(), total_steps=10, seed=0)
     assert isinstance(opt, BF16StateAdamW)
     g = torch.tensor([0.3, -4.0, 0.0])
-    model.weight.grad = g.clone().view(1, 3)
+    model.weight.grad = g.clone().view(1, 3).to(device)
     opt.step()
     w0 = torch.tensor([1.0, -2.0, 0.5])
     expected = w0 * (1 - 0.01 * 0.1) - 0.01 * g / (g.abs() + 1e-8)
     assert model.weight.detach()[0].tolist() == pytest.approx(expected.tolist(), abs=1e-7)
     st = opt.state[model.weight]
     assert st["exp_avg"].dtype == st["exp_avg_sq"].dtype == torch.bfloat16
-    assert torch.equal(st["exp_avg"][0], (0.1 * g).to(torch.bfloat16))
-    v = st["exp_avg_sq"][0].float()
+    assert st["exp_avg_sq"].device.type == device
+    assert torch.equal(st["exp_avg"][0].cpu(), (0.1 * g).to(torch.bfloat16))
+    v = st["exp_avg_sq"][0].float().cpu()
     assert v.tolist() == pytest.approx((0.001 * g * g).tolist(), rel=2**-7)
 
 
-def test_it_follows_torch_adamw_over_many_updates():
+@pytest.mark.parametrize("device", DEVICES)
+def test_it_follows_torch_adamw_over_many_updates(device):
     """200 updates of a least-squares problem from the same start: the bf16-moment parameters stay
     within a small fraction of the distance both travelled from the start."""
     torch.manual_seed(0)
-    a, b = torch.randn(64, 16), torch.randn(64)
-    w_ref = torch.zeros(16, requires_grad=True)
-    w_bf = torch.zeros(16, requires_grad=True)
+    a, b = torch.randn(64, 16, device=device), torch.randn(64, device=device)
+    w_ref = torch.zeros(16, requires_grad=True, device=device)
+    w_bf = torch.zeros(16, requires_grad=True, device=device)
     ref = torch.optim.AdamW([w_ref], lr=0.01, weight_decay=0.01)
     low = BF16StateAdamW([w_bf], lr=0.01, weight_decay=0.01, seed=1)
     for _ in range(200):
@@ -123,9 +132,11 @@ def test_large_tensors_are_updated_in_chunks_with_the_same_result():
     torch.testing.assert_close(out[0], out[1], rtol=0, atol=5 * 0.01 * 2**-8)
 
 
-def test_a_saved_and_loaded_state_continues_exactly():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_saved_and_loaded_state_continues_exactly(device):
     torch.manual_seed(0)
-    start, grads = torch.randn(2, 300), [torch.randn(2, 300) for _ in range(6)]
+    start = torch.randn(2, 300, device=device)
+    grads = [torch.randn(2, 300, device=device) for _ in range(6)]
 
     def run(split: bool) -> torch.Tensor:
         w = start.clone().requires_grad_(True)

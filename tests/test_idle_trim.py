@@ -1,6 +1,6 @@
 """`IdleTrim` hands a process's freed heap back to the OS once it idles (common/memory.py).
 
-Run in a fresh process each (a process's heap is its history): the work grows 60 tensors by one
+Run in a fresh process each (a process's heap is its history): the work grows 30 tensors by one
 step 64 times, as the engine's KV cache does, twice, and frees them. Without the trim glibc keeps
 the freed blocks (RSS stays hundreds of MB above the start); with it, one idle period later the
 RSS is back within 100 MB of where it started.
@@ -27,7 +27,7 @@ WORK = textwrap.dedent("""
     start = rss_mb()
     for _ in range(2):
         with trim.busy() if trim else open("/dev/null"):
-            cache = [torch.zeros(64, 3, 40, 64) for _ in range(60)]
+            cache = [torch.zeros(64, 3, 40, 64) for _ in range(30)]
             for _ in range(64):
                 cache = [torch.cat([k, torch.zeros(64, 3, 1, 64)], dim=2) for k in cache]
             del cache
@@ -46,7 +46,7 @@ def rss(mode: str) -> dict:
 
 def test_an_idle_process_gives_its_freed_heap_back():
     kept, trimmed = rss("keep"), rss("trim")
-    # the control shows what there is to give back: the cache's last size is 60 x 64 x 3 x 104
-    # x 64 x 4 B = 287 MB, and the freed blocks of its growth stay in the heap
-    assert kept["idle"] - kept["start"] > 300, kept
+    # the control shows what there is to give back: the cache's last size is 30 x 64 x 3 x 104
+    # x 64 x 4 B = 144 MB, and the freed blocks of its growth stay in the heap (~400 MB here)
+    assert kept["idle"] - kept["start"] > 200, kept
     assert trimmed["idle"] - trimmed["start"] < 100, trimmed

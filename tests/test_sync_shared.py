@@ -136,6 +136,7 @@ def test_strictly_on_policy_is_accepted_and_split_modes_fall_back():
     assert resolve(_config(mode="train")).sync_method == "checkpoint"
 
 
+@pytest.mark.slow  # two whole runs (50 s on 2 cores): make test stays under its 10 minutes
 def test_shared_trains_exactly_what_memory_trains(tmp_path, tiny_model_dir):
     """The same strictly on-policy run (evaluation at step 2 of 3) with each method: the same
     rollouts, losses, evaluation and final weights, bit for bit."""

@@ -60,8 +60,8 @@ class NoisePool:
     afresh cost 9 ns per element on this CPU, about 1.2 s per SmolLM2 update; the pool 0.07 s."""
 
     def __init__(self, size: int, generator: torch.Generator) -> None:
-        self.size, self.generator = size, generator
-        self.pool = torch.empty(2 * size, dtype=torch.int32)
+        self.size, self.generator = size, generator  # on the parameters' device
+        self.pool = torch.empty(2 * size, dtype=torch.int32, device=generator.device)
 
     def refresh(self) -> None:
         self.pool.random_(0, 1 << 16, generator=self.generator)
@@ -69,7 +69,10 @@ class NoisePool:
     def draw(self, n: int) -> torch.Tensor:
         if n > self.size:
             raise ValueError(f"{n} noise values asked of a pool of {self.size}")
-        start = int(torch.randint(0, self.size + 1, (), generator=self.generator))
+        start = torch.randint(
+            0, self.size + 1, (), generator=self.generator, device=self.pool.device
+        )
+        start = int(start)
         return self.pool[start : start + n]
 
 
@@ -90,7 +93,10 @@ class BF16StateAdamW(torch.optim.Optimizer):
             params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         )
         self.chunk = chunk
-        self.generator = torch.Generator().manual_seed(seed)
+        devices = {p.device for g in self.param_groups for p in g["params"]}
+        if len(devices) != 1:
+            raise ValueError(f"BF16StateAdamW needs its parameters on one device, got {devices}")
+        self.generator = torch.Generator(device=devices.pop()).manual_seed(seed)
         largest = max(p.numel() for g in self.param_groups for p in g["params"])
         self.noise = NoisePool(min(chunk, largest), self.generator)
 
