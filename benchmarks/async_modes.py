@@ -41,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from trinity.common.memory import tree_pss_bytes  # noqa: E402
 
 SLOW_WORKFLOW = """\
 import asyncio
@@ -96,29 +97,8 @@ def write_config(tmp: Path, preset: str, steps: int, workflow: str) -> Path:
 
 
 def tree_pss_mb(root_pid: int) -> float:
-    """PSS (MB) of a process and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-                    break
-        except OSError:
-            pass
-    return total / 1024
+    """PSS (MB) of a process and all its descendants (`trinity.common.memory`)."""
+    return tree_pss_bytes(root_pid) / 2**20
 
 
 def watch(
