@@ -252,3 +252,43 @@ def test_env_example_raises_its_reward_on_cpu(name, steps, tmp_path):
     assert len(rewards) == steps
     first, last, bar = _rewards_rise(rewards)
     assert last - first > bar, (first, last, bar, rewards)
+
+
+@pytest.mark.slow  # ~3.5 minutes on 2 quiet cores
+def test_countdown_example_raises_its_held_out_reward_on_cpu(tmp_path):
+    """examples/envs/countdown_calculator.yaml with its two stages shortened (80 SFT steps on the
+    expert's demonstrations, then 30 GRPO steps), seed 0: the held-out reward at the end of the
+    run beats the one at random init by more than two standard errors.
+
+    At random init no reply is a tool call or an answer, so each of the 128 held-out episodes
+    scores 3 x -0.1. A mean over 128 episodes whose rewards lie in [-0.3, 1] has a standard
+    deviation of at most half that range, so 2 SE is at most 2 x 0.65 / sqrt(128) = 0.115 per
+    mean; the bar below is the bound for a difference of two such means."""
+    overrides = [
+        f"checkpoint_root_dir={tmp_path / 'ckpt'}",
+        "cluster.ray_address=local",
+        "stages.0.buffer.total_steps=80",
+        "stages.1.buffer.total_steps=30",
+        "explorer.eval_interval=30",
+    ]
+    r = run_trinity(
+        ROOT / "examples" / "envs" / "countdown_calculator.yaml",
+        overrides=overrides,
+        cache=tmp_path / "cache",
+        timeout=1500,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    metrics = (tmp_path / "ckpt" / "envs" / "countdown_calculator" / "metrics.jsonl").read_text()
+    records = [json.loads(line) for line in metrics.splitlines()]
+    held_out = [
+        (rec["step"], rec["eval/countdown_heldout/reward_mean"])
+        for rec in records
+        if "eval/countdown_heldout/reward_mean" in rec
+    ]
+    (first_step, at_init), (last_step, at_end) = held_out[0], held_out[-1]
+    assert (first_step, last_step) == (0, 110), held_out
+    assert at_init == pytest.approx(-0.3)  # every reply neither calls the tool nor answers
+    bar = 2 * math.sqrt(2) * 0.65 / math.sqrt(128)
+    assert at_end - at_init > bar, held_out
+    grpo = [rec for rec in records if "rollout/tasks" in rec]
+    assert len(grpo) == 30 and all(rec["rollout/tasks"] == 8 for rec in grpo)
