@@ -127,6 +127,12 @@ def _check_one(
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
+    where = "trainer.malloc_mmap_threshold_mb"
+    if cfg.trainer.malloc_mmap_threshold_mb is not None and not blocked(skip, where):
+        from trinity.common.memory import can_set_mmap_threshold
+
+        if not can_set_mmap_threshold():
+            problems.append(Problem(where, "glibc's malloc only (Linux); this platform has none"))
     # 2., 3. and 5. for what the explorer reads
     inp = cfg.buffer.explorer_input
     storages = inp.storages(training=cfg.mode in ("both", "explore"))

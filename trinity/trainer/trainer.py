@@ -28,7 +28,7 @@ from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
-from trinity.common.memory import GB, PeakRss, release_free_heap
+from trinity.common.memory import GB, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
@@ -61,6 +61,8 @@ class Trainer:
         tcfg = config.trainer
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or tcfg.num_threads or os.cpu_count() or 1)
+        if tcfg.malloc_mmap_threshold_mb is not None:  # before the model's tensors exist
+            set_mmap_threshold(tcfg.malloc_mmap_threshold_mb * 1024**2)
         torch.manual_seed(config.seed)
         self.config = config
         self.algo = resolve_algorithm(config.algorithm)

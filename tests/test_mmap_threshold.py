@@ -1,0 +1,88 @@
+"""`trainer.malloc_mmap_threshold_mb`: glibc's mmap threshold fixed in the trainer's process
+(`common.memory.set_mmap_threshold`).
+
+The heap test runs in a fresh process each (a process's heap is its history). glibc serves an
+8 MiB block with its own mapping (above the 128 KiB start threshold); freeing it raises the
+threshold to 8 MiB and the heap's trim threshold to twice that, so a 4 MiB block allocated next
+comes from the heap, and when it is freed its pages stay in the process. With the threshold
+fixed at 1 MiB the 4 MiB block is a mapping of its own, and freeing it gives its pages back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_trainer import make_config
+
+from trinity.common import memory
+from trinity.config.preflight import preflight
+
+MiB = 1024**2
+
+WORK = textwrap.dedent("""
+    import ctypes, json, re, sys
+    from trinity.common.memory import set_mmap_threshold
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def rss():
+        return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+
+    def touch_and_free(n):
+        p = libc.malloc(n)
+        ctypes.memset(p, 1, n)  # resident
+        libc.free(p)
+
+    if sys.argv[1] == "fixed":
+        set_mmap_threshold(1024**2)
+    touch_and_free(8 * 1024**2)
+    start = rss()
+    touch_and_free(4 * 1024**2)
+    print(json.dumps({"kept": rss() - start}))
+""")
+
+
+def kept_after_free(mode: str) -> int:
+    r = subprocess.run([sys.executable, "-c", WORK, mode], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["kept"]
+
+
+@pytest.mark.skipif(not memory.can_set_mmap_threshold(), reason="glibc only")
+def test_a_fixed_threshold_gives_a_freed_block_back_that_the_default_keeps():
+    assert kept_after_free("default") > 3 * MiB  # the block's 4 MiB stay (less other frees)
+    assert kept_after_free("fixed") < 1 * MiB  # gone with its mapping
+
+
+def test_the_threshold_is_bounded_by_glibcs():
+    with pytest.raises(ValueError, match="must be in"):
+        memory.set_mmap_threshold(64 * MiB)
+
+
+def test_the_key_sets_the_trainers_threshold(tmp_path, tiny_model_dir, monkeypatch):
+    from trinity.trainer import trainer as trainer_mod
+
+    seen: list[int] = []
+    monkeypatch.setattr(trainer_mod, "set_mmap_threshold", seen.append)
+    cfg = make_config(tmp_path, tiny_model_dir, malloc_mmap_threshold_mb="2")
+    trainer_mod.Trainer(cfg, str(tiny_model_dir), total_steps=1)
+    assert seen == [2 * MiB]
+    seen.clear()
+    trainer_mod.Trainer(make_config(tmp_path, tiny_model_dir), str(tiny_model_dir), total_steps=1)
+    assert seen == []  # unset: glibc's own
+
+
+def test_validate_refuses_the_key_without_glibc(tmp_path, tiny_model_dir, monkeypatch):
+    key = "trainer.malloc_mmap_threshold_mb"
+    cfg = make_config(tmp_path, tiny_model_dir, malloc_mmap_threshold_mb="1")
+    for glibc in (True, False):
+        monkeypatch.setattr(memory, "can_set_mmap_threshold", lambda glibc=glibc: glibc)
+        found = [p for p in preflight(cfg).problems if p.path == key]
+        assert len(found) == (0 if glibc else 1), found
+    assert "glibc" in found[0].message
