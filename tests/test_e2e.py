@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.ray_cluster import named_actors, private_cluster
+from trinity.common.startup import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,6 +232,21 @@ def test_grpo_end_to_end(grpo_run, tiny_model_dir):
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["peak_pss_scope"] == "tree" and summary["peak_pss_gb"] > 0.1
+    # the start-up timeline: in the first step's record only, each mark after what it needs
+    marks = {k.removeprefix("startup/").removesuffix("_s"): v for k, v in by_step[1].items()
+             if k.startswith("startup/")}  # fmt: skip
+    assert set(marks) == set(PHASES), marks
+    assert not any(k.startswith("startup/") for s in (0, 2, 3) for k in by_step[s])
+    assert summary["startup_seconds"] == {f"{k}_s": v for k, v in marks.items()}
+    for before, after in [
+        ("config", "ray"), ("ray", "trainer_imports"), ("ray", "explorer_imports"),
+        ("trainer_imports", "trainer_ready"), ("explorer_imports", "explorer_ready"),
+        ("engine_ready", "explorer_ready"), ("explorer_ready", "first_rollout"),
+        ("trainer_ready", "first_update"), ("first_rollout", "first_update"),
+    ]:  # fmt: skip
+        assert marks[before] <= marks[after], (before, after, marks)
+    assert marks["first_update"] < summary["wall_seconds"] + marks["config"]
+    assert "start-up  config" in r.stdout
     assert [(s["name"], s["steps"]) for s in summary["stages"]] == [("main", 3)]
     assert summary["stages"][0]["checkpoint"].endswith("global_step_3")
     # the final checkpoint is a transformers directory whose weights moved

@@ -101,6 +101,11 @@ class RolloutEngine(Protocol):
 
     def get_stats(self) -> dict[str, float]: ...
 
+    def startup_marks(self) -> dict[str, float]:
+        """Epoch seconds of `engine_process`, `engine_imports` and `engine_ready` (model
+        loaded): the run's start-up timeline (`trinity.common.startup`)."""
+        ...
+
     def set_num_threads(self, num_threads: int) -> None:
         """Compute with this many CPU threads from the next call on (a split run's explorer
         sets it before each step to its part of the run's cores)."""

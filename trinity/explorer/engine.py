@@ -29,6 +29,7 @@ from transformers import DynamicCache
 
 from trinity.common.memory import IdleTrim
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
+from trinity.common.startup import StartupMarks
 from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.lean_head import head_logprobs
@@ -56,6 +57,7 @@ class HFRolloutEngine:
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
     ) -> None:
+        self.startup = StartupMarks("engine")  # its process start, its imports done
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -81,6 +83,12 @@ class HFRolloutEngine:
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
         # the KV cache's freed blocks go back to the OS once the engine idles (common.memory)
         self.idle_trim = IdleTrim()
+        self.startup.mark("engine_ready")
+
+    def startup_marks(self) -> dict[str, float]:
+        """When this engine's process started, its imports ended and its model was loaded
+        (epoch seconds; `common.startup`)."""
+        return dict(self.startup.marks)
 
     def set_num_threads(self, num_threads: int) -> None:
         """Compute with `num_threads` torch threads from the next call on (a split run's

@@ -27,6 +27,7 @@ from trinity.common.experience import EID, Experience
 from trinity.common.placement import on_node
 from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams, engine_class
+from trinity.common.startup import StartupMarks
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
 from trinity.explorer.auxiliary import (
@@ -93,6 +94,8 @@ class Explorer:
         of a split run, the run's `RunName` actor; this explorer claims its part of the run's
         cores from it before each step and sets its engines' threads to it
         (`common.resources.RunShares`)."""
+        self.startup = StartupMarks("explorer")  # its process start, its imports done
+        self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
         self.engine_share = engine_share
         self.run_shares = run_shares
@@ -232,9 +235,13 @@ class Explorer:
         configured = list(cfg.explorer.auxiliary_models)
         return AuxiliaryModels(served, configured, why_not_served(cfg))
 
-    async def prepare(self, with_train_tasks: bool = True) -> dict[str, int]:
+    async def prepare(
+        self, with_train_tasks: bool = True, started_at: float | None = None
+    ) -> dict[str, int]:
         """Load the tokenizer and the tasksets, then wait for the engines (started by
-        `__init__`, they load meanwhile). Returns task counts (for step planning)."""
+        `__init__`, they load meanwhile). Returns task counts (for step planning).
+        `started_at`: the driver's process start, when this stage's first step is the run's
+        (the start-up timeline, `common.startup`, goes into that step's record)."""
         cfg = self.cfg
         self.tokenizer = load_tokenizer(
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
@@ -259,7 +266,9 @@ class Explorer:
                 default_reward_fn_type=inp.default_reward_fn_type,
                 default_seed=cfg.seed,
             )
-        await asyncio.gather(*(e.get_stats.remote() for e in self.engines))  # wait until loaded
+        marks = await asyncio.gather(*(e.startup_marks.remote() for e in self.engines))
+        for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
+            self.startup.mark(phase, max(m[phase] for m in marks))
         self.client = BatchingClient(self.engines)
         rm, m = cfg.explorer.rollout_model, cfg.model
         if rm.enable_openai_api and self.endpoint is None:
@@ -278,6 +287,8 @@ class Explorer:
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         if self.aux_engines and self.auxiliary is None:
             self.auxiliary = await self._serve_auxiliary()
+        self.startup.mark("explorer_ready")
+        self._started_at = started_at
         return {"train_tasks": len(self.train_tasks)}
 
     def _task_stream(self) -> Iterator[Task]:
@@ -366,6 +377,8 @@ class Explorer:
                 if metrics is None:
                     break  # the tasks ran out
                 written = step
+                self.startup.mark("first_rollout")
+                metrics.update(self.startup.as_metrics(self._started_at))  # first step only
                 await self.hub.put.remote("explorer", self.step_offset + step, metrics)
         except (BufferClosed, TrainingFinished) as e:
             stopped = str(e)

@@ -27,6 +27,7 @@ from trinity.common.placement import node_resources, on_node, run_nodes
 from trinity.common.plugins import plugin_env
 from trinity.common.resources import ResourcePlan, plan_resources
 from trinity.common.shared import RunName
+from trinity.common.startup import StartupMarks, process_started_at, timeline
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
 from trinity.config.run_folder import (
     fresh_name,
@@ -66,6 +67,9 @@ class RunResult:
     peak_pss_gb: float | None = None
     """Peak PSS of this process and its descendants during the run (sampled every 2 s): with a
     Ray instance this process started, that is the driver, Ray's own processes and every actor."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """The start-up timeline (`startup/<mark>_s`, seconds since the driver's process start) of
+    the run's first step, when this process ran it (`common.startup`)."""
 
 
 def run_namespace(cfg: Any) -> str:
@@ -160,7 +164,10 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     """
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
+    startup = StartupMarks()  # the start-up timeline (common.startup), from this process's start
+    startup.mark("config")  # the CLI loaded and checked the config before calling this
     joined = init_ray(config.cluster.ray_address, run_namespace(config))
+    startup.mark("ray")
     pss = TreePssSampler(os.getpid()).start()
     name_actor = None
     if config.mode in ("explore", "train", "serve") and joins_existing_run(config):
@@ -195,6 +202,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             res = run_stage(
                 cfg, name, model_path, stage_dir, hub, monitor, offset,
                 config.continue_from_checkpoint, resume, nodes, name_actor,
+                startup if i == 0 else None,
             )  # fmt: skip
             results.append(res)
             model_path = res.checkpoint or model_path
@@ -217,6 +225,14 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         metrics_file=monitor.jsonl_path.name,
         outputs=[*monitor.outputs, summary_name],
         peak_pss_gb=peak_pss / GB,
+        startup=next(
+            (
+                {k: v for k, v in r.items() if k.startswith("startup/")}
+                for r in monitor.history
+                if "startup/ray_s" in r
+            ),
+            {},
+        ),
     )
     write_summary(result, run_dir / summary_name, joined)
     print_summary(result, console, joined)
@@ -231,6 +247,7 @@ def write_summary(result: RunResult, path: Path, joined: bool) -> None:
         "wall_seconds": result.seconds,
         "peak_pss_gb": result.peak_pss_gb,
         "peak_pss_scope": "driver" if joined else "tree",
+        "startup_seconds": {k.removeprefix("startup/"): v for k, v in result.startup.items()},
         "stages": [dataclasses.asdict(s) for s in result.stages],
     }
     tmp = path.with_suffix(".json.tmp")
@@ -305,12 +322,15 @@ def run_stage(
     resume: Path | None = None,
     nodes: list[str] | None = None,
     run_shares: Any = None,
+    startup: StartupMarks | None = None,
 ) -> StageResult:
     """One stage. `continuing` (`continue_from_checkpoint`): the explorer continues after its
     cursor in the buffer; `resume`: the stage's newest checkpoint, the trainer continues from it
     (and an explorer of the same process starts from its weights); `nodes`: the Ray nodes the
     run spreads over (`common.placement.run_nodes`; empty: one node); `run_shares`: a split
-    run's `RunName` actor, whose ledger divides the cluster's cores among its processes.
+    run's `RunName` actor, whose ledger divides the cluster's cores among its processes;
+    `startup`: the driver's start-up marks, for the run's first stage (its first step's record
+    carries the start-up timeline, `common.startup`).
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -433,10 +453,13 @@ def run_stage(
             )  # fmt: skip
         # 2.
         prep = []
+        # a resumed or continued run's first step here is not the run's: no start-up timeline
+        fresh = startup is not None and resume is None and not continuing
+        started_at = process_started_at() if fresh else None
         if explorer is not None:
-            prep.append(explorer.prepare.remote(with_train_tasks=explores))
+            prep.append(explorer.prepare.remote(explores, started_at))
         if trainer is not None:
-            prep.append(trainer.prepare.remote(None, use_dataset=buffer is None))
+            prep.append(trainer.prepare.remote(None, buffer is None, started_at))
         sizes: dict[str, int] = {}
         for d in ray.get(prep):
             sizes.update(d)
@@ -453,6 +476,8 @@ def run_stage(
             {"final_eval"} if evaluates else set(),
             first_step=offset,
         )
+        if fresh and total != 0:  # the driver's marks join the first step's record
+            monitor.add("driver", offset + 1, startup.as_metrics(started_at))
         # 3.
         eval_start: dict[str, float] = {}
         startup_eval = not explores and not serves and cfg.explorer.eval_on_startup
@@ -741,6 +766,8 @@ def print_summary(result: RunResult, console: Console, joined: bool = False) -> 
         if s.checkpoint:
             console.print(f"  checkpoint: {s.checkpoint}")
     console.print(f"wall time {result.seconds:.1f} s")
+    if line := timeline(result.startup):
+        console.print(f"start-up  {line} (since the driver's start)", soft_wrap=True)
     if result.peak_pss_gb is not None:
         whose = (
             "this process only: the Ray cluster it joined is not its child"

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from trinity.buffer.storage import BufferClosed
+from trinity.common.startup import StartupMarks
 from trinity.config.resolved import resolve
 from trinity.models.loading import distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
@@ -30,6 +31,8 @@ class TrainerRunner:
         step_offset: int,
         num_threads: int | None = None,
     ) -> None:
+        self.startup = StartupMarks("trainer")  # its process start, its imports done
+        self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
         self.num_threads = num_threads
         self.model_path = model_path
@@ -45,8 +48,12 @@ class TrainerRunner:
         self._read_metrics: dict[str, float] = {}  # a publish while waiting for data
         self._reader: int | None = None  # this trainer's token with the buffer
 
-    def prepare(self, total_steps: int | None, use_dataset: bool) -> dict[str, int]:
+    def prepare(
+        self, total_steps: int | None, use_dataset: bool, started_at: float | None = None
+    ) -> dict[str, int]:
         """Load the model (and the SFT dataset in train mode). Returns the dataset size.
+        `started_at`: the driver's process start, when this stage's first step is the run's
+        (the start-up timeline, `common.startup`, goes into that step's record).
 
         The model loads here, while the explorer starts its engines, not when the first step
         is due (on 2 cores this took a second core's idle time off the path to the first step);
@@ -58,6 +65,8 @@ class TrainerRunner:
             pairwise = self.trainer.algo.spec.pairwise
             self.dataset = DatasetSource(self.cfg, self.trainer.tokenizer, pairwise)
             size = len(self.dataset)
+        self.startup.mark("trainer_ready")
+        self._started_at = started_at
         return {"dataset_size": size}
 
     def run(
@@ -148,6 +157,8 @@ class TrainerRunner:
                     self._on_request and ray.get(self.synchronizer.trained_step.remote(step))
                 ):
                     metrics.update(self._publish(step))
+                self.startup.mark("first_update")
+                metrics.update(self.startup.as_metrics(self._started_at))  # first step only
                 # reported before the checkpoint: a step checkpointed is a step reported (the
                 # hub journals it), so a resumed run has the metrics of every step it skips
                 ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
