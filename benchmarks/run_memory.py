@@ -41,9 +41,9 @@ DEFAULT_SETS = ["buffer.total_steps=3", "trainer.save_interval=0"]
 
 def sample_until_exit(proc: subprocess.Popen, interval: float, timeout: float) -> tuple:
     """Sample `proc`'s tree until it exits: (peak bytes, bytes per label at the peak, each
-    label's own peak, the most processes seen per label)."""
+    label's own peak, the most processes seen per label, seconds from the start to the peak)."""
     t0 = time.perf_counter()
-    peak, at_peak, own_peak, counts = 0, {}, {}, {}
+    peak, at_peak, own_peak, counts, peak_at = 0, {}, {}, {}, 0.0
     while proc.poll() is None:
         if time.perf_counter() - t0 > timeout:
             proc.kill()
@@ -57,9 +57,9 @@ def sample_until_exit(proc: subprocess.Popen, interval: float, timeout: float) -
             own_peak[label] = max(own_peak.get(label, 0), pss)
             counts[label] = max(counts.get(label, 0), n[label])
         if (total := sum(by_label.values())) > peak:
-            peak, at_peak = total, by_label
+            peak, at_peak, peak_at = total, by_label, time.perf_counter() - t0
         time.sleep(interval)
-    return peak, at_peak, own_peak, counts
+    return peak, at_peak, own_peak, counts, peak_at
 
 
 def run(config: Path, sets: list[str], interval: float, timeout: float) -> dict:
@@ -72,7 +72,7 @@ def run(config: Path, sets: list[str], interval: float, timeout: float) -> dict:
         t0 = time.perf_counter()
         with open(Path(tmp) / "run.log", "w+") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-            peak, at_peak, own_peak, counts = sample_until_exit(proc, interval, timeout)
+            peak, at_peak, own_peak, counts, peak_at = sample_until_exit(proc, interval, timeout)
             seconds = time.perf_counter() - t0
             log.seek(0)
             if proc.returncode != 0:
@@ -83,6 +83,7 @@ def run(config: Path, sets: list[str], interval: float, timeout: float) -> dict:
         "own_peak_gb": {k: v / GB for k, v in own_peak.items()},
         "processes": counts,
         "seconds": seconds,
+        "peak_at_s": peak_at,
     }
 
 
@@ -98,7 +99,7 @@ def main() -> None:
     sets = DEFAULT_SETS if args.sets is None else args.sets
     r = run(args.config, sets, args.interval, args.timeout)
     print(f"{args.config.name} {' '.join(sets)}: peak PSS {r['peak_gb']:.2f} GB "
-          f"(sampled every {args.interval} s), {r['seconds']:.0f} s")  # fmt: skip
+          f"(sampled every {args.interval} s) at {r['peak_at_s']:.0f} s of {r['seconds']:.0f} s")  # fmt: skip
     print(
         "\n| process | count | PSS at the run's peak (GB) | its own peak (GB) |\n|---|---:|---:|---:|"
     )

@@ -284,6 +284,12 @@ def watch(
             rec = json.loads(line)
             if "versions" in rec:
                 extra["versions"] = rec["versions"]
+            if "startup/ray_s" in rec:  # trinity's start-up timeline (trinity.common.startup)
+                extra["startup"] = {
+                    k.removeprefix("startup/").removesuffix("_s"): v
+                    for k, v in rec.items()
+                    if k.startswith("startup/")
+                }
             elif (got := parse(rec)) is not None:
                 arrivals.setdefault(got[0], now)
                 tokens.setdefault(got[0], got[1])
@@ -426,6 +432,26 @@ def print_tables(runs: list[dict[str, Any]], medians: list[dict[str, Any]]) -> N
               f"{fmt(m['peak_pss_mb'], '.0f')} | {' | '.join(cells)} |")  # fmt: skip
 
 
+def print_startup(runs: list[dict[str, Any]]) -> None:
+    """trinity's start-up timeline per mode: each mark's median over the runs (seconds since
+    the driver's process start; docs/monitoring.md)."""
+    from trinity.common.startup import PHASES
+
+    modes = [m for m in dict.fromkeys(r["mode"] for r in runs) if m in TRINITY_MODES]
+    if not any("startup" in r for r in runs):
+        return
+    print("\n## trinity's start-up (medians, s since the driver's process start)")
+    print("| mark | " + " | ".join(modes) + " |")
+    print("|---|" + "---:|" * len(modes))
+    for phase in PHASES:
+        cells = []
+        for mode in modes:
+            values = [r["startup"][phase] for r in runs
+                      if r["mode"] == mode and phase in r.get("startup", {})]  # fmt: skip
+            cells.append(f"{statistics.median(values):.1f}" if values else "")
+        print(f"| {phase} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="tiny://10m", help="a tiny:// URL (10m, 1m, ...)")
@@ -469,6 +495,7 @@ def main() -> int:
                   f"peak PSS {r['peak_pss_mb']:.0f} MB", flush=True)  # fmt: skip
     medians = summarize(runs, args.modes)
     print_tables(runs, medians)
+    print_startup(runs)
     versions = next((r["versions"] for r in runs if "versions" in r), None)
     meta = {"model": model, "model_dir": model_dir, "steps": args.steps, "repeats": args.repeats,
             "lr": args.lr, "threads": args.threads, "cpus": os.cpu_count(),

@@ -111,6 +111,22 @@ def test_metrics_and_checkpoint_roundtrip(tmp_path, tiny_model_dir):
         torch.testing.assert_close(loaded.state_dict()[k], v)
 
 
+def test_training_state_is_released_when_training_is_over(tmp_path, tiny_model_dir):
+    """After the last checkpoint the optimizer's moments and the gradients go; the weights stay
+    exactly as trained (the final evaluation uses them)."""
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    trainer = Trainer(make_config(tmp_path, tiny_model_dir), str(tiny_model_dir), total_steps=10)
+    trainer.train_step(experiences(vocab))
+    moments = trainer.optimizer.state  # AdamW's exp_avg / exp_avg_sq per parameter
+    assert len(moments) == len(list(trainer.model.parameters()))
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.release_training_state()
+    assert trainer.optimizer is None and trainer.scheduler is None
+    assert all(p.grad is None for p in trainer.model.parameters())
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+
+
 def test_several_updates_recompute_old_logprobs(tmp_path, tiny_model_dir):
     vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     cfg = make_config(

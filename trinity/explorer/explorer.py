@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import itertools
 import math
-import os
 import statistics
 import time
 import traceback
@@ -24,19 +23,17 @@ from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
-from trinity.common.placement import on_node
 from trinity.common.resources import ResourcePlan, Share
-from trinity.common.rollout import SamplingParams, engine_class
+from trinity.common.rollout import SamplingParams
 from trinity.common.startup import StartupMarks
 from trinity.config import seeds
-from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
+from trinity.config.resolved import chat_template_kwargs, resolve
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
-    auxiliary_limits,
     auxiliary_model,
-    served_auxiliary,
     why_not_served,
 )
+from trinity.explorer.engine_pools import EnginePools, start_engine_pools
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.sampling import stable_key
@@ -87,13 +84,15 @@ class Explorer:
         engine_share: Share | None = None,
         engine_nodes: list[str] | None = None,
         run_shares: Any = None,
+        engines: EnginePools | None = None,
     ) -> None:
         """`engine_share`: what each engine reserves and its threads (the launcher's resource
         plan); None = no reservation, every core. `engine_nodes`: engine i runs on node i mod N
         (`common.placement`); None or empty: wherever Ray places it. `run_shares`: in a process
         of a split run, the run's `RunName` actor; this explorer claims its part of the run's
         cores from it before each step and sets its engines' threads to it
-        (`common.resources.RunShares`)."""
+        (`common.resources.RunShares`). `engines`: the engine actors, started by the caller
+        with `start_engine_pools` and the same share and nodes (None: started here)."""
         self.startup = StartupMarks("explorer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
@@ -101,10 +100,12 @@ class Explorer:
         self.run_shares = run_shares
         self._held: int | None = None  # this explorer's part of a split run's cores
         self.engine_nodes = list(engine_nodes or [])
-        # started first, not in `prepare`: they load while this process sets itself up
-        self.engines: list[Any] = self._start_engines(model_path)
+        # the launcher starts them beside this actor (`engines`), so they load while this
+        # process imports and sets itself up; otherwise started first thing here
+        pools = engines or start_engine_pools(config, model_path, engine_share, engine_nodes)
+        self.engines: list[Any] = pools.rollout
         # explorer.auxiliary_models (served ones) by position: engines never trained
-        self.aux_engines: dict[int, list[Any]] = self._start_auxiliary_engines()
+        self.aux_engines: dict[int, list[Any]] = pools.auxiliary
         self.auxiliary: AuxiliaryModels | None = None  # their clients, after `prepare`
         self.aux_endpoints: list[EndpointServer] = []
         self.model_path = resolve_model_path(model_path)
@@ -136,74 +137,6 @@ class Explorer:
         self.live_weights = sync_method(resolve(config).sync_method).live
 
     # -- set-up --------------------------------------------------------------------------------
-
-    def _start_engines(self, model_path: str) -> list[Any]:
-        """Start the rollout engine actors (each resolves and loads `model_path` in its own
-        process); not awaited."""
-        cfg, rm = self.cfg, self.cfg.explorer.rollout_model
-        return self._spawn(
-            resolve(cfg).engine_type,  # unset: best available
-            rm,
-            model_path,
-            [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)],
-            first=0,
-            max_model_len=cfg.model.max_model_len,
-            chat_template=cfg.model.custom_chat_template,
-        )
-
-    def _start_auxiliary_engines(self) -> dict[int, list[Any]]:
-        """Start the engines of every served auxiliary model (`explorer.auxiliary`), placed
-        after the rollout engines (node i mod N); not awaited."""
-        cfg = self.cfg
-        pools: dict[int, list[Any]] = {}
-        first = cfg.explorer.rollout_model.engine_num
-        for i in served_auxiliary(cfg):
-            aux = cfg.explorer.auxiliary_models[i]
-            seed = seeds.auxiliary_seed(cfg, i)
-            pools[i] = self._spawn(
-                aux.engine_type or BEST_ENGINE[0],
-                aux,
-                seeds.model_path(cfg, aux.model_path),
-                [seed + r for r in range(aux.engine_num)],
-                first=first,
-                max_model_len=auxiliary_limits(cfg, i)[0],
-                chat_template=None,  # its own tokenizer's template
-            )
-            first += aux.engine_num
-        return pools
-
-    def _spawn(
-        self,
-        engine_type: str,
-        pool: Any,
-        model_path: str,
-        replica_seeds: list[int],
-        first: int,
-        max_model_len: int | None,
-        chat_template: str | None,
-    ) -> list[Any]:
-        """One engine actor per seed in `replica_seeds` for the pool `pool` (an
-        `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
-        the launcher's engine share, with the pool's own `num_threads` if set."""
-        engine_cls = ray.remote(engine_class(engine_type))
-        share = self.engine_share or Share(0, 0, os.cpu_count() or 1)
-        return [
-            engine_cls.options(
-                num_cpus=share.num_cpus,
-                num_gpus=share.num_gpus,
-                max_restarts=pool.max_restarts,
-                **on_node(self.engine_nodes, first + r),
-            ).remote(
-                model_path,
-                dtype=pool.dtype,
-                seed=seed,
-                max_batch_size=pool.max_batch_size,
-                max_model_len=max_model_len,
-                num_threads=pool.num_threads or share.threads,
-                custom_chat_template=chat_template,
-            )
-            for r, seed in enumerate(replica_seeds)
-        ]
 
     async def _serve_auxiliary(self) -> AuxiliaryModels:
         """Wait for the auxiliary engines; a client, tokenizer and sampling defaults per served

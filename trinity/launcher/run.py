@@ -35,6 +35,7 @@ from trinity.config.run_folder import (
     joins_existing_run,
     trains_from_queue,
 )
+from trinity.explorer.engine_pools import start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.backends import RunInfo, monitor_types
@@ -438,9 +439,13 @@ def run_stage(
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
         explorer = None
         if explores or serves or evaluates:
+            # the engines start beside the explorer, not from it: they import and load while
+            # its process imports (`explorer.engine_pools`)
+            pools = start_engine_pools(cfg, model_path, plan.engine, nodes)
+            actors.extend(pools.all())
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
-                offset, plan.engine, nodes, run_shares if mode == "explore" else None,
+                offset, plan.engine, nodes, run_shares if mode == "explore" else None, pools,
             )  # fmt: skip
         trainer = None
         if trains:

@@ -183,6 +183,7 @@ class TrainerRunner:
             final = self._checkpoint(step)
         if publish_final:
             self._publish(step, final=True)
+        self.trainer.release_training_state()  # beside the final evaluation: weights only
         ray.get(self.synchronizer.finish.remote(step))
         return {
             "train_steps": step,

@@ -1,0 +1,107 @@
+"""Starting a run's engine actors: the rollout engines and those of every served auxiliary model.
+
+The launcher starts them beside the explorer actor rather than from inside it, so their
+processes start, import and load their models while the explorer's process is still importing
+(on 2 cores that took the explorer's imports off the path to the first rollout); an explorer
+built without them starts them itself, first thing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from trinity.common.placement import on_node
+from trinity.common.resources import Share
+from trinity.common.rollout import engine_class
+from trinity.config import seeds
+from trinity.config.resolved import BEST_ENGINE, resolve
+from trinity.explorer.auxiliary import auxiliary_limits, served_auxiliary
+
+
+@dataclass
+class EnginePools:
+    rollout: list[Any]
+    """The rollout engines (trained weights), one actor handle per `engine_num`."""
+    auxiliary: dict[int, list[Any]] = field(default_factory=dict)
+    """`explorer.auxiliary_models` position -> its engines (served models only, never trained)."""
+
+    def all(self) -> list[Any]:
+        return [*self.rollout, *(e for pool in self.auxiliary.values() for e in pool)]
+
+
+def start_engine_pools(
+    cfg: Any, model_path: str, share: Share | None, nodes: list[str] | None
+) -> EnginePools:
+    """Start every engine actor of `cfg`'s explorer; not awaited (each resolves and loads its
+    model in its own process). `share`: what each reserves and its threads (None: no
+    reservation, every core); engine i runs on node i mod N of `nodes` (None or empty: wherever
+    Ray places it), the auxiliary engines numbered after the rollout engines."""
+    rm, nodes = cfg.explorer.rollout_model, list(nodes or [])
+    share = share or Share(0, 0, os.cpu_count() or 1)
+    rollout = _spawn(
+        resolve(cfg).engine_type,  # unset: best available
+        rm,
+        model_path,
+        [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)],
+        share,
+        nodes,
+        first=0,
+        max_model_len=cfg.model.max_model_len,
+        chat_template=cfg.model.custom_chat_template,
+    )
+    auxiliary: dict[int, list[Any]] = {}
+    first = rm.engine_num
+    for i in served_auxiliary(cfg):
+        aux = cfg.explorer.auxiliary_models[i]
+        seed = seeds.auxiliary_seed(cfg, i)
+        auxiliary[i] = _spawn(
+            aux.engine_type or BEST_ENGINE[0],
+            aux,
+            seeds.model_path(cfg, aux.model_path),
+            [seed + r for r in range(aux.engine_num)],
+            share,
+            nodes,
+            first=first,
+            max_model_len=auxiliary_limits(cfg, i)[0],
+            chat_template=None,  # its own tokenizer's template
+        )
+        first += aux.engine_num
+    return EnginePools(rollout, auxiliary)
+
+
+def _spawn(
+    engine_type: str,
+    pool: Any,
+    model_path: str,
+    replica_seeds: list[int],
+    share: Share,
+    nodes: list[str],
+    first: int,
+    max_model_len: int | None,
+    chat_template: str | None,
+) -> list[Any]:
+    """One engine actor per seed in `replica_seeds` for the pool `pool` (an
+    `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
+    `share`, with the pool's own `num_threads` if set."""
+    engine_cls = ray.remote(engine_class(engine_type))
+    return [
+        engine_cls.options(
+            num_cpus=share.num_cpus,
+            num_gpus=share.num_gpus,
+            max_restarts=pool.max_restarts,
+            **on_node(nodes, first + r),
+        ).remote(
+            model_path,
+            dtype=pool.dtype,
+            seed=seed,
+            max_batch_size=pool.max_batch_size,
+            max_model_len=max_model_len,
+            num_threads=pool.num_threads or share.threads,
+            custom_chat_template=chat_template,
+        )
+        for r, seed in enumerate(replica_seeds)
+    ]
