@@ -282,14 +282,14 @@ def watch(
         *lines, buf = buf.split("\n")  # a partly written last line waits for the next read
         for line in filter(None, lines):
             rec = json.loads(line)
-            if "versions" in rec:
-                extra["versions"] = rec["versions"]
             if "startup/ray_s" in rec:  # trinity's start-up timeline (trinity.common.startup)
                 extra["startup"] = {
                     k.removeprefix("startup/").removesuffix("_s"): v
                     for k, v in rec.items()
                     if k.startswith("startup/")
                 }
+            if "versions" in rec:
+                extra["versions"] = rec["versions"]
             elif (got := parse(rec)) is not None:
                 arrivals.setdefault(got[0], now)
                 tokens.setdefault(got[0], got[1])
