@@ -102,7 +102,11 @@ class Explorer:
         self.engine_nodes = list(engine_nodes or [])
         # the launcher starts them beside this actor (`engines`), so they load while this
         # process imports and sets itself up; otherwise started first thing here
-        pools = engines or start_engine_pools(config, model_path, engine_share, engine_nodes)
+        pools = (
+            engines
+            if engines is not None
+            else start_engine_pools(config, model_path, engine_share, engine_nodes)
+        )
         self.engines: list[Any] = pools.rollout
         # explorer.auxiliary_models (served ones) by position: engines never trained
         self.aux_engines: dict[int, list[Any]] = pools.auxiliary
@@ -172,7 +176,7 @@ class Explorer:
         self, with_train_tasks: bool = True, started_at: float | None = None
     ) -> dict[str, int]:
         """Load the tokenizer and the tasksets, then wait for the engines (started by
-        `__init__`, they load meanwhile). Returns task counts (for step planning).
+        the launcher or `__init__`, they load meanwhile). Returns task counts (for step planning).
         `started_at`: the driver's process start, when this stage's first step is the run's
         (the start-up timeline, `common.startup`, goes into that step's record)."""
         cfg = self.cfg
