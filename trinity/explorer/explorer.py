@@ -23,6 +23,7 @@ from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
+from trinity.common.remote_errors import cause_of
 from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams
 from trinity.common.startup import StartupMarks
@@ -318,7 +319,7 @@ class Explorer:
                 metrics.update(self.startup.as_metrics(self._started_at))  # first step only
                 await self.hub.put.remote("explorer", self.step_offset + step, metrics)
         except (BufferClosed, TrainingFinished) as e:
-            stopped = str(e)
+            stopped = str(cause_of(e))
             print(
                 f"explorer {ecfg.name!r}: {stopped}; stopping after explore step {written}",
                 flush=True,
@@ -401,7 +402,7 @@ class Explorer:
                     last_check = time.monotonic()
                     await self.sync_to_latest()
         except (BufferClosed, TrainingFinished) as e:
-            stopped = str(e)
+            stopped = str(cause_of(e))
             print(f"serve: {stopped}; stopping after {step} writes", flush=True)
         finally:
             if self.endpoint is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from trinity.buffer.storage import BufferClosed
+from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
 from trinity.config.resolved import resolve
 from trinity.models.loading import distinct_tensors
@@ -227,7 +228,7 @@ class TrainerRunner:
             except BufferClosed:
                 return None
             except (TimeoutError, ray.exceptions.RayTaskError) as e:
-                cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
+                cause = cause_of(e)
                 if isinstance(cause, BufferClosed):
                     return None
                 if not isinstance(cause, TimeoutError):
