@@ -26,6 +26,22 @@ def test_every_builtin_passes_gymnasium_s_checker_and_repeats_with_its_seed(name
     assert len({episode(s) for s in range(20)}) > 1  # the seed draws the episode
 
 
+def test_each_environment_has_its_own_spaces_and_their_own_random_streams():
+    # the spaces share one prototype's character tables, never a random generator: seeding
+    # one environment's action space leaves another's draws alone
+    a, b = ENV.get("guess_number")(), ENV.get("guess_number")()
+    assert a.action_space is not b.action_space
+    assert a.observation_space["content"] is not b.observation_space["content"]
+    a.action_space.seed(7)
+    first = a.action_space.sample()
+    a.action_space.seed(7)
+    b.action_space.seed(9)  # a shared generator would now be b's
+    b.action_space.sample()
+    assert a.action_space.sample() == first
+    assert a.action_space.contains("héllo, 42!") and not a.action_space.contains("\x00")
+    assert a.action_space.max_length == 4096
+
+
 def test_guess_number_answers_higher_lower_and_ends_on_the_secret():
     env = ENV.get("guess_number")(low=1, high=10, max_turns=4)
     env.reset(seed=0)

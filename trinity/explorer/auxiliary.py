@@ -38,7 +38,7 @@ from typing import Any
 
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
 from trinity.explorer.bridging import render_ids
-from trinity.explorer.sampling import stable_key
+from trinity.common.keys import stable_key
 
 
 def served_auxiliary(cfg: Any) -> list[int]:

@@ -37,7 +37,7 @@ from trinity.explorer.auxiliary import (
 from trinity.explorer.engine_pools import EnginePools, start_engine_pools
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
-from trinity.explorer.sampling import stable_key
+from trinity.common.keys import stable_key
 from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.method import sync_method

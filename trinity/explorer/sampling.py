@@ -18,8 +18,6 @@ follow timing (reward code in threads, environments that wait) and a seed still 
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 
@@ -44,12 +42,6 @@ def keyed_uniforms(keys: np.ndarray, t: int) -> torch.Tensor:
     step = splitmix64(np.asarray([t & _MASK64], dtype=np.uint64))
     bits = splitmix64(keys ^ step) >> np.uint64(40)
     return torch.from_numpy((bits.astype(np.float64) / float(1 << 24)).astype(np.float32))[:, None]
-
-
-def stable_key(*parts: object) -> int:
-    """A 64-bit key from strings and ints, equal in every process and Python run (unlike `hash`)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
 
 
 def filter_logits(

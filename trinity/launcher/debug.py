@@ -35,7 +35,7 @@ from trinity.explorer.auxiliary import (
 from trinity.explorer.explorer import _first, finish_experiences, task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
-from trinity.explorer.sampling import stable_key
+from trinity.common.keys import stable_key
 from trinity.tasks import Task, load_taskset
 from trinity.workflows import WORKFLOW
 
