@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from trinity.common.keys import stable_key
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
 from trinity.explorer.bridging import render_ids
-from trinity.common.keys import stable_key
 
 
 def served_auxiliary(cfg: Any) -> list[int]:

@@ -23,6 +23,7 @@ from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
+from trinity.common.keys import stable_key
 from trinity.common.remote_errors import cause_of
 from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams
@@ -37,7 +38,6 @@ from trinity.explorer.auxiliary import (
 from trinity.explorer.engine_pools import EnginePools, start_engine_pools
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
-from trinity.common.keys import stable_key
 from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.method import sync_method

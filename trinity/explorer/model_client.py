@@ -26,10 +26,10 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.experience import Experience
+from trinity.common.keys import stable_key
 from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.ledger import LedgerStats, SessionLedger
-from trinity.common.keys import stable_key
 from trinity.explorer.session import ChatSession, Prepared
 
 

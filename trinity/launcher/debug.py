@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from trinity.common.experience import Experience
+from trinity.common.keys import stable_key
 from trinity.common.rollout import engine_class
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
@@ -35,7 +36,6 @@ from trinity.explorer.auxiliary import (
 from trinity.explorer.explorer import _first, finish_experiences, task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
-from trinity.common.keys import stable_key
 from trinity.tasks import Task, load_taskset
 from trinity.workflows import WORKFLOW
 
