@@ -314,7 +314,8 @@ def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
     assert "2 tries" in r.stderr  # bounded retries: 1 + max_retry_times
 
 
-@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
+# nccl's bit-exact transfer is covered fast in test_sync_collective; its full run is slow-marked
+@pytest.mark.parametrize("method", ["checkpoint", pytest.param("nccl", marks=pytest.mark.slow)])
 def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     cfg = grpo_config(
         tmp_path,
@@ -332,7 +333,9 @@ def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     assert [records[s]["rollout/model_version"] for s in (1, 2, 3)] == [0, 0, 1]
 
 
-@pytest.mark.parametrize("style", ["trainer_driven", "explorer_driven"])
+@pytest.mark.parametrize(
+    "style", ["trainer_driven", pytest.param("explorer_driven", marks=pytest.mark.slow)]
+)
 def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, style):
     cfg = grpo_config(
         tmp_path,
@@ -434,6 +437,7 @@ def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     assert max(rec["step"] for rec in records if "train/loss" in rec) == len(tasks)
 
 
+@pytest.mark.slow  # a recovery trial: a whole run after a dead cluster's address file
 def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_model_dir):
     # a `ray start --head` that was killed leaves its address file behind: `ray_address: auto`
     # used to try the dead cluster for ~35 s and fail; now it says so and starts a local one

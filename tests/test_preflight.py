@@ -204,16 +204,17 @@ def test_user_module_failing_at_import_is_a_problem(tmp_path, monkeypatch, no_ra
 
 
 @pytest.mark.parametrize("verb", ["validate", "run"])
-def test_not_applicable_notes_printed_by_both_verbs(verb, monkeypatch, tmp_path, no_ray):
-    import trinity.config.preflight as pf
-
-    monkeypatch.setattr(pf, "not_applicable_notes", lambda cfg: ["explorer.foo: not used here"])
-    # a config with a problem, so that `run` stops after printing the notes
-    result = CliRunner().invoke(
-        app, [verb, "--config", str(CORPUS / "serve_tool_call_parser_typo.yaml")]
-    )
+def test_not_applicable_notes_printed_by_both_verbs(verb, tmp_path, no_ray):
+    # a config with a problem, so that `run` stops after printing the notes (`run` checks in
+    # a child process, whose output it passes on)
+    args = [verb, "--config", str(CORPUS / "serve_tool_call_parser_typo.yaml")]
+    args += ["--set", "explorer.rollout_model.gpu_memory_utilization=0.5"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
-    assert "not applicable here:\n  explorer.foo: not used here" in result.output
+    assert (
+        "not applicable here:\n  explorer.rollout_model.gpu_memory_utilization: "
+        "not applicable here (vLLM"
+    ) in result.output
 
 
 def test_readers_collect_bad_rows_instead_of_raising(tmp_path):

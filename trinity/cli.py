@@ -65,9 +65,10 @@ def _config_error(text: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _load_plugins(plugin_dirs: list[Path] | None) -> None:
+def _load_plugins(plugin_dirs: list[Path] | None, quiet: bool = False) -> None:
     """Import the plugins of `--plugin-dir` and TRINITY_PLUGIN_DIRS (`trinity.common.plugins`)
-    and name them in TRINITY_PLUGIN_DIRS for the actors; a broken plugin is exit 2."""
+    and name them in TRINITY_PLUGIN_DIRS for the actors; a broken plugin is exit 2. `quiet`:
+    without naming the directories loaded."""
     from trinity.common.plugins import PluginError, use_plugin_dirs
 
     try:
@@ -76,7 +77,7 @@ def _load_plugins(plugin_dirs: list[Path] | None) -> None:
         err.print("[red]plugin error[/]")
         err.print(str(e), markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    for directory in loaded:
+    for directory in loaded if not quiet else ():
         err.print(f"plugins: {directory}", markup=False, soft_wrap=True)
 
 
@@ -116,6 +117,28 @@ def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | 
     return cfg
 
 
+def _check_apart(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | None) -> None:
+    """`run`'s check pass (`_check`) in a child process, whose exit code it passes on. The
+    checks call every algorithm piece on a small batch, which needs torch; in a child, the
+    driver, which lives as long as the run, never imports torch (a 0.2 GB process less)."""
+    import subprocess
+
+    args = [sys.executable, "-m", "trinity.cli", "check", "--config", str(config)]
+    args += [a for o in overrides or [] for a in ("--set", o)]
+    args += [a for d in plugin_dirs or [] for a in ("--plugin-dir", str(d))]
+    child = subprocess.run(args, capture_output=True, text=True)
+    sys.stdout.write(child.stdout)  # through this process's streams (and a test's capture)
+    sys.stderr.write(child.stderr)
+    if child.returncode != 0:
+        raise typer.Exit(child.returncode)
+
+
+@app.command("check", hidden=True)
+def check(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
+    """`validate`'s checks without its printout (what `run` runs first, in a child process)."""
+    _check(config, overrides, plugin_dirs)
+
+
 @app.command()
 def validate(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
     """Check a config without running it: print the resolved config and the batch table.
@@ -142,9 +165,12 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
     Writes checkpoints, metrics.jsonl and TensorBoard files under
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
-    cfg = _check(config, overrides, plugin_dirs)
-    from trinity.config import ConfigError
+    _check_apart(config, overrides, plugin_dirs)
+    _load_plugins(plugin_dirs, quiet=True)
+    from trinity.config import ConfigError, load_config
     from trinity.launcher.run import run as run_config
+
+    cfg = load_config(config, overrides or [])
 
     try:
         run_config(cfg, console)

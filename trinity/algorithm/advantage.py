@@ -22,11 +22,17 @@ first use through the registry's `modules` map.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from trinity.algorithm.inputs import AdvantageInput
+from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 ADVANTAGE_FN: Registry = Registry(
     "advantage_fn",

@@ -21,9 +21,16 @@ harmless).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+from trinity.common.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
+
 
 LOSS_AGG_MODES = (
     "token-mean",

@@ -37,10 +37,16 @@ temperature 1 without filters where strict on-policy data matters.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
+from trinity.common.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
+
 
 MAX_LOG_WEIGHT = 20.0
 Level = Literal["token", "sequence", "geometric"]

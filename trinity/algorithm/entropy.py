@@ -12,11 +12,17 @@ positive coefficient rewards entropy (the loss is −coef·H), as in PPO's entro
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from trinity.algorithm.aggregation import Aggregator
+from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 ENTROPY_LOSS_FN: Registry = Registry("entropy_loss_fn")
 

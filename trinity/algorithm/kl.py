@@ -29,11 +29,17 @@ estimator name) with ``kl_penalty_fn_args: {kl_coef: 0.001}``.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 KL_TYPES = (
     "k1",

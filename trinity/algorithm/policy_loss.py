@@ -16,12 +16,18 @@ clip_range_high: 0.28}`` (DAPO's decoupled clip).
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
 from trinity.algorithm.inputs import PolicyLossInput
+from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 # losses in modules of their own (`trinity/algorithm/losses/`), imported on first use
 POLICY_LOSS_FN: Registry = Registry(

@@ -5,8 +5,15 @@ algorithm: {overlong_penalty: {enable: true, buffer_len: 4096, penalty_factor: 1
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+from trinity.common.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 
 def overlong_penalty(

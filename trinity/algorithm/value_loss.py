@@ -5,10 +5,16 @@ trainer: {critic: {cliprange_value: 0.5}}       # algorithm_type: ppo
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from trinity.algorithm.aggregation import Aggregator, masked_mean
+from trinity.common.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:  # `validate` reads these registries without importing torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 
 def clipped_value_loss(

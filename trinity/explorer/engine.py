@@ -19,22 +19,49 @@ token for token (`rollout/logprob_diff`).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
-from transformers import DynamicCache
 
+from trinity.common.lazy import import_now, lazy_module
 from trinity.common.memory import IdleTrim
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.common.startup import StartupMarks
-from trinity.explorer.sampling import keyed_uniforms, sample_next, splitmix64
 from trinity.models import load_model, load_tokenizer, resolve_model_path
-from trinity.models.lean_head import head_logprobs
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
+
+# torch and the modules built on it load in the engine's process when it is made: the driver
+# imports this module only to start engines (`common.lazy`)
+if TYPE_CHECKING:
+    import torch
+    import transformers
+
+    from trinity.explorer import sampling
+    from trinity.models import lean_head
+else:
+    torch = lazy_module("torch")
+    transformers = lazy_module("transformers")
+    sampling = lazy_module("trinity.explorer.sampling")
+    lean_head = lazy_module("trinity.models.lean_head")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _inference_mode(fn: F) -> F:
+    """`torch.inference_mode()` as a decorator that imports torch on the first call."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
 
 __all__ = ["HFRolloutEngine", "PromptTooLong", "Sample", "SamplingParams"]
 
@@ -57,6 +84,8 @@ class HFRolloutEngine:
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
     ) -> None:
+        import_now(torch, transformers, sampling, lean_head)  # before the `imports` mark
+
         self.startup = StartupMarks("engine")  # its process start, its imports done
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
@@ -97,7 +126,7 @@ class HFRolloutEngine:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    @torch.inference_mode()
+    @_inference_mode
     def generate(
         self,
         prompts: list[list[int]],
@@ -146,9 +175,9 @@ class HFRolloutEngine:
             k if k is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
             for k in keys
         ]
-        base = splitmix64(np.repeat(np.asarray(filled, dtype=np.uint64), n))
+        base = sampling.splitmix64(np.repeat(np.asarray(filled, dtype=np.uint64), n))
         with np.errstate(over="ignore"):
-            return splitmix64(base + np.tile(np.arange(n, dtype=np.uint64), len(keys)))
+            return sampling.splitmix64(base + np.tile(np.arange(n, dtype=np.uint64), len(keys)))
 
     def _generate_batch(
         self, prompts: list[list[int]], params: SamplingParams, keys: list[int | None]
@@ -178,7 +207,7 @@ class HFRolloutEngine:
             t.to(self.device) for t in (input_ids, attention, positions)
         )
         # 2.  # logits [B, V] -> [B*n, V]
-        cache = DynamicCache(config=self.model.config)
+        cache = transformers.DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -206,12 +235,12 @@ class HFRolloutEngine:
         row_keys = self._row_keys(keys, n)  # [b], follows `alive`
         # 3.
         for t in range(max_new):
-            tok = sample_next(
+            tok = sampling.sample_next(
                 logits,
                 temperature=params.temperature,
                 top_k=params.top_k,
                 top_p=params.top_p,
-                uniforms=keyed_uniforms(row_keys, t) if params.temperature > 0 else None,
+                uniforms=sampling.keyed_uniforms(row_keys, t) if params.temperature > 0 else None,
             )  # [b]
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             tokens[alive, t] = tok
@@ -261,14 +290,14 @@ class HFRolloutEngine:
         self.stats["generate_seconds"] += time.perf_counter() - t0
         return out
 
-    @torch.inference_mode()
+    @_inference_mode
     def logprobs(self, tokens: list[int]) -> list[float]:
         """Logprob of tokens[1:] given their prefixes (length len(tokens) - 1)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         backbone = self.model.get_decoder()
         hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]  # [T-1, H]
         # the head in chunks: never T × V logits at once (a 49k vocabulary is 0.2 GB per 1k tokens)
-        lp, _ = head_logprobs(
+        lp, _ = lean_head.head_logprobs(
             self.model.get_output_embeddings(), hidden, ids[0, 1:], SCORE_CHUNK, with_entropy=False
         )
         return lp.float().cpu().tolist()

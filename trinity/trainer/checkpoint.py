@@ -35,8 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trinity.models.loading import for_safetensors
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -98,6 +96,8 @@ def save_hf_checkpoint(
     if extra_files is not None:
         trainer_state = {**(trainer_state or {}), **extra_files(tmp)}
     if trainer_state is not None:
+        import torch  # here only: the driver lists and picks checkpoints without it
+
         torch.save(trainer_state, tmp / TRAINER_STATE)
     if leases is not None:
         (tmp / LEASES).write_text(json.dumps(leases))

@@ -10,9 +10,14 @@ of updates per step.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from trinity.common.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # the schedule checks serve `validate`, which imports no torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 
 def warmup_steps(opt_cfg: Any, total_steps: int | None) -> int:

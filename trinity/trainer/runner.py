@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -16,8 +16,12 @@ from trinity.models.loading import distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.checkpoint import trained_leases
-from trinity.trainer.sft_data import DatasetSource
-from trinity.trainer.trainer import Trainer
+
+# The trainer (torch, transformers) is imported when the actor is made: the driver imports this
+# module only to start the actor, and stays free of torch.
+if TYPE_CHECKING:
+    from trinity.trainer.sft_data import DatasetSource
+    from trinity.trainer.trainer import Trainer
 
 
 class TrainerRunner:
@@ -32,6 +36,8 @@ class TrainerRunner:
         step_offset: int,
         num_threads: int | None = None,
     ) -> None:
+        # the trainer's torch and transformers, before the start-up timeline's `imports` mark
+
         self.startup = StartupMarks("trainer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
@@ -60,6 +66,9 @@ class TrainerRunner:
         is due (on 2 cores this took a second core's idle time off the path to the first step);
         the optimizer waits for `total_steps`, which `run` gets once the run has planned them.
         """
+        from trinity.trainer.sft_data import DatasetSource
+        from trinity.trainer.trainer import Trainer
+
         self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
         size = 0
         if use_dataset:
