@@ -22,6 +22,7 @@ def test_fresh_name_is_trinity_rft_s_timestamp_suffix():
     assert fresh_name("add2", datetime(2026, 11, 23, 5, 4, 3)) == "add2_20261123050403"
 
 
+@pytest.mark.slow  # two whole runs; the folder naming itself is tested fast above
 def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(
     tmp_path, tiny_model_dir, grpo_run
 ):
