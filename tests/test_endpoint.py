@@ -473,6 +473,7 @@ def requests(draw: Any) -> tuple[str, str, bytes | None]:
     return "POST", prefix + path, json.dumps(body).encode()
 
 
+@pytest.mark.slow  # a fuzz trial of 2,000 requests; each route's own tests stay fast
 def test_2000_fuzzed_requests_over_every_route_get_no_5xx(scripted):
     """Every route, /feedback and /commit included: 2,000 requests, none answered 5xx."""
     served, engine = scripted

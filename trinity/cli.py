@@ -137,8 +137,8 @@ def _check_apart(
         out, errors = child.communicate()
         sys.stdout.write(out)  # through this process's streams (and a test's capture)
         sys.stderr.write(errors)
-        if child.returncode != 0:
-            raise typer.Exit(child.returncode)
+        if child.returncode != 0:  # killed by a signal (negative): a failed run, exit 1
+            raise typer.Exit(child.returncode if child.returncode > 0 else 1)
 
     return verdict
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import itertools
 import math
 import statistics
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from trinity.algorithm.algorithms import lookup_algorithm, record_flag
+from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.keys import stable_key
@@ -34,6 +37,8 @@ from trinity.explorer.auxiliary import (
     why_not_served,
 )
 from trinity.explorer.engine_pools import EnginePools, start_engine_pools
+from trinity.explorer.ledger import LedgerStats
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.tool_call_policy import apply_malformed_policy
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.method import sync_method
@@ -44,15 +49,11 @@ from trinity.sync.schedule import (
 )
 from trinity.sync.synchronizer import TrainingFinished
 from trinity.tasks import Task, load_taskset, make_selector
+from trinity.workflows import WORKFLOW
 
-# The modules that need torch (algorithm pieces, the model client, workflows) are imported
-# where the actor uses them: the driver imports this module only to start the actor, and
-# stays free of torch.
 if TYPE_CHECKING:
     from trinity.endpoint.feedback import FeedbackBook
     from trinity.endpoint.server import EndpointServer, EngineSessions, WorkflowSessions
-    from trinity.explorer.ledger import LedgerStats
-    from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 
 SHARE_WAIT_S = 120.0  # longest wait for a part of a split run's cores (`_take_share`)
 
@@ -67,14 +68,6 @@ class _Counting(Iterator[Task]):
         item = next(self.items)
         self.taken += 1
         return item
-
-
-def _import_torch_modules() -> None:
-    """Import what the actor's work needs of torch (the model client, workflows, algorithm
-    pieces) when the actor is made; its methods import the names they use from them."""
-    import trinity.algorithm
-    import trinity.explorer.model_client
-    import trinity.workflows  # noqa: F401
 
 
 class WorkflowFailed(RuntimeError):
@@ -102,9 +95,9 @@ class Explorer:
         cores from it before each step and sets its engines' threads to it
         (`common.resources.RunShares`). `engines`: the engine actors, started by the caller
         with `start_engine_pools` and the same share and nodes (None: started here)."""
-        from trinity.algorithm.algorithms import lookup_algorithm, record_flag
-
-        _import_torch_modules()  # before the start-up timeline's `imports` mark
+        # the modules above name torch lazily (`common.lazy`): the driver imports this one
+        # to start the actor; the actor imports torch here, before its `imports` mark
+        importlib.import_module("torch")
         self.startup = StartupMarks("explorer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
@@ -157,8 +150,6 @@ class Explorer:
     async def _serve_auxiliary(self) -> AuxiliaryModels:
         """Wait for the auxiliary engines; a client, tokenizer and sampling defaults per served
         model, and an endpoint of its own where it has `enable_openai_api`."""
-        from trinity.explorer.model_client import BatchingClient
-
         cfg = self.cfg
         await asyncio.gather(*(e.get_stats.remote() for p in self.aux_engines.values() for e in p))
         served = []
@@ -193,8 +184,6 @@ class Explorer:
         the launcher or `__init__`, they load meanwhile). Returns task counts (for step planning).
         `started_at`: the driver's process start, when this stage's first step is the run's
         (the start-up timeline, `common.startup`, goes into that step's record)."""
-        from trinity.explorer.model_client import BatchingClient
-
         cfg = self.cfg
         self.tokenizer = load_tokenizer(
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
@@ -289,8 +278,6 @@ class Explorer:
         """
         if sync not in ("schedule", "latest", "request"):
             raise ValueError(f"sync must be 'schedule', 'latest' or 'request', got {sync!r}")
-        from trinity.algorithm.sample_strategy import max_staleness
-
         ecfg = self.cfg.explorer
         bound = max_staleness(
             self.cfg.algorithm.sample_strategy, self.cfg.algorithm.sample_strategy_args
@@ -436,8 +423,6 @@ class Explorer:
         the sum of its calls' rewards over the calls each trajectory holds, then
         `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions committed with one
         `group` share EID.task (GRPO compares them); others are groups of their own."""
-        from trinity.explorer.ledger import LedgerStats
-
         assert self.serving is not None
         out: list[Experience] = []
         stats = LedgerStats()
@@ -859,8 +844,6 @@ class Explorer:
         ([(position in `tasks`, its experiences) for each task kept], counts). `train`: the
         experiences are trained (`explorer.malformed_tool_calls` applies), not evaluated.
         """
-        from trinity.explorer.ledger import LedgerStats
-
         assert self.client is not None
         ecfg = self.cfg.explorer
         limit = asyncio.Semaphore(max(1, ecfg.runner_per_model * len(self.engines)))
@@ -906,9 +889,6 @@ class Explorer:
         key: int | None = None,
         train: bool = True,
     ) -> list[Experience]:
-        from trinity.explorer.model_client import TaskModelHandle
-        from trinity.workflows import WORKFLOW
-
         ecfg = self.cfg.explorer
         name = task.workflow_type or self.cfg.buffer.explorer_input.default_workflow_type
         workflow_cls = WORKFLOW.get(name)
@@ -982,8 +962,6 @@ def finish_experiences(
     """What the explorer does to a task's experiences when its workflow returns them: zero the
     action mask of those built on a truncated prompt (`mask_prompt_truncated`; returns how
     many) and, when they are to be trained, apply `explorer.malformed_tool_calls`."""
-    from trinity.explorer.model_client import mask_prompt_truncated
-
     cut = (
         mask_prompt_truncated(experiences, handle.truncated_prompts)
         if handle.truncated_prompts

@@ -36,12 +36,16 @@ import json
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.common.lazy import lazy_module
 from trinity.common.rollout import Sample
+
+if TYPE_CHECKING:
+    import torch
+else:  # the driver imports this module's users without torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 # finish reasons whose "completion" was not sampled (`TaskModelHandle` prompt truncation)
 NOT_SAMPLED = frozenset({"prompt_truncated"})

@@ -20,17 +20,22 @@ import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
+from trinity.common.lazy import lazy_module
 from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.session import ChatSession, Prepared
+
+if TYPE_CHECKING:
+    import torch
+else:  # the driver imports this module's users without torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 
 class _Request(NamedTuple):

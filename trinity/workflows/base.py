@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
+from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
 from trinity.common.rollout import Sample, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+else:  # the driver imports this module's users without torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 WORKFLOW: Registry[type] = Registry("workflow")
 

@@ -10,14 +10,18 @@ component is also kept in `Experience.metrics` so the monitor reports it separat
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.common.lazy import lazy_module
 from trinity.common.rollout import Sample
 from trinity.rewards import REWARD_FN
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
+
+if TYPE_CHECKING:
+    import torch
+else:  # the driver imports this module's users without torch (`common.lazy`)
+    torch = lazy_module("torch")
 
 DEFAULT_REWARD_FN = "math_reward"
 
