@@ -4,10 +4,14 @@
     .venv/bin/python benchmarks/vs_trl.py [--model tiny://10m] [--steps 10] [--repeats 2]
     .venv/bin/python benchmarks/vs_trl.py --model tiny://1m --steps 3 --repeats 1   # a short check
 
-Three modes, each run a fresh subprocess, interleaved (A B C A B C ...) `--repeats` times:
+Modes (`--modes`, default: the first three), each run a fresh subprocess, interleaved
+(A B C A B C ...) `--repeats` times:
   trinity sync          `trinity run`, sync_interval 1, sync_offset 0 (on-policy lockstep)
   trinity one-step-off  the same with sync_offset 1 (the explorer samples step s+1 while the
                         trainer trains step s)
+  trinity sync lean, trinity one-step-off lean
+                        the same with the rollout engine in the explorer's process
+                        (`explorer.rollout_model.in_explorer_process`): one process fewer
   trl                   TRL's GRPOTrainer (use_cpu, no vLLM: transformers' `generate`), in
                         `benchmarks/vs_trl.py --worker trl`, torch threads `--threads`
 Every mode does the same work per step: 4 prompts x 8 samples, up to 64 response tokens each,
@@ -78,12 +82,15 @@ TASKSET_ARGS: dict[str, Any] = {
     "show_carry": True,
     "num_tasks": 7000,
 }
-TRINITY_MODES = {
-    "trinity sync": {"sync_interval": 1, "sync_offset": 0},
-    "trinity one-step-off": {"sync_interval": 1, "sync_offset": 1},
+TRINITY_MODES = {  # mode -> (synchronizer keys, engine in the explorer's process)
+    "trinity sync": ({"sync_interval": 1, "sync_offset": 0}, False),
+    "trinity one-step-off": ({"sync_interval": 1, "sync_offset": 1}, False),
+    "trinity sync lean": ({"sync_interval": 1, "sync_offset": 0}, True),
+    "trinity one-step-off lean": ({"sync_interval": 1, "sync_offset": 1}, True),
 }
 TRL_MODE = "trl"
 ALL_MODES = [*TRINITY_MODES, TRL_MODE]
+DEFAULT_MODES = ["trinity sync", "trinity one-step-off", TRL_MODE]
 INSTALL_HINT = "TRL is not installed: .venv/bin/pip install -e '.[bench-trl]'"
 MB = 1024**2
 
@@ -92,7 +99,7 @@ MB = 1024**2
 
 
 def trinity_config(
-    tmp: Path, model_dir: str, steps: int, lr: float, sync: dict[str, int]
+    tmp: Path, model_dir: str, steps: int, lr: float, sync: dict[str, int], in_explorer: bool
 ) -> dict[str, Any]:
     """A `trinity run` config: the quickstart's task and reward at this benchmark's budget."""
     taskset = {
@@ -138,7 +145,7 @@ def trinity_config(
             "runner_per_model": TASKS * SAMPLES,
             "eval_interval": 0,
             "eval_on_startup": False,
-            "rollout_model": {"dtype": "float32"},
+            "rollout_model": {"dtype": "float32", "in_explorer_process": in_explorer},
         },
         "synchronizer": sync,
         "trainer": {
@@ -341,7 +348,7 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
     parse: Callable[[dict[str, Any]], tuple[int, float] | None]
     if mode in TRINITY_MODES:
         cfg = tmp / "config.yaml"
-        body = trinity_config(tmp, model_dir, args.steps, args.lr, TRINITY_MODES[mode])
+        body = trinity_config(tmp, model_dir, args.steps, args.lr, *TRINITY_MODES[mode])
         cfg.write_text(yaml.safe_dump(body, sort_keys=False))
         cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
         env["RAY_ADDRESS"] = "local"  # a private Ray instance: its processes are the driver's
@@ -457,7 +464,7 @@ def main() -> int:
     ap.add_argument("--model", default="tiny://10m", help="a tiny:// URL (10m, 1m, ...)")
     ap.add_argument("--steps", type=int, default=10, help="train steps per run (at least 2)")
     ap.add_argument("--repeats", type=int, default=2, help="rounds of the interleaved modes")
-    ap.add_argument("--modes", nargs="+", default=ALL_MODES, choices=ALL_MODES)
+    ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=ALL_MODES)
     ap.add_argument("--lr", type=float, default=1e-6, help="constant learning rate, both sides")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
     ap.add_argument("--interval", type=float, default=0.3, help="seconds between PSS samples")
@@ -489,7 +496,7 @@ def main() -> int:
         for mode in args.modes:
             r = run_once(mode, model_dir, args) | {"repeat": rep}
             runs.append(r)
-            print(f"{mode:21} repeat {rep}: {fmt(r['steps_per_s'], '.3f')} steps/s, "
+            print(f"{mode:25} repeat {rep}: {fmt(r['steps_per_s'], '.3f')} steps/s, "
                   f"{fmt(r['tokens_per_s'], '.0f')} tokens/s, "
                   f"first step {r['first_step_s']:.1f} s, "
                   f"peak PSS {r['peak_pss_mb']:.0f} MB", flush=True)  # fmt: skip

@@ -316,6 +316,25 @@ def _auxiliary_models_serve(cfg: TrinityConfig) -> Iterator[Problem]:
             seen.setdefault(m.name, i)
 
 
+@_check("explorer.rollout_model", "explorer.auxiliary_models", "synchronizer.sync_method")
+def _engines_in_the_explorer_load_by_memory(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`in_explorer_process` engines are threads of the explorer (`explorer.in_process.InThread`):
+    they load weights by checkpoint, memory or shared, and only the rollout model has them."""
+    if cfg.explorer.rollout_model.in_explorer_process and cfg.synchronizer.sync_method == "nccl":
+        yield Problem(
+            "explorer.rollout_model.in_explorer_process",
+            "not built yet: collective (nccl) weight sync to engines in the explorer's process; "
+            "use sync_method memory, or engines in processes of their own",
+        )
+    for i, m in enumerate(cfg.explorer.auxiliary_models):
+        if m.in_explorer_process:
+            yield Problem(
+                f"explorer.auxiliary_models[{i}].in_explorer_process",
+                "not built yet for auxiliary models: only the rollout model's engines run in the "
+                "explorer's process; remove it",
+            )
+
+
 # advantage fns that score each sample on its own: a train step may split a task's samples
 _PER_SAMPLE_ADVANTAGES = frozenset(
     {"gae", "ppo", "reinforce", "reinforceplusplus", "on_policy_distill", "none"}

@@ -52,6 +52,12 @@ class InferenceModelConfig(ConfigSection):
     num_threads: int | None = Field(None, ge=1)
     """torch CPU threads of each engine replica; None = its share of the free cores
     (trinity.common.resources; auxiliary engines count as engines there)."""
+    in_explorer_process: bool = False
+    """Run the rollout engines inside the explorer's process, each on a thread of its own,
+    instead of as Ray actors of their own: one process fewer per engine, so one copy fewer of
+    torch, transformers and the model code (a lean local run on a laptop). The explorer reserves
+    the engines' cores. Not with `synchronizer.sync_method: nccl`, nor for auxiliary models;
+    `max_restarts` does not apply (an engine's crash is the explorer's)."""
     max_restarts: int = Field(3, ge=0)
     """Times Ray restarts a crashed engine replica (its process died: OOM kill, segfault); the
     explorer reloads the weights it held and resends its requests. 0: a crash ends the run."""

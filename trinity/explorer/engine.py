@@ -20,6 +20,7 @@ token for token (`rollout/logprob_diff`).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -94,6 +95,10 @@ class HFRolloutEngine:
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)
         self.model = load_model(path, dtype=dtype, device=self.device)
         self.model.requires_grad_(False)
+        # transformers >= 5.2x names the KV cache `cache` (and warns on `past_key_values` at
+        # every call); older releases know only `past_key_values`
+        forward_args = inspect.signature(self.model.forward).parameters
+        self.cache_kw = "cache" if "cache" in forward_args else "past_key_values"
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.model_version = 0
@@ -212,7 +217,7 @@ class HFRolloutEngine:
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
+            **{self.cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
@@ -264,7 +269,7 @@ class HFRolloutEngine:
                 input_ids=tok[:, None],
                 attention_mask=attention,
                 position_ids=next_pos,
-                past_key_values=cache,
+                **{self.cache_kw: cache},
                 use_cache=True,
             ).logits[:, -1]
             next_pos = next_pos + 1

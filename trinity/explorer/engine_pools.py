@@ -3,13 +3,16 @@
 The launcher starts them beside the explorer actor rather than from inside it, so their
 processes start, import and load their models while the explorer's process is still importing
 (on 2 cores that took the explorer's imports off the path to the first rollout); an explorer
-built without them starts them itself, first thing.
+built without them starts them itself, first thing. Rollout engines with
+`explorer.rollout_model.in_explorer_process` are no actors: the explorer builds them on threads
+of its own (`in_explorer_engines`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import ray
@@ -20,12 +23,14 @@ from trinity.common.rollout import engine_class
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, resolve
 from trinity.explorer.auxiliary import auxiliary_limits, served_auxiliary
+from trinity.explorer.in_process import InThread
 
 
 @dataclass
 class EnginePools:
     rollout: list[Any]
-    """The rollout engines (trained weights), one actor handle per `engine_num`."""
+    """The rollout engines (trained weights), one actor handle per `engine_num` (none when they
+    run in the explorer's process: it builds them)."""
     auxiliary: dict[int, list[Any]] = field(default_factory=dict)
     """`explorer.auxiliary_models` position -> its engines (served models only, never trained)."""
 
@@ -42,16 +47,20 @@ def start_engine_pools(
     Ray places it), the auxiliary engines numbered after the rollout engines."""
     rm, nodes = cfg.explorer.rollout_model, list(nodes or [])
     share = share or Share(0, 0, os.cpu_count() or 1)
-    rollout = _spawn(
-        resolve(cfg).engine_type,  # unset: best available
-        rm,
-        model_path,
-        [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)],
-        share,
-        nodes,
-        first=0,
-        max_model_len=cfg.model.max_model_len,
-        chat_template=cfg.model.custom_chat_template,
+    rollout = (
+        []
+        if rm.in_explorer_process
+        else _spawn(
+            resolve(cfg).engine_type,  # unset: best available
+            rm,
+            model_path,
+            [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)],
+            share,
+            nodes,
+            first=0,
+            max_model_len=cfg.model.max_model_len,
+            chat_template=cfg.model.custom_chat_template,
+        )
     )
     auxiliary: dict[int, list[Any]] = {}
     first = rm.engine_num
@@ -73,6 +82,45 @@ def start_engine_pools(
     return EnginePools(rollout, auxiliary)
 
 
+def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[InThread]:
+    """The rollout engines of `explorer.rollout_model.in_explorer_process`, each built (it loads
+    its model) and called on a thread of its own in this process; threads as `start_engine_pools`
+    gives them (`share`; None: every core)."""
+    rm = cfg.explorer.rollout_model
+    share = share or Share(0, 0, os.cpu_count() or 1)
+    engine_cls = engine_class(resolve(cfg).engine_type)
+    kwargs = _engine_kwargs(
+        rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
+    )
+    replica_seeds = [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)]
+    return [
+        InThread(partial(engine_cls, model_path, seed=seed, **kwargs), name=f"engine{i}")
+        for i, seed in enumerate(replica_seeds)
+    ]
+
+
+def explorer_reservation(cfg: Any, share: Share | None) -> dict[str, float]:
+    """What the explorer's actor reserves: the cores and GPUs of the engines it runs in its
+    process (`in_explorer_process`), nothing otherwise (it waits on its engines)."""
+    rm = cfg.explorer.rollout_model
+    if not rm.in_explorer_process or share is None:
+        return {"num_cpus": 0}
+    return {"num_cpus": share.num_cpus * rm.engine_num, "num_gpus": share.num_gpus * rm.engine_num}
+
+
+def _engine_kwargs(
+    pool: Any, share: Share, max_model_len: int | None, chat_template: str | None
+) -> dict[str, Any]:
+    """An engine's constructor arguments but its model and seed, for the pool `pool`."""
+    return {
+        "dtype": pool.dtype,
+        "max_batch_size": pool.max_batch_size,
+        "max_model_len": max_model_len,
+        "num_threads": pool.num_threads or share.threads,
+        "custom_chat_template": chat_template,
+    }
+
+
 def _spawn(
     engine_type: str,
     pool: Any,
@@ -88,20 +136,13 @@ def _spawn(
     `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
     `share`, with the pool's own `num_threads` if set."""
     engine_cls = ray.remote(engine_class(engine_type))
+    kwargs = _engine_kwargs(pool, share, max_model_len, chat_template)
     return [
         engine_cls.options(
             num_cpus=share.num_cpus,
             num_gpus=share.num_gpus,
             max_restarts=pool.max_restarts,
             **on_node(nodes, first + r),
-        ).remote(
-            model_path,
-            dtype=pool.dtype,
-            seed=seed,
-            max_batch_size=pool.max_batch_size,
-            max_model_len=max_model_len,
-            num_threads=pool.num_threads or share.threads,
-            custom_chat_template=chat_template,
-        )
+        ).remote(model_path, seed=seed, **kwargs)
         for r, seed in enumerate(replica_seeds)
     ]

@@ -36,7 +36,8 @@ from trinity.explorer.auxiliary import (
     auxiliary_model,
     why_not_served,
 )
-from trinity.explorer.engine_pools import EnginePools, start_engine_pools
+from trinity.explorer.engine_pools import EnginePools, in_explorer_engines, start_engine_pools
+from trinity.explorer.in_process import InThread
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
 from trinity.explorer.tool_call_policy import apply_malformed_policy
@@ -112,7 +113,12 @@ class Explorer:
             if engines is not None
             else start_engine_pools(config, model_path, engine_share, engine_nodes)
         )
-        self.engines: list[Any] = pools.rollout
+        # explorer.rollout_model.in_explorer_process: threads of this process, loading now
+        self.engines: list[Any] = (
+            in_explorer_engines(config, model_path, engine_share)
+            if config.explorer.rollout_model.in_explorer_process
+            else pools.rollout
+        )
         # explorer.auxiliary_models (served ones) by position: engines never trained
         self.aux_engines: dict[int, list[Any]] = pools.auxiliary
         self.auxiliary: AuxiliaryModels | None = None  # their clients, after `prepare`
@@ -185,6 +191,11 @@ class Explorer:
         `started_at`: the driver's process start, when this stage's first step is the run's
         (the start-up timeline, `common.startup`, goes into that step's record)."""
         cfg = self.cfg
+        marks = None
+        if any(isinstance(e, InThread) for e in self.engines):
+            # engines building in this process import transformers; importing it from two
+            # threads at once races in its lazy module: ours come after theirs
+            marks = await asyncio.gather(*(e.startup_marks.remote() for e in self.engines))
         self.tokenizer = load_tokenizer(
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
         )
@@ -208,7 +219,8 @@ class Explorer:
                 default_reward_fn_type=inp.default_reward_fn_type,
                 default_seed=cfg.seed,
             )
-        marks = await asyncio.gather(*(e.startup_marks.remote() for e in self.engines))
+        if marks is None:
+            marks = await asyncio.gather(*(e.startup_marks.remote() for e in self.engines))
         for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
             self.startup.mark(phase, max(m[phase] for m in marks))
         self.client = BatchingClient(self.engines)
@@ -952,7 +964,10 @@ class Explorer:
             await server.stop()
         self.aux_endpoints = []
         for e in [*self.engines, *(e for pool in self.aux_engines.values() for e in pool)]:
-            ray.kill(e)
+            if isinstance(e, InThread):
+                e.close()
+            else:
+                ray.kill(e)
         self.engines, self.aux_engines = [], {}
 
 

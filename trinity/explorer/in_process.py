@@ -1,15 +1,26 @@
-"""An engine in this process behind the Ray-handle shape `BatchingClient` calls.
+"""Engines in this process behind the Ray-handle shape `BatchingClient` calls.
 
-    client = BatchingClient([InProcess(HFRolloutEngine(path))])
+    client = BatchingClient([InProcess(HFRolloutEngine(path))])      # on the caller's thread
+    client = BatchingClient([InThread(lambda: HFRolloutEngine(path))])  # on a thread of its own
 
-`engine.method.remote(*args)` runs the method at once, on the caller's thread, and returns an
-awaitable with its result (or its exception), as a Ray actor handle's call returns an
-ObjectRef. For tools that need one engine and no cluster (`trinity debug workflow`) and for tests.
+`engine.method.remote(*args)` returns an awaitable with the method's result (or its exception),
+as a Ray actor handle's call returns an ObjectRef.
+
+- `InProcess` runs the method at once, on the caller's thread: for tools that need one engine
+  and no cluster (`trinity debug workflow`) and for tests.
+- `InThread` builds the engine and runs every call on one thread of its own, one call at a time
+  in the order they were made, as a Ray actor runs its calls (`max_concurrency` 1): the
+  explorer's event loop goes on (gathering the next batch, talking to the buffer) while the
+  engine generates, since torch releases the GIL in its kernels. This is
+  `explorer.rollout_model.in_explorer_process`: the engine shares the explorer's process instead
+  of holding a copy of torch, transformers and the model code in one of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
@@ -32,3 +43,40 @@ class InProcess:
 
     def __getattr__(self, name: str) -> _Call:
         return _Call(getattr(self.engine, name))
+
+
+class _ThreadCall:
+    def __init__(self, owner: InThread, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
+        owner, name = self._owner, self._name
+
+        def call() -> Any:
+            # the engine was built by the first job of this same thread: done by now
+            return getattr(owner._built.result(), name)(*args, **kwargs)
+
+        return asyncio.wrap_future(owner._submit(call))
+
+
+class InThread:
+    """An engine built by `factory` on a thread of its own, which then runs its calls."""
+
+    def __init__(self, factory: Callable[[], Any], name: str = "engine") -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        # it loads its model while the caller goes on; its calls queue behind the build
+        self._built: Future = self._pool.submit(factory)
+
+    def _submit(self, fn: Callable[[], Any]) -> Future:
+        return self._pool.submit(fn)
+
+    def __getattr__(self, name: str) -> _ThreadCall:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _ThreadCall(self, name)
+
+    def close(self) -> None:
+        """Cancel the calls not started, wait for the one running, then let the engine go."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._built = Future()  # drop the engine: its weights and cache are freed
+        self._built.set_exception(RuntimeError("the in-process engine was closed"))

@@ -35,7 +35,7 @@ from trinity.config.run_folder import (
     joins_existing_run,
     trains_from_queue,
 )
-from trinity.explorer.engine_pools import start_engine_pools
+from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.monitor.backends import RunInfo, monitor_types
@@ -446,6 +446,7 @@ def run_stage(
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
                 offset, plan.engine, nodes, run_shares if mode == "explore" else None, pools,
+                **explorer_reservation(cfg, plan.engine),
             )  # fmt: skip
         trainer = None
         if trains:
@@ -566,7 +567,11 @@ def run_bench(
     monitor.console.print(plan.describe(), soft_wrap=True)
     explorer = (
         ray.remote(Explorer)
-        .options(num_cpus=0, max_concurrency=64, name=f"{name}/explorer/{cfg.explorer.name}")
+        .options(
+            max_concurrency=64,
+            name=f"{name}/explorer/{cfg.explorer.name}",
+            **explorer_reservation(cfg, plan.engine),
+        )
         .remote(cfg, model_path, None, None, hub, 0, plan.engine, nodes)
     )
     try:
