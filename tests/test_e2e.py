@@ -97,6 +97,29 @@ def grpo_config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     return cfg
 
 
+def grpo_outcome(run_dir: Path) -> dict:
+    """What a `grpo_config` run (3 steps, evaluation at step 2) trained, for bit-exact
+    comparisons: per step (loss, reward, weights version), the evaluations, the final weights."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = ("train/loss", "rollout/reward_mean", "rollout/model_version")
+    return {
+        "steps": {r["step"]: tuple(r.get(k) for k in keys) for r in recs if "train/loss" in r},
+        "eval": {
+            r["step"]: r["eval/add_eval/accuracy"] for r in recs if "eval/add_eval/accuracy" in r
+        },
+        "weights": load_file(run_dir / "global_step_3" / "model.safetensors"),
+    }
+
+
+def assert_same_on_policy_training(a: dict, b: dict) -> None:
+    """Two `grpo_outcome`s of strictly on-policy runs are the same, bit for bit."""
+    assert b["steps"] == a["steps"] and len(a["steps"]) == 3
+    assert [v for *_, v in a["steps"].values()] == [0, 1, 2]  # on-policy versions
+    assert 2 in a["eval"] and b["eval"] == a["eval"]
+    for k, w in a["weights"].items():
+        assert torch.equal(w, b["weights"][k]), k
+
+
 def descendants(pid: int) -> dict[int, str]:
     """pid -> command line of every process below `pid` (from `ps`)."""
     rows = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True)

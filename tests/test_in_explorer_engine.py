@@ -12,7 +12,6 @@ engine process is ever started.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -20,9 +19,13 @@ import threading
 import time
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from test_e2e import ROOT, descendants, grpo_config
+from test_e2e import (
+    ROOT,
+    assert_same_on_policy_training,
+    descendants,
+    grpo_config,
+    grpo_outcome,
+)
 
 from trinity.config.checks import check_config
 from trinity.config.schema import TrinityConfig
@@ -152,6 +155,18 @@ def test_what_is_not_built_is_refused_by_the_checks():
     assert p.path == "explorer.auxiliary_models[0].in_explorer_process"
 
 
+def test_max_restarts_with_engines_in_the_explorer_is_said_not_to_apply():
+    from trinity.config.support import not_applicable_notes
+
+    said = "explorer.rollout_model.max_restarts: not applicable here"
+    assert not [n for n in not_applicable_notes(_cfg(in_explorer_process=True)) if said in n]
+    assert not [n for n in not_applicable_notes(_cfg(max_restarts=5)) if said in n]
+    (note,) = [
+        n for n in not_applicable_notes(_cfg(in_explorer_process=True, max_restarts=5)) if said in n
+    ]
+    assert "in_explorer_process" in note
+
+
 def _run(cfg, sets: list[str], cache) -> tuple[subprocess.CompletedProcess, set[str]]:
     """`trinity run`, watching its process tree: (the result, every process title seen)."""
     env = {**os.environ, "TRINITY_CACHE_DIR": str(cache)}
@@ -190,19 +205,7 @@ def test_an_engine_in_the_explorers_process_trains_what_an_engine_process_trains
         sets = [*pinned, f"explorer.rollout_model.in_explorer_process={where == 'in_explorer'}"]
         r, titles[where] = _run(cfg, sets, d / "cache")
         assert r.returncode == 0, r.stdout[-4000:]
-        run_dir = d / "ckpt" / "e2e" / "grpo"
-        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        keys = ("train/loss", "rollout/reward_mean", "rollout/model_version")
-        runs[where] = {
-            "steps": {r["step"]: tuple(r.get(k) for k in keys) for r in recs if "train/loss" in r},
-            "eval": {r["step"]: r["eval/add_eval/accuracy"] for r in recs if "eval/add_eval/accuracy" in r},
-            "weights": load_file(run_dir / "global_step_3" / "model.safetensors"),
-        }  # fmt: skip
-    own, inside = runs["own_process"], runs["in_explorer"]
-    assert inside["steps"] == own["steps"] and len(own["steps"]) == 3
-    assert [v for *_, v in own["steps"].values()] == [0, 1, 2]  # on-policy versions
-    assert 2 in own["eval"] and inside["eval"] == own["eval"]
-    for k, w in own["weights"].items():
-        assert torch.equal(w, inside["weights"][k]), k
+        runs[where] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    assert_same_on_policy_training(runs["own_process"], runs["in_explorer"])
     assert any("RolloutEngine" in t for t in titles["own_process"])  # the watch sees them
     assert not any("RolloutEngine" in t for t in titles["in_explorer"]), titles["in_explorer"]

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from safetensors.torch import load_file
-from test_e2e import grpo_config, run_trinity
+from test_e2e import assert_same_on_policy_training, grpo_config, grpo_outcome, run_trinity
 
 from trinity.config.checks import check_config
 from trinity.config.resolved import resolve
@@ -150,24 +149,8 @@ def test_shared_trains_exactly_what_memory_trains(tmp_path, tiny_model_dir):
         r = run_trinity(cfg, overrides=pinned)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert f"weight sync method {method}" in " ".join(r.stdout.split())
-        run_dir = d / "ckpt" / "e2e" / "grpo"
-        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        keys = ("train/loss", "rollout/reward_mean", "rollout/model_version")
-        runs[method] = {
-            "steps": {r["step"]: tuple(r.get(k) for k in keys) for r in recs if "train/loss" in r},
-            "eval": {
-                r["step"]: r["eval/add_eval/accuracy"]
-                for r in recs
-                if "eval/add_eval/accuracy" in r
-            },
-            "weights": load_file(run_dir / "global_step_3" / "model.safetensors"),
-        }
-    memory, shared = runs["memory"], runs["shared"]
-    assert shared["steps"] == memory["steps"] and len(memory["steps"]) == 3
-    assert [v for *_, v in memory["steps"].values()] == [0, 1, 2]  # on-policy versions
-    assert 2 in memory["eval"] and shared["eval"] == memory["eval"]
-    for k, w in memory["weights"].items():
-        assert torch.equal(w, shared["weights"][k]), k
+        runs[method] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    assert_same_on_policy_training(runs["memory"], runs["shared"])
     # the weights lived in anonymous segments: the run's end (Ray kills its actors) left no
     # file behind in /dev/shm (named ones leaked a model's size per run)
     assert _shm_names() - before == set()

@@ -132,6 +132,12 @@ def own_notes(cfg: TrinityConfig) -> list[str]:
         refused = _refused(k, value) is not None  # said as a problem
         if is_set and not refused and (k.state == "not_applicable" or later_item):
             notes.append(f"{path}: not applicable here ({k.reason})")
+    rm = cfg.explorer.rollout_model
+    if rm.in_explorer_process and "max_restarts" in rm.model_fields_set:
+        notes.append(
+            "explorer.rollout_model.max_restarts: not applicable here (in_explorer_process: the "
+            "engines are threads of the explorer's process, and Ray restarts processes)"
+        )
     notes += [
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)

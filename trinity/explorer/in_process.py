@@ -56,7 +56,7 @@ class _ThreadCall:
             # the engine was built by the first job of this same thread: done by now
             return getattr(owner._built.result(), name)(*args, **kwargs)
 
-        return asyncio.wrap_future(owner._submit(call))
+        return asyncio.wrap_future(owner._pool.submit(call))
 
 
 class InThread:
@@ -66,9 +66,6 @@ class InThread:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         # it loads its model while the caller goes on; its calls queue behind the build
         self._built: Future = self._pool.submit(factory)
-
-    def _submit(self, fn: Callable[[], Any]) -> Future:
-        return self._pool.submit(fn)
 
     def __getattr__(self, name: str) -> _ThreadCall:
         if name.startswith("_"):
