@@ -196,11 +196,15 @@ def test_mode_both(tmp_path, tiny_model_dir, steps, tasks, expect):
 
 def test_explore_and_train_processes_trainer_budget_first(tmp_path, tiny_model_dir, cluster):
     # the trainer's budget (3 steps) ends the run: the explorer, planning 20, is told by its
-    # next write and stops cleanly; what it wrote past the budget is dropped, counted
+    # next write and stops cleanly; what it wrote past the budget is dropped, counted. The
+    # queue holds one step (capacity 16): a write waits for the trainer to read, so the
+    # explorer cannot finish its 20 steps before a slow-starting trainer has trained 3 (mode
+    # explore never waits for weights; without the bound a loaded machine let it, on CI)
     cfg = config(tmp_path, tiny_model_dir, "split_budget")
+    cap = f"buffer.trainer_input.experience_buffer.capacity={PER_STEP}"
     procs = {
-        "train": start(cfg, cluster, "mode=train", "buffer.total_steps=3"),
-        "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=20"),
+        "train": start(cfg, cluster, "mode=train", "buffer.total_steps=3", cap),
+        "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=20", cap),
     }
     outs = finish(procs, bound_s=300)
     # told either by its next write (the buffer is closed for good) or, first, by its wait
