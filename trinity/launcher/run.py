@@ -26,6 +26,7 @@ from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
 from trinity.common.plugins import plugin_env
 from trinity.common.resources import ResourcePlan, plan_resources
+from trinity.common.service_host import HOST_CONCURRENCY, ServiceHost, hosted
 from trinity.common.shared import RunName
 from trinity.common.startup import StartupMarks, process_started_at, timeline
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
@@ -187,7 +188,10 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     mon = config.monitor
     types = monitor_types(mon.monitor_type)
     monitor = Monitor(run_dir, types, console, part=part, info=info, monitor_args=mon.monitor_args)
-    hub = ray.remote(MetricsHub).options(num_cpus=0).remote(str(monitor.journal_path))
+    # the run's small services share one process (common.service_host): the hub now, each
+    # stage's synchronizer and buffer when no other process of the run shares them
+    host = ray.remote(ServiceHost).options(num_cpus=0, max_concurrency=HOST_CONCURRENCY).remote()
+    hub = hosted(host, "hub", MetricsHub, str(monitor.journal_path))
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
@@ -203,7 +207,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             res = run_stage(
                 cfg, name, model_path, stage_dir, hub, monitor, offset,
                 config.continue_from_checkpoint, resume, nodes, name_actor,
-                startup if i == 0 else None,
+                startup if i == 0 else None, host,
             )  # fmt: skip
             results.append(res)
             model_path = res.checkpoint or model_path
@@ -215,7 +219,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
             ray.timeline(
                 filename=str(run_dir / (f"timeline.{part}.json" if part else "timeline.json"))
             )
-        ray.kill(hub)
+        ray.kill(host)
         if name_actor is not None and ray.get(name_actor.detach.remote(_process_role(config))) == 0:
             ray.kill(name_actor)
     summary_name = f"summary.{part}.json" if part else "summary.json"
@@ -324,6 +328,7 @@ def run_stage(
     nodes: list[str] | None = None,
     run_shares: Any = None,
     startup: StartupMarks | None = None,
+    host: Any = None,
 ) -> StageResult:
     """One stage. `continuing` (`continue_from_checkpoint`): the explorer continues after its
     cursor in the buffer; `resume`: the stage's newest checkpoint, the trainer continues from it
@@ -331,7 +336,9 @@ def run_stage(
     run spreads over (`common.placement.run_nodes`; empty: one node); `run_shares`: a split
     run's `RunName` actor, whose ledger divides the cluster's cores among its processes;
     `startup`: the driver's start-up marks, for the run's first stage (its first step's record
-    carries the start-up timeline, `common.startup`).
+    carries the start-up timeline, `common.startup`); `host`: the run's `ServiceHost`, which
+    holds the synchronizer and the buffer when no other process shares them (else each is a
+    named actor of its own).
 
     1. start the synchronizer, the buffer (mode both/explore), the explorer (when there is
        something to explore or evaluate) and the trainer (mode both/train)
@@ -355,10 +362,14 @@ def run_stage(
     # who this process is in the run: a process started again under its role takes its place
     process_role = _process_role(cfg)
     actors: list[Any] = []  # this process's own: killed at the end of the stage
+    in_host: list[str] = []  # this stage's services in the run's ServiceHost: removed at its end
     attached: list[Any] = []  # shared with other processes of the run: detached when done
     joined_live_run = [False]
 
-    def start(cls: type, role: str, *args: Any, share: bool = False, **resources: float) -> Any:
+    def start(
+        cls: type, role: str, *args: Any, share: bool = False, service: bool = False,
+        **resources: float,
+    ) -> Any:  # fmt: skip
         options: dict[str, Any] = {
             "num_cpus": 0,
             "max_concurrency": 64,
@@ -368,6 +379,9 @@ def run_stage(
         options |= resources
         if share:
             options |= {"get_if_exists": True, "lifetime": "detached"}
+        elif service and host is not None:
+            in_host.append(options["name"])
+            return hosted(host, options["name"], cls, *args, max_concurrency=64)
         actor = ray.remote(cls).options(**options).remote(*args)
         if share:
             if ray.get(actor.attach.remote(process_role)) and not attached:
@@ -410,7 +424,9 @@ def run_stage(
         keep = versions_to_keep(rcfg.sync_interval, rcfg.sync_offset, explores and trains, style)
         if shared:  # an explorer in another process may be loading the previous version
             keep = max(keep, 2)
-        sync = start(SynchronizerActor, "synchronizer", rcfg.sync_method, keep, share=shared)
+        sync = start(
+            SynchronizerActor, "synchronizer", rcfg.sync_method, keep, share=shared, service=True
+        )
         if shared and joined_live_run[0]:
             # another process of this run is live (or this role's own dead process left it):
             # this process continues the run, whatever continue_from_checkpoint says
@@ -432,8 +448,9 @@ def run_stage(
             # checkpoint trained (an explore process may come back before the train process)
             settled = trained_leases(resume)
             buffer = start(
-                storage, f"buffer/{buf_name}", path, capacity, settled, continuing, share=shared
-            )
+                storage, f"buffer/{buf_name}", path, capacity, settled, continuing,
+                share=shared, service=True,
+            )  # fmt: skip
         if nodes:
             engines = _engine_count(cfg) if explores or evaluates else 0
             monitor.console.print(describe_nodes(nodes, engines, trains), soft_wrap=True)
@@ -548,6 +565,8 @@ def run_stage(
     finally:
         for a in actors:
             ray.kill(a)
+        if in_host:
+            ray.get([host.remove.remote(n) for n in in_host])
         for a in attached:  # the last process of the run to let go ends a shared actor
             if ray.get(a.detach.remote(process_role)) == 0:
                 ray.kill(a)
