@@ -9,9 +9,13 @@ Rows (one run, one model, one batch):
   rollout/engine            HFRolloutEngine.generate in-process (+ logprob of every token)
   rollout_long/*            the same two with a --long-prompt token system prompt before each task
   rollout/explorer          the explorer path: math workflows → request batcher → engine Ray actor
+  rollout/explorer_lean     the same with the engine on a thread of the workflows' process
+                            (`explorer.rollout_model.in_explorer_process`: no Ray hop)
   train/raw_fwd_bwd         forward + cross-entropy on response tokens + backward + AdamW step
   train/trainer_pg          Trainer.train_step, GRPO without reference model
   train/trainer_pg_kl       Trainer.train_step, GRPO with k3 KL loss against a reference model
+  train/*_keep_heap         the same two with trainer.release_heap_after_step false (no
+                            malloc_trim after each step: no page faults to take the memory back)
 `--model` takes any model path trinity loads (a folder, `pkg://`, `gguf://`) instead of a tiny
 `--preset` one; `--rollout-only` stops after the rollout rows (a real model's train rows take
 minutes on a CPU). Each ratio is against the raw row of its group (target >= 0.9 for engine/explorer/trainer_pg).
@@ -166,6 +170,17 @@ def main() -> None:
         zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
     )
     ray.kill(actor)
+    # the same path with the engine in this process, on a thread of its own (InThread), as
+    # explorer.rollout_model.in_explorer_process runs it: no Ray hop, no serialised samples
+    from trinity.explorer.in_process import InThread
+
+    lean = InThread(lambda: _E(str(model_dir), seed=0, num_threads=args.threads))
+    client.engines = [lean]
+    rows["rollout/explorer_lean"] = dict(
+        zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
+    )
+    lean.close()
+    client.engines = []
     if args.rollout_only:
         ray.shutdown()
         report(rows, args, label, sum(p.numel() for p in model.parameters()), None)
@@ -219,14 +234,20 @@ def main() -> None:
     # -- train: our trainer ---------------------------------------------------------------------
     from trinity.trainer.trainer import Trainer
 
-    for row, kl in (("train/trainer_pg", "none"), ("train/trainer_pg_kl", "k3")):
+    for row, kl, release in (
+        ("train/trainer_pg", "none", "true"),
+        ("train/trainer_pg_kl", "k3", "true"),
+        ("train/trainer_pg_keep_heap", "none", "false"),
+        ("train/trainer_pg_kl_keep_heap", "k3", "false"),
+    ):
         cfg_path = tmp / "cfg.yaml"
         cfg_path.write_text(
             f"model: {{model_path: {model_dir}}}\n"
             "algorithm: {algorithm_type: grpo, repeat_times: %d, kl_loss_fn: %s, optimizer: {lr: 1e-5}}\n"
-            "trainer: {micro_batch_size_per_gpu: %d, use_dynamic_bsz: false, num_threads: %d}\n"
+            "trainer: {micro_batch_size_per_gpu: %d, use_dynamic_bsz: false, num_threads: %d,"
+            " release_heap_after_step: %s}\n"
             "buffer: {batch_size: %d, explorer_input: {taskset: {storage_type: synthetic, path: arithmetic}}}\n"
-            % (args.n, kl, len(experiences), args.threads, args.tasks)
+            % (args.n, kl, len(experiences), args.threads, release, args.tasks)
         )
         trainer = Trainer(load_config(cfg_path), str(model_dir), total_steps=100)
         rows[row] = dict(
@@ -255,10 +276,11 @@ def report(rows: dict, args: argparse.Namespace, label: str, n_params: int, trai
     batch = f", train batch {train_tokens} tokens" if train_tokens else ""
     print(f"model {label} ({n_params / 1e6:.2f}M params), {args.tasks} tasks x {args.n} samples, "
           f"max {args.max_tokens} new tokens, {args.threads} threads{batch}")  # fmt: skip
-    print(f"{'row':<24}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
+    w = max(map(len, rows)) + 2
+    print(f"{'row':<{w}}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
     for k, r in rows.items():
         print(
-            f"{k:<24}{r['tokens']:>10}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}{r['ratio']:>8.2f}"
+            f"{k:<{w}}{r['tokens']:>10}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}{r['ratio']:>8.2f}"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

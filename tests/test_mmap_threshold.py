@@ -86,3 +86,22 @@ def test_validate_refuses_the_key_without_glibc(tmp_path, tiny_model_dir, monkey
         found = [p for p in preflight(cfg).problems if p.path == key]
         assert len(found) == (0 if glibc else 1), found
     assert "glibc" in found[0].message
+
+
+@pytest.mark.parametrize(("key", "trims"), [(None, 1), ("true", 1), ("false", 0)])
+def test_release_heap_after_step_decides_the_trim_after_each_step(
+    tmp_path, tiny_model_dir, monkeypatch, key, trims
+):
+    # the default (unset) trims: the engines of an on-policy run may use the memory meanwhile
+    from test_trainer import experiences
+
+    from trinity.trainer import trainer as trainer_mod
+
+    kw = {} if key is None else {"release_heap_after_step": key}
+    trainer = trainer_mod.Trainer(
+        make_config(tmp_path, tiny_model_dir, **kw), str(tiny_model_dir), total_steps=2
+    )
+    calls: list[None] = []
+    monkeypatch.setattr(trainer_mod, "release_free_heap", lambda: calls.append(None))
+    trainer.train_step(experiences(trainer.model.config.vocab_size))
+    assert len(calls) == trims

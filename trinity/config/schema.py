@@ -439,6 +439,14 @@ class TrainerConfig(ConfigSection):
     threshold that rises to 32 MiB and leaves a step's freed tensors as heap holes. Lower peak
     memory per train step (SmolLM2 micro-batch: 2.46 -> 2.12 GB with 1) for more page faults
     (steps 10-15% longer on CPU). None: glibc's default. Linux (glibc) only."""
+    release_heap_after_step: bool = True
+    """Hand the C heap's free pages back to the OS after each train step (glibc `malloc_trim`):
+    the step's freed transients become memory the engines can use while the trainer waits for
+    its next batch (an on-policy run generates then), for the page faults of taking them back in
+    the next step (tiny 1M model, 32 x ~47-token micro-batch: the trainer at 0.67 of a raw
+    forward + backward with it, 0.90 without; `benchmarks/bench_throughput.py`). False: the
+    trainer keeps its heap between steps (more resident memory, faster steps). Linux (glibc)
+    only: a no-op elsewhere."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging
     Face's gradient checkpointing, non-reentrant): far less memory per micro-batch, about a third

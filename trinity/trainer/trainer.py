@@ -241,7 +241,8 @@ class Trainer:
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
-        release_free_heap()  # the step's freed transients back to the OS (the explorer's share)
+        if self.config.trainer.release_heap_after_step:
+            release_free_heap()  # the step's freed transients back to the OS (the engines' share)
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
         metrics.update(
