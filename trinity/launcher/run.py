@@ -6,6 +6,7 @@ metrics from the hub to the monitor, and turns any actor's exception into a non-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -565,7 +566,8 @@ def run_stage(
     finally:
         for a in actors:
             ray.kill(a)
-        if in_host:
+        # a dead host took its services with it (and the stage's own error is the one to raise)
+        with contextlib.suppress(ray.exceptions.RayActorError):
             ray.get([host.remove.remote(n) for n in in_host])
         for a in attached:  # the last process of the run to let go ends a shared actor
             if ray.get(a.detach.remote(process_role)) == 0:
