@@ -307,12 +307,15 @@ def test_sigkill_the_trainer_of_a_split_run_and_start_it_again_alone(
     # the trainer checkpoints every 2 steps; killed after step 3 it comes back alone (the same
     # command), joins the live run, resumes from its newest checkpoint, takes back the leases its
     # dead process held, and the synchronizer accepts its older weights version: nothing lost,
-    # nothing trained twice, the run ends (20 steps: the run cannot end before the kill lands)
+    # nothing trained twice, the run ends. The queue holds one step (capacity 16), so the
+    # explorer's writes wait for the trainer: it cannot finish its 20 steps before the kill
+    # lands (mode explore never waits for weights; a slow-starting trainer let it, unbounded)
     cfg = config(tmp_path, tiny_model_dir, "kill_trainer")
     run_dir = tmp_path / "ckpt" / "topo" / "kill_trainer"
-    train_args = ("mode=train", "buffer.total_steps=20", "trainer.save_interval=2")
+    cap = f"buffer.trainer_input.experience_buffer.capacity={PER_STEP}"
+    train_args = ("mode=train", "buffer.total_steps=20", "trainer.save_interval=2", cap)
     trainer = start(cfg, cluster, *train_args)
-    explorer = start(cfg, cluster, "mode=explore", "buffer.total_steps=20")
+    explorer = start(cfg, cluster, "mode=explore", "buffer.total_steps=20", cap)
     wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer, explorer], 300)
     trainer.kill()  # SIGKILL: no clean-up of any kind
     trainer.communicate()
