@@ -45,13 +45,13 @@ class _Service:
 
     def __init__(self, obj: Any, max_concurrency: int) -> None:
         self.obj = obj
-        self.is_async = any(
+        is_async = any(
             inspect.iscoroutinefunction(f) for _, f in inspect.getmembers(type(obj), callable)
         )
         self.slots = asyncio.Semaphore(max_concurrency)
         self.pool = (
             None
-            if self.is_async
+            if is_async
             else ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="service")
         )
         self.running: set[asyncio.Task] = set()

@@ -443,8 +443,8 @@ class TrainerConfig(ConfigSection):
     """Hand the C heap's free pages back to the OS after each train step (glibc `malloc_trim`):
     the step's freed transients become memory the engines can use while the trainer waits for
     its next batch (an on-policy run generates then), for the page faults of taking them back in
-    the next step (tiny 1M model, 32 x ~47-token micro-batch: the trainer at 0.67 of a raw
-    forward + backward with it, 0.90 without; `benchmarks/bench_throughput.py`). False: the
+    the next step (tiny 1M model, `benchmarks/bench_throughput.py`, median of 3 runs: the
+    trainer at 0.71 of a raw forward + backward with it, 1.08 without). False: the
     trainer keeps its heap between steps (more resident memory, faster steps). Linux (glibc)
     only: a no-op elsewhere."""
     enable_gradient_checkpointing: bool = False
