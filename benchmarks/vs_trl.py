@@ -12,6 +12,9 @@ Modes (`--modes`, default: the first three), each run a fresh subprocess, interl
   trinity sync lean, trinity one-step-off lean
                         the same with the rollout engine in the explorer's process
                         (`explorer.rollout_model.in_explorer_process`): one process fewer
+  trinity sync one-process, trinity one-step-off one-process
+                        the same with `cluster.one_process`: explorer, engine, trainer and the
+                        run's services are objects of one Ray worker process
   trl                   TRL's GRPOTrainer (use_cpu, no vLLM: transformers' `generate`), in
                         `benchmarks/vs_trl.py --worker trl`, torch threads `--threads`
 Every mode does the same work per step: 4 prompts x 8 samples, up to 64 response tokens each,
@@ -82,11 +85,16 @@ TASKSET_ARGS: dict[str, Any] = {
     "show_carry": True,
     "num_tasks": 7000,
 }
-TRINITY_MODES = {  # mode -> (synchronizer keys, engine in the explorer's process)
-    "trinity sync": ({"sync_interval": 1, "sync_offset": 0}, False),
-    "trinity one-step-off": ({"sync_interval": 1, "sync_offset": 1}, False),
-    "trinity sync lean": ({"sync_interval": 1, "sync_offset": 0}, True),
-    "trinity one-step-off lean": ({"sync_interval": 1, "sync_offset": 1}, True),
+SYNC, OFF = {"sync_interval": 1, "sync_offset": 0}, {"sync_interval": 1, "sync_offset": 1}
+LEAN = {"explorer": {"rollout_model": {"in_explorer_process": True}}}
+ONE = {"cluster": {"one_process": True}}
+TRINITY_MODES = {  # mode -> (synchronizer keys, config keys over `trinity_config`'s)
+    "trinity sync": (SYNC, {}),
+    "trinity one-step-off": (OFF, {}),
+    "trinity sync lean": (SYNC, LEAN),
+    "trinity one-step-off lean": (OFF, LEAN),
+    "trinity sync one-process": (SYNC, ONE),
+    "trinity one-step-off one-process": (OFF, ONE),
 }
 TRL_MODE = "trl"
 ALL_MODES = [*TRINITY_MODES, TRL_MODE]
@@ -99,9 +107,10 @@ MB = 1024**2
 
 
 def trinity_config(
-    tmp: Path, model_dir: str, steps: int, lr: float, sync: dict[str, int], in_explorer: bool
+    tmp: Path, model_dir: str, steps: int, lr: float, sync: dict[str, int], over: dict[str, Any]
 ) -> dict[str, Any]:
-    """A `trinity run` config: the quickstart's task and reward at this benchmark's budget."""
+    """A `trinity run` config: the quickstart's task and reward at this benchmark's budget, with
+    the mode's keys (`over`) merged in."""
     taskset = {
         "storage_type": "synthetic",
         "path": "arithmetic",
@@ -109,7 +118,7 @@ def trinity_config(
         "generator_args": TASKSET_ARGS,
         "format": {"prompt_key": "question", "response_key": "answer"},
     }
-    return {
+    base = {
         "project": "bench",
         "name": "vs_trl",
         "checkpoint_root_dir": str(tmp / "ckpt"),
@@ -145,7 +154,7 @@ def trinity_config(
             "runner_per_model": TASKS * SAMPLES,
             "eval_interval": 0,
             "eval_on_startup": False,
-            "rollout_model": {"dtype": "float32", "in_explorer_process": in_explorer},
+            "rollout_model": {"dtype": "float32"},
         },
         "synchronizer": sync,
         "trainer": {
@@ -156,6 +165,15 @@ def trinity_config(
         },
         "monitor": {"monitor_type": "jsonl"},
     }
+    return merged(base, over)
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys set, nested sections merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def trinity_step(rec: dict[str, Any]) -> tuple[int, float] | None:

@@ -251,3 +251,21 @@ def test_a_prompt_over_max_prompt_tokens_is_cut_not_sampled_and_masked():
     assert mask_prompt_truncated(exps, handle.truncated_prompts) == 2
     assert [e.action_mask.tolist() for e in exps] == [[False], [False], [True, True]]
     assert [bool(e.info.get("prompt_truncated")) for e in exps] == [True, True, False]
+
+
+def test_an_engine_sharing_its_process_with_the_trainer_never_trims_and_samples_the_same(
+    tiny_model_dir, monkeypatch
+):
+    """`trim_when_idle=False` (cluster.one_process: the trainer reuses what the engine frees):
+    no idle-trim thread, and the same samples as an engine that trims."""
+    from trinity.common import memory
+
+    trims: list[None] = []
+    monkeypatch.setattr(memory, "release_free_heap", lambda: trims.append(None))
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=5)
+    out = {}
+    for trim in (True, False):
+        engine = HFRolloutEngine(str(tiny_model_dir), seed=3, trim_when_idle=trim)
+        assert (engine.idle_trim is not None) == trim
+        out[trim] = [s.response_ids for s in engine.generate([prompt(engine)], params)[0]]
+    assert out[True] == out[False]

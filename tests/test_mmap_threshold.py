@@ -88,19 +88,23 @@ def test_validate_refuses_the_key_without_glibc(tmp_path, tiny_model_dir, monkey
     assert "glibc" in found[0].message
 
 
-@pytest.mark.parametrize(("key", "trims"), [(None, 1), ("true", 1), ("false", 0)])
+@pytest.mark.parametrize(
+    ("key", "one_process", "trims"),
+    [(None, False, 1), ("true", False, 1), ("false", False, 0), (None, True, 0), ("true", True, 1)],
+)
 def test_release_heap_after_step_decides_the_trim_after_each_step(
-    tmp_path, tiny_model_dir, monkeypatch, key, trims
+    tmp_path, tiny_model_dir, monkeypatch, key, one_process, trims
 ):
-    # the default (unset) trims: the engines of an on-policy run may use the memory meanwhile
+    # the default (unset) trims: the engines of an on-policy run may use the memory meanwhile;
+    # in one process with them (cluster.one_process) they reuse it untrimmed
     from test_trainer import experiences
 
     from trinity.trainer import trainer as trainer_mod
 
     kw = {} if key is None else {"release_heap_after_step": key}
-    trainer = trainer_mod.Trainer(
-        make_config(tmp_path, tiny_model_dir, **kw), str(tiny_model_dir), total_steps=2
-    )
+    cfg = make_config(tmp_path, tiny_model_dir, **kw)
+    cfg.cluster.one_process = one_process
+    trainer = trainer_mod.Trainer(cfg, str(tiny_model_dir), total_steps=2)
     calls: list[None] = []
     monkeypatch.setattr(trainer_mod, "release_free_heap", lambda: calls.append(None))
     trainer.train_step(experiences(trainer.model.config.vocab_size))

@@ -6,6 +6,7 @@ import asyncio
 import pickle
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -160,6 +161,54 @@ def test_remove_cancels_running_calls_and_later_calls_fail():
         return await host.call("c", "value"), host.names()
 
     assert run(main()) == (7, ["c"])
+
+
+class Closing:  # an object that holds something a killed actor's process would let go
+    alive: ClassVar[list[int]] = []
+    closed: ClassVar[list[str]] = []
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        Closing.alive.append(ident)
+
+    def __del__(self) -> None:
+        Closing.alive.remove(self.ident)
+
+    def ping(self) -> int:
+        return self.ident
+
+
+class SyncClosing(Closing):
+    def shutdown(self) -> None:
+        Closing.closed.append(f"sync {self.ident}")
+
+
+class AsyncClosing(Closing):
+    async def shutdown(self) -> None:
+        await asyncio.sleep(0)
+        Closing.closed.append(f"async {self.ident}")
+
+
+def test_remove_shuts_an_object_down_and_lets_it_go():
+    """`remove` is what ending an actor's process was: the object's `shutdown()` runs (an
+    explorer closes its engine threads there), awaited when it is a coroutine, and nothing in
+    the host keeps the object alive after it."""
+    Closing.alive.clear()
+    Closing.closed.clear()
+
+    async def main():
+        host = ServiceHost()
+        await host.add("a", SyncClosing, (1,))
+        await host.add("b", AsyncClosing, (2,), 8)
+        await host.add("c", Closing, (3,))  # no shutdown: removed all the same
+        assert [await host.call(n, "ping") for n in "abc"] == [1, 2, 3]
+        for n in "abc":
+            await host.remove(n)
+        return host.names()
+
+    assert run(main()) == []
+    assert Closing.closed == ["sync 1", "async 2"]
+    assert Closing.alive == []
 
 
 class FakeHost:  # records what a Hosted handle asks of the host actor

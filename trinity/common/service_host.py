@@ -32,6 +32,7 @@ must find by name (split runs: `mode: explore / train / serve`) stay named actor
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -118,7 +119,9 @@ class ServiceHost:
             service.running.discard(task)
 
     async def remove(self, name: str) -> None:
-        """Drop `name`: its running calls are cancelled and the object is let go."""
+        """Drop `name`: its running calls are cancelled, its `shutdown()` runs when it has one
+        (what a killed actor's process would have let go: an explorer's engine threads and
+        endpoints), and the object is let go."""
         service = self._services.pop(name, None)
         self._failed.pop(name, None)
         self._removed.add(name)
@@ -131,6 +134,12 @@ class ServiceHost:
                 task.cancel()
         if service.pool is not None:
             service.pool.shutdown(wait=False, cancel_futures=True)
+        if callable(shutdown := getattr(service.obj, "shutdown", None)):
+            done = shutdown()
+            if inspect.isawaitable(done):
+                await done
+        del service
+        gc.collect()  # a compute object's model and optimizer go now, not at some later GC
 
     def names(self) -> list[str]:
         """The objects hosted now."""

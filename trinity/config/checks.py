@@ -15,6 +15,7 @@ from typing import Any
 
 from trinity.config.problems import Problem
 from trinity.config.resolved import samples_per_task
+from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
@@ -244,6 +245,56 @@ def _shared_weights_never_race(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check(
+    "mode",
+    "cluster",
+    "synchronizer.sync_method",
+    "buffer.trainer_input.experience_buffer",
+    "explorer.rollout_model",
+    "trainer.num_threads",
+)
+def _one_process_is_one_local_process(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`cluster.one_process` hosts the explorer and the trainer in one worker process on one
+    machine's CPUs (trinity/common/service_host.py)."""
+    if not cfg.cluster.one_process:
+        return
+    why = "cluster.one_process: the explorer and the trainer are objects of one process, so"
+    if cfg.mode in ("explore", "serve") or trains_from_queue(cfg):
+        yield Problem(
+            "cluster.one_process",
+            f"{why} it cannot be one part of a run split over processes (mode {cfg.mode}); "
+            "remove it, or run mode both",
+        )
+    if cfg.synchronizer.sync_method == "nccl":
+        yield Problem(
+            "synchronizer.sync_method",
+            f"{why} the engines load weights by memory, checkpoint or shared, not by a "
+            "collective between processes (nccl); use memory or shared",
+        )
+    if (cfg.cluster.node_num or 1) > 1:
+        yield Problem("cluster.node_num", f"{why} the run is one node, not {cfg.cluster.node_num}")
+    if cfg.cluster.gpu_per_node:
+        yield Problem(
+            "cluster.gpu_per_node",
+            f"not built yet: {why} it runs on CPUs (set gpu_per_node: 0, or leave one_process "
+            "off on GPUs)",
+        )
+    rm = cfg.explorer.rollout_model
+    if "in_explorer_process" in rm.model_fields_set and not rm.in_explorer_process:
+        yield Problem(
+            "explorer.rollout_model.in_explorer_process",
+            f"{why} the rollout engines are threads of that process; remove "
+            "in_explorer_process: false",
+        )
+    threads = (cfg.trainer.num_threads, rm.num_threads)
+    if None not in threads and threads[0] != threads[1]:
+        yield Problem(
+            "explorer.rollout_model.num_threads",
+            f"{why} torch's thread count is the process's: trainer.num_threads "
+            f"({threads[0]}) and explorer.rollout_model.num_threads ({threads[1]}) must agree",
+        )
+
+
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     for path, storage, _ in cfg.buffer.explorer_input.storages():
@@ -320,7 +371,11 @@ def _auxiliary_models_serve(cfg: TrinityConfig) -> Iterator[Problem]:
 def _engines_in_the_explorer_load_by_memory(cfg: TrinityConfig) -> Iterator[Problem]:
     """`in_explorer_process` engines are threads of the explorer (`explorer.in_process.InThread`):
     they load weights by checkpoint, memory or shared, and only the rollout model has them."""
-    if cfg.explorer.rollout_model.in_explorer_process and cfg.synchronizer.sync_method == "nccl":
+    if (
+        cfg.explorer.rollout_model.in_explorer_process
+        and not cfg.cluster.one_process  # its own check says it
+        and cfg.synchronizer.sync_method == "nccl"
+    ):
         yield Problem(
             "explorer.rollout_model.in_explorer_process",
             "not built yet: collective (nccl) weight sync to engines in the explorer's process; "

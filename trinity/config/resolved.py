@@ -82,6 +82,12 @@ class ResolvedConfig:
         )
 
 
+def engines_in_explorer(cfg: TrinityConfig) -> bool:
+    """Whether the rollout engines run on threads of the explorer's process (no actors):
+    `explorer.rollout_model.in_explorer_process`, or `cluster.one_process` (which implies it)."""
+    return bool(cfg.explorer.rollout_model.in_explorer_process or cfg.cluster.one_process)
+
+
 def samples_per_task(cfg: TrinityConfig) -> list[int]:
     """The distinct group sizes (experiences per task) of the training tasksets, in order: each
     taskset's `rollout_args.n`, else its `repeat_times`, else `algorithm.repeat_times` (as the

@@ -246,6 +246,13 @@ class ClusterConfig(ConfigSection):
     mod N; None or 1 = one node."""
     gpu_per_node: int | None = Field(None, ge=0)
     """GPUs the run may use on the node; None = every GPU the Ray cluster has."""
+    one_process: bool = False
+    """A run on one machine's CPUs in one worker process: the explorer (its rollout engines on
+    threads of its own, as `explorer.rollout_model.in_explorer_process`), the trainer, the
+    buffer, the synchronizer and the metrics hub are objects of the run's one `ServiceHost`
+    actor instead of a Ray actor each, so torch, transformers and Ray's worker runtime are
+    loaded once (a laptop's lean run; trinity/common/service_host.py). Mode both, train and
+    bench; not with `synchronizer.sync_method: nccl`, several nodes or GPUs."""
 
 
 class MalformedToolCallsConfig(ConfigSection):
@@ -439,14 +446,16 @@ class TrainerConfig(ConfigSection):
     threshold that rises to 32 MiB and leaves a step's freed tensors as heap holes. Lower peak
     memory per train step (SmolLM2 micro-batch: 2.46 -> 2.12 GB with 1) for more page faults
     (steps 10-15% longer on CPU). None: glibc's default. Linux (glibc) only."""
-    release_heap_after_step: bool = True
+    release_heap_after_step: bool | None = None
     """Hand the C heap's free pages back to the OS after each train step (glibc `malloc_trim`):
     the step's freed transients become memory the engines can use while the trainer waits for
     its next batch (an on-policy run generates then), for the page faults of taking them back in
     the next step (tiny 1M model, `benchmarks/bench_throughput.py`, median of 3 runs: the
     trainer at 0.71 of a raw forward + backward with it, 1.08 without). False: the
-    trainer keeps its heap between steps (more resident memory, faster steps). Linux (glibc)
-    only: a no-op elsewhere."""
+    trainer keeps its heap between steps (more resident memory, faster steps). None: true,
+    except with `cluster.one_process`, where the engines reuse the trainer's freed heap in the
+    same process without a trim (and the trainer theirs). Linux (glibc) only: a no-op
+    elsewhere."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging
     Face's gradient checkpointing, non-reentrant): far less memory per micro-batch, about a third

@@ -33,6 +33,7 @@ from trinity.config.base import DEFAULT, Marker, NotApplicable, NotBuilt, Refuse
 from trinity.config.compat import unmapped_keys
 from trinity.config.loader import merge_stages, per_stage
 from trinity.config.problems import Problem
+from trinity.config.resolved import engines_in_explorer
 from trinity.config.schema import TrinityConfig
 
 
@@ -133,9 +134,10 @@ def own_notes(cfg: TrinityConfig) -> list[str]:
         if is_set and not refused and (k.state == "not_applicable" or later_item):
             notes.append(f"{path}: not applicable here ({k.reason})")
     rm = cfg.explorer.rollout_model
-    if rm.in_explorer_process and "max_restarts" in rm.model_fields_set:
+    if engines_in_explorer(cfg) and "max_restarts" in rm.model_fields_set:
+        why = "in_explorer_process" if rm.in_explorer_process else "cluster.one_process"
         notes.append(
-            "explorer.rollout_model.max_restarts: not applicable here (in_explorer_process: the "
+            f"explorer.rollout_model.max_restarts: not applicable here ({why}: the "
             "engines are threads of the explorer's process, and Ray restarts processes)"
         )
     notes += [

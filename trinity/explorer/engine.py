@@ -19,6 +19,7 @@ token for token (`rollout/logprob_diff`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -84,7 +85,11 @@ class HFRolloutEngine:
         max_model_len: int | None = None,
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
+        trim_when_idle: bool = True,
     ) -> None:
+        """`trim_when_idle`: give the KV cache's freed heap back to the OS once the engine
+        idles (`common.memory.IdleTrim`); False where the process's other user of the heap
+        reuses it (a trainer in the same process, `cluster.one_process`)."""
         import_now(torch, transformers, sampling, lean_head)  # before the `imports` mark
 
         self.startup = StartupMarks("engine")  # its process start, its imports done
@@ -116,8 +121,12 @@ class HFRolloutEngine:
         )
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
         # the KV cache's freed blocks go back to the OS once the engine idles (common.memory)
-        self.idle_trim = IdleTrim()
+        self.idle_trim = IdleTrim() if trim_when_idle else None
         self.startup.mark("engine_ready")
+
+    def _busy(self) -> Any:
+        """Marks a call's work for the idle trim (a plain context without one)."""
+        return self.idle_trim.busy() if self.idle_trim is not None else contextlib.nullcontext()
 
     def startup_marks(self) -> dict[str, float]:
         """When this engine's process started, its imports ended and its model was loaded
@@ -158,7 +167,7 @@ class HFRolloutEngine:
         ]
         fits = [i for i, p in enumerate(prompts) if self._budget(len(p), params.max_tokens) > 0]
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
-        with self.idle_trim.busy():
+        with self._busy():
             for start in range(0, len(fits), per_chunk):
                 chunk = fits[start : start + per_chunk]
                 got = self._generate_batch(
@@ -322,7 +331,7 @@ class HFRolloutEngine:
         `take`: keep the tensors as the parameters (`load_weights`; a sync method that hands
         them over), so the engine holds one copy of the weights, not the transport's and its
         own."""
-        with self.idle_trim.busy():  # the replaced weights' blocks, when they were copied
+        with self._busy():  # the replaced weights' blocks, when they were copied
             load_weights(self.model, tensors, f"weight update v{version}", take=take)
         self.model_version = version
         return version

@@ -21,9 +21,10 @@ from trinity.common.placement import on_node
 from trinity.common.resources import Share
 from trinity.common.rollout import engine_class
 from trinity.config import seeds
-from trinity.config.resolved import BEST_ENGINE, resolve
+from trinity.config.resolved import BEST_ENGINE, engines_in_explorer, resolve
 from trinity.explorer.auxiliary import auxiliary_limits, served_auxiliary
 from trinity.explorer.in_process import InThread
+from trinity.models.loading import BUILD_LOCK
 
 
 @dataclass
@@ -49,7 +50,7 @@ def start_engine_pools(
     share = share or Share(0, 0, os.cpu_count() or 1)
     rollout = (
         []
-        if rm.in_explorer_process
+        if engines_in_explorer(cfg)
         else _spawn(
             resolve(cfg).engine_type,  # unset: best available
             rm,
@@ -92,18 +93,29 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     kwargs = _engine_kwargs(
         rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
     )
+    # one process: the trainer takes up what the engines free, and the reverse (no trims)
+    kwargs["trim_when_idle"] = not cfg.cluster.one_process
     replica_seeds = [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)]
     return [
-        InThread(partial(engine_cls, model_path, seed=seed, **kwargs), name=f"engine{i}")
+        InThread(
+            partial(_build_alone, partial(engine_cls, model_path, seed=seed, **kwargs)),
+            name=f"engine{i}",
+        )
         for i, seed in enumerate(replica_seeds)
     ]
+
+
+def _build_alone(build: Any) -> Any:
+    """`build()` while no other model user of this process builds (`BUILD_LOCK`)."""
+    with BUILD_LOCK:
+        return build()
 
 
 def explorer_reservation(cfg: Any, share: Share | None) -> dict[str, float]:
     """What the explorer's actor reserves: the cores and GPUs of the engines it runs in its
     process (`in_explorer_process`), nothing otherwise (it waits on its engines)."""
     rm = cfg.explorer.rollout_model
-    if not rm.in_explorer_process or share is None:
+    if not engines_in_explorer(cfg) or share is None:
         return {"num_cpus": 0}
     return {"num_cpus": share.num_cpus * rm.engine_num, "num_gpus": share.num_gpus * rm.engine_num}
 

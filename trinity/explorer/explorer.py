@@ -30,7 +30,7 @@ from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams
 from trinity.common.startup import StartupMarks
 from trinity.config import seeds
-from trinity.config.resolved import chat_template_kwargs, resolve
+from trinity.config.resolved import chat_template_kwargs, engines_in_explorer, resolve
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
     auxiliary_model,
@@ -116,7 +116,7 @@ class Explorer:
         # explorer.rollout_model.in_explorer_process: threads of this process, loading now
         self.engines: list[Any] = (
             in_explorer_engines(config, model_path, engine_share)
-            if config.explorer.rollout_model.in_explorer_process
+            if engines_in_explorer(config)
             else pools.rollout
         )
         # explorer.auxiliary_models (served ones) by position: engines never trained

@@ -350,7 +350,7 @@ def run_stage(
     t0 = time.perf_counter()
     mode = cfg.mode
     if mode == "bench":
-        return run_bench(cfg, name, model_path, hub, monitor, nodes or [])
+        return run_bench(cfg, name, model_path, hub, monitor, nodes or [], host)
     explores = mode in ("both", "explore")
     serves = mode == "serve"  # the endpoint for external agents: a writer of the buffer
     trains = mode in ("both", "train")
@@ -367,10 +367,14 @@ def run_stage(
     attached: list[Any] = []  # shared with other processes of the run: detached when done
     joined_live_run = [False]
 
+    one_process = cfg.cluster.one_process and host is not None
+
     def start(
         cls: type, role: str, *args: Any, share: bool = False, service: bool = False,
-        **resources: float,
+        compute: bool = False, **resources: float,
     ) -> Any:  # fmt: skip
+        """An actor of its own, or (`service`, and `compute` with `cluster.one_process`) an
+        object of the run's ServiceHost, whose `resources` are then those of the host."""
         options: dict[str, Any] = {
             "num_cpus": 0,
             "max_concurrency": 64,
@@ -380,7 +384,7 @@ def run_stage(
         options |= resources
         if share:
             options |= {"get_if_exists": True, "lifetime": "detached"}
-        elif service and host is not None:
+        elif (service and host is not None) or (compute and one_process):
             in_host.append(options["name"])
             return hosted(host, options["name"], cls, *args, max_concurrency=64)
         actor = ray.remote(cls).options(**options).remote(*args)
@@ -417,6 +421,11 @@ def run_stage(
                 "synchronizer.sync_method shared: the trainer and engines share CPU memory, but "
                 "Ray gives this run's compute actors GPUs; use nccl or memory, or "
                 "cluster.gpu_per_node: 0 to train on CPU"
+            )
+        if one_process and on_gpu:  # the check refuses gpu_per_node; this is what Ray has
+            raise ValueError(
+                "cluster.one_process: not built yet on GPUs, and Ray gives this run's compute "
+                "actors GPUs; set cluster.gpu_per_node: 0 to run on CPUs, or leave one_process off"
             )
         if rcfg.sync_method == "nccl" and plan.gpu_shared():
             cfg, note = _sync_by_memory(cfg, plan)
@@ -464,14 +473,14 @@ def run_stage(
             explorer = start(
                 Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, hub,
                 offset, plan.engine, nodes, run_shares if mode == "explore" else None, pools,
-                **explorer_reservation(cfg, plan.engine),
+                compute=True, **explorer_reservation(cfg, plan.engine),
             )  # fmt: skip
         trainer = None
         if trains:
             assert plan.trainer is not None
             trainer = start(
                 TrainerRunner, "trainer", cfg, model_path, str(stage_dir), buffer, sync, hub,
-                offset, plan.trainer.threads,
+                offset, plan.trainer.threads, compute=True,
                 num_cpus=plan.trainer.num_cpus, num_gpus=plan.trainer.num_gpus,
                 **on_node(nodes, 0),
             )  # fmt: skip
@@ -575,9 +584,16 @@ def run_stage(
 
 
 def run_bench(
-    cfg: Any, name: str, model_path: str, hub: Any, monitor: Monitor, nodes: list[str]
+    cfg: Any,
+    name: str,
+    model_path: str,
+    hub: Any,
+    monitor: Monitor,
+    nodes: list[str],
+    host: Any = None,
 ) -> StageResult:
-    """Mode bench (`trinity.launcher.bench`): one evaluation per checkpoint, then a table."""
+    """Mode bench (`trinity.launcher.bench`): one evaluation per checkpoint, then a table. With
+    `cluster.one_process` the explorer is an object of the run's ServiceHost (`host`)."""
     t0 = time.perf_counter()
     if not cfg.buffer.explorer_input.eval_tasksets:  # pre-flight refuses this config
         raise ValueError("mode bench: the last stage has no eval_tasksets to evaluate on")
@@ -586,14 +602,15 @@ def run_bench(
     monitor.console.print(what, soft_wrap=True)
     plan = _resource_plan(cfg, trains=False, has_engines=True, lockstep=True, nodes=nodes)
     monitor.console.print(plan.describe(), soft_wrap=True)
+    role = f"{name}/explorer/{cfg.explorer.name}"
+    args = (cfg, model_path, None, None, hub, 0, plan.engine, nodes)
+    one_process = cfg.cluster.one_process and host is not None
     explorer = (
-        ray.remote(Explorer)
-        .options(
-            max_concurrency=64,
-            name=f"{name}/explorer/{cfg.explorer.name}",
-            **explorer_reservation(cfg, plan.engine),
-        )
-        .remote(cfg, model_path, None, None, hub, 0, plan.engine, nodes)
+        hosted(host, role, Explorer, *args, max_concurrency=64)
+        if one_process
+        else ray.remote(Explorer)
+        .options(max_concurrency=64, name=role, **explorer_reservation(cfg, plan.engine))
+        .remote(*args)
     )
     try:
         ray.get(explorer.prepare.remote(with_train_tasks=False))
@@ -607,7 +624,11 @@ def run_bench(
             rows.append({"checkpoint": p.label, "step": p.step, **_accuracies(metrics)})
         monitor.end_stage()
     finally:
-        ray.kill(explorer)
+        if one_process:
+            with contextlib.suppress(ray.exceptions.RayActorError):  # a dead host took it along
+                ray.get(host.remove.remote(role))
+        else:
+            ray.kill(explorer)
     path, table = write_table(run_dir, rows)
     monitor.console.print(table, markup=False, highlight=False, soft_wrap=True)
     monitor.console.print(f"bench results: {path}", soft_wrap=True)

@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 TINY_SCHEME = "tiny://"
+
+BUILD_LOCK = threading.RLock()
+"""Held while a model's users are built in this process, one at a time: a trainer and rollout
+engines in one process (`cluster.one_process`) build on threads of their own, and two threads
+importing transformers' modules at once race in its lazy module (a half-imported module raises).
+Building one after the other costs little: both hold the GIL for most of it."""
 
 
 def cache_root() -> Path:

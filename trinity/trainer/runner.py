@@ -12,7 +12,7 @@ from trinity.buffer.storage import BufferClosed
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
 from trinity.config.resolved import resolve
-from trinity.models.loading import distinct_tensors
+from trinity.models.loading import BUILD_LOCK, distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.checkpoint import trained_leases
@@ -66,10 +66,11 @@ class TrainerRunner:
         is due (on 2 cores this took a second core's idle time off the path to the first step);
         the optimizer waits for `total_steps`, which `run` gets once the run has planned them.
         """
-        from trinity.trainer.sft_data import DatasetSource
-        from trinity.trainer.trainer import Trainer
+        with BUILD_LOCK:  # engines in this process (cluster.one_process) build one at a time
+            from trinity.trainer.sft_data import DatasetSource
+            from trinity.trainer.trainer import Trainer
 
-        self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
+            self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
         size = 0
         if use_dataset:
             pairwise = self.trainer.algo.spec.pairwise

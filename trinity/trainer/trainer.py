@@ -66,6 +66,9 @@ class Trainer:
             set_mmap_threshold(tcfg.malloc_mmap_threshold_mb * 1024**2)
         torch.manual_seed(config.seed)
         self.config = config
+        # unset: trim, unless the engines share this process (they reuse the freed heap)
+        release = tcfg.release_heap_after_step
+        self.release_heap = not config.cluster.one_process if release is None else release
         self.algo = resolve_algorithm(config.algorithm)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         path = resolve_model_path(model_path)
@@ -241,7 +244,7 @@ class Trainer:
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
-        if self.config.trainer.release_heap_after_step:
+        if self.release_heap:
             release_free_heap()  # the step's freed transients back to the OS (the engines' share)
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask

@@ -1,0 +1,122 @@
+"""`cluster.one_process`: the explorer (its rollout engines on threads), the trainer and the run's
+services are objects of one Ray worker process, the run's `ServiceHost`.
+
+The checks refuse what one process cannot be (a part of a split run, a collective weight sync,
+several nodes, GPUs) and what contradicts it; end to end, a one-process run trains, bit for bit,
+what the same run with an explorer and a trainer process trains, and never starts either process.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_e2e import assert_same_on_policy_training, grpo_config, grpo_outcome
+from test_in_explorer_engine import _run
+
+from trinity.config.checks import check_config
+from trinity.config.resolved import engines_in_explorer
+from trinity.config.schema import TrinityConfig
+from trinity.config.support import not_applicable_notes
+
+
+def _cfg(mode: str = "both", **over: dict) -> TrinityConfig:
+    base = {
+        "mode": mode,
+        "model": {"model_path": "m"},
+        "buffer": {
+            "total_steps": 1,
+            "explorer_input": {"taskset": {"path": "t", "storage_type": "file"}},
+            "trainer_input": {"experience_buffer": {"name": "exp", "storage_type": "queue"}},
+        },
+        "cluster": {"one_process": True},
+    }
+    for section, keys in over.items():
+        base[section] = {**base.get(section, {}), **keys}
+    return TrinityConfig.model_validate(base)
+
+
+def _problems(cfg: TrinityConfig) -> dict[str, str]:
+    return {p.path: p.message for p in check_config(cfg) if "one_process" in p.message}
+
+
+def test_a_local_mode_both_run_is_accepted_and_its_engines_are_the_explorers_threads():
+    assert _problems(_cfg()) == {}
+    assert engines_in_explorer(_cfg())
+    assert not engines_in_explorer(_cfg(cluster={"one_process": False}))
+    assert engines_in_explorer(
+        _cfg(
+            cluster={"one_process": False},
+            explorer={"rollout_model": {"in_explorer_process": True}},
+        )
+    )
+
+
+@pytest.mark.parametrize("mode", ["explore", "serve", "train"])
+def test_a_part_of_a_split_run_is_refused(mode):
+    # mode train reading the queue that explore processes fill is the split run's trainer
+    assert "cluster.one_process" in _problems(_cfg(mode))
+
+
+def test_what_one_process_cannot_be_is_refused_naming_the_key():
+    found = _problems(
+        _cfg(
+            synchronizer={"sync_method": "nccl"},
+            cluster={"one_process": True, "node_num": 2, "gpu_per_node": 1},
+            explorer={"rollout_model": {"in_explorer_process": False, "num_threads": 1}},
+            trainer={"num_threads": 2},
+        )
+    )
+    assert set(found) == {
+        "synchronizer.sync_method",
+        "cluster.node_num",
+        "cluster.gpu_per_node",
+        "explorer.rollout_model.in_explorer_process",
+        "explorer.rollout_model.num_threads",
+    }
+    assert "nccl" in found["synchronizer.sync_method"]
+    assert found["cluster.gpu_per_node"].startswith("not built yet")
+    assert "(2)" in found["explorer.rollout_model.num_threads"]
+    # the same threads, or in_explorer_process said true, are no contradiction
+    assert _problems(
+        _cfg(explorer={"rollout_model": {"in_explorer_process": True, "num_threads": 2}},
+             trainer={"num_threads": 2})
+    ) == {}  # fmt: skip
+    # the in_explorer_process check does not say the nccl problem a second time
+    nccl = _cfg(synchronizer={"sync_method": "nccl"})
+    assert not [p for p in check_config(nccl) if p.path.endswith("in_explorer_process")]
+
+
+def test_max_restarts_is_said_not_to_apply_naming_one_process():
+    said = "explorer.rollout_model.max_restarts: not applicable here"
+    (note,) = [
+        n
+        for n in not_applicable_notes(_cfg(explorer={"rollout_model": {"max_restarts": 5}}))
+        if said in n
+    ]
+    assert "cluster.one_process" in note
+
+
+@pytest.mark.slow  # two whole runs (about 50 s on 2 cores)
+def test_one_process_trains_what_an_explorer_and_a_trainer_process_train(tmp_path, tiny_model_dir):
+    """The same on-policy run (evaluation at step 2 of 3, weights by `memory`) as processes of
+    their own (the engine in the explorer's, `in_explorer_process`) and as one process: the same
+    rollouts, losses, evaluation and final weights, bit for bit; the one-process run never
+    starts an explorer, trainer, synchronizer, buffer or engine process."""
+    pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
+    runs, titles = {}, {}
+    for how in ("processes", "one_process"):
+        d = tmp_path / how
+        d.mkdir()
+        cfg = grpo_config(d, tiny_model_dir, extra="synchronizer: {sync_method: memory}\n")
+        sets = [*pinned, "explorer.rollout_model.in_explorer_process=true"]
+        sets.append(f"cluster.one_process={how == 'one_process'}")
+        r, titles[how] = _run(cfg, sets, d / "cache")
+        assert r.returncode == 0, r.stdout[-4000:]
+        runs[how] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    assert_same_on_policy_training(runs["processes"], runs["one_process"])
+    own = ("ray::Explorer", "ray::TrainerRunner")
+    assert all(
+        any(t.startswith(o) for t in titles["processes"]) for o in own
+    )  # the watch sees them
+    started = [t for t in titles["one_process"] if t.startswith("ray::") and t != "ray::IDLE"]
+    assert not [t for t in started if not t.startswith(("ray::ServiceHost", "ray::Dashboard",
+                                                          "ray::RuntimeEnv"))], started  # fmt: skip
