@@ -393,6 +393,37 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# a bare Ray start as `trinity run` makes it (trinity.launcher.run.init_ray's options): its
+# process starts, imports Ray, starts a local instance and gets one actor's first answer
+RAY_FLOOR = """
+import ray
+ray.init(address="local", include_dashboard=False, logging_level="ERROR", configure_logging=True)
+
+@ray.remote(num_cpus=0)
+class Ping:
+    def ping(self):
+        return "pong"
+
+print(ray.get(Ping.remote().ping.remote()), flush=True)
+"""
+
+
+def ray_floor_once() -> float:
+    """Seconds from a process's start to its first actor's answer on a fresh local Ray
+    instance: the part of a run's start-up that is Ray's own, measured bare."""
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", RAY_FLOOR], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    seconds = time.perf_counter() - t0
+    proc.wait(timeout=120)
+    if line.strip() != "pong" or proc.returncode != 0:
+        raise RuntimeError(f"the bare Ray start failed (exit {proc.returncode})")
+    return seconds
+
+
 def check_trl() -> None:
     """Exit 2 with the install command when `import trl` fails (in a throwaway process)."""
     r = subprocess.run([sys.executable, "-c", "import trl"], capture_output=True, text=True)
@@ -457,6 +488,23 @@ def print_tables(runs: list[dict[str, Any]], medians: list[dict[str, Any]]) -> N
               f"{fmt(m['peak_pss_mb'], '.0f')} | {' | '.join(cells)} |")  # fmt: skip
 
 
+def print_floor(medians: list[dict[str, Any]], floors: list[float]) -> float:
+    """Each mode's time to its first step less the bare Ray start (`ray_floor_once`, median of
+    one per round): what is left is the run's own share (imports, checks, model loads, the
+    first rollout and update), to compare with TRL's whole time to its first step."""
+    floor = statistics.median(floors)
+    print(f"\n## Time to the first step less a bare Ray start ({floor:.1f} s, median of "
+          f"{len(floors)}: a process's start to its first actor's answer on a fresh local "
+          "instance)")  # fmt: skip
+    print("| mode | first step (s) | less Ray's start (s) |")
+    print("|---|---:|---:|")
+    for m in medians:
+        first = m["first_step_s"]
+        rest = "" if m["mode"] == TRL_MODE or first is None else f"{first - floor:.1f}"
+        print(f"| {m['mode']} | {fmt(first, '.1f')} | {rest} |")
+    return floor
+
+
 def print_startup(runs: list[dict[str, Any]]) -> None:
     """trinity's start-up timeline per mode: each mark's median over the runs (seconds since
     the driver's process start; docs/monitoring.md)."""
@@ -509,8 +557,11 @@ def main() -> int:
 
     model = args.model if "seed=" in args.model else f"{args.model}?seed={SEED}"
     model_dir = resolve_model_path(model)  # built once here, before any run is timed
-    runs = []
+    runs: list[dict[str, Any]] = []
+    floors: list[float] = []
     for rep in range(args.repeats):
+        floors.append(ray_floor_once())
+        print(f"{'bare Ray start':25} repeat {rep}: {floors[-1]:.1f} s", flush=True)
         for mode in args.modes:
             r = run_once(mode, model_dir, args) | {"repeat": rep}
             runs.append(r)
@@ -521,6 +572,7 @@ def main() -> int:
     medians = summarize(runs, args.modes)
     print_tables(runs, medians)
     print_startup(runs)
+    floor = print_floor(medians, floors)
     versions = next((r["versions"] for r in runs if "versions" in r), None)
     meta = {"model": model, "model_dir": model_dir, "steps": args.steps, "repeats": args.repeats,
             "lr": args.lr, "threads": args.threads, "cpus": os.cpu_count(),
@@ -528,7 +580,9 @@ def main() -> int:
                          "max_response_tokens": RESPONSE_TOKENS},
             "pss_interval_s": args.interval, "env": args.env, "versions": versions}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs, "medians": medians}, indent=1))
+    body = {"meta": meta, "runs": runs, "medians": medians,
+            "ray_floor_s": {"runs": floors, "median": floor}}  # fmt: skip
+    args.out.write_text(json.dumps(body, indent=1))
     print(f"\nwrote {args.out}")
     return 0
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,7 +72,13 @@ class ServiceHost:
     """The Ray actor that holds a run's small services (module doc). Methods: `add`, `call`,
     `remove`, `names`."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        """`preload`: modules to import now, as the actor starts (for compute objects to come,
+        `cluster.one_process`: torch and transformers import while the driver sets the stage up,
+        instead of after their objects are added). Imported before any call runs, so never on
+        two threads at once."""
+        for module in preload:
+            importlib.import_module(module)
         self._services: dict[str, _Service] = {}
         self._failed: dict[str, BaseException] = {}
         self._added: dict[str, asyncio.Event] = {}

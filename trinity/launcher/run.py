@@ -75,6 +75,15 @@ class RunResult:
     the run's first step, when this process ran it (`common.startup`)."""
 
 
+ONE_PROCESS_IMPORTS = (
+    "torch",
+    "transformers.modeling_utils",  # the bulk of a model class's import
+    "trinity.explorer.explorer",
+    "trinity.trainer.trainer",
+)
+"""What the ServiceHost of a `cluster.one_process` run imports as it starts."""
+
+
 def run_namespace(cfg: Any) -> str:
     """The Ray namespace of a run, `trinity:<project>/<group>/<name>`: its actors' names live
     there, so two processes of one run (mode explore + mode train) find each other by name and
@@ -191,7 +200,14 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     monitor = Monitor(run_dir, types, console, part=part, info=info, monitor_args=mon.monitor_args)
     # the run's small services share one process (common.service_host): the hub now, each
     # stage's synchronizer and buffer when no other process of the run shares them
-    host = ray.remote(ServiceHost).options(num_cpus=0, max_concurrency=HOST_CONCURRENCY).remote()
+    # cluster.one_process: the explorer and the trainer join them there, and the host imports
+    # their torch and transformers as it starts, while this process sets the first stage up
+    preload = ONE_PROCESS_IMPORTS if config.cluster.one_process else ()
+    host = (
+        ray.remote(ServiceHost)
+        .options(num_cpus=0, max_concurrency=HOST_CONCURRENCY)
+        .remote(preload)
+    )
     hub = hosted(host, "hub", MetricsHub, str(monitor.journal_path))
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
