@@ -189,6 +189,24 @@ def _run(cfg, sets: list[str], cache) -> tuple[subprocess.CompletedProcess, set[
     return subprocess.CompletedProcess(cmd, p.returncode, p.out, ""), seen
 
 
+def memory_sync_runs(
+    tmp_path, model_dir, variants: dict[str, list[str]]
+) -> tuple[dict[str, dict], dict[str, set[str]]]:
+    """The same on-policy `grpo_config` run (weights by `memory`, one thread each for the trainer
+    and the engines) once per variant's `--set`s: ({variant: `grpo_outcome`}, {variant: every
+    process title seen})."""
+    pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
+    runs, titles = {}, {}
+    for name, sets in variants.items():
+        d = tmp_path / name
+        d.mkdir()
+        cfg = grpo_config(d, model_dir, extra="synchronizer: {sync_method: memory}\n")
+        r, titles[name] = _run(cfg, [*pinned, *sets], d / "cache")
+        assert r.returncode == 0, r.stdout[-4000:]
+        runs[name] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    return runs, titles
+
+
 @pytest.mark.slow  # two whole runs (about 50 s on 2 cores)
 def test_an_engine_in_the_explorers_process_trains_what_an_engine_process_trains(
     tmp_path, tiny_model_dir
@@ -196,16 +214,14 @@ def test_an_engine_in_the_explorers_process_trains_what_an_engine_process_trains
     """The same on-policy run (evaluation at step 2 of 3, weights by `memory`), the engine in a
     process of its own and then in the explorer's: the same rollouts, losses, evaluation and
     final weights, bit for bit; the second run never starts an engine process."""
-    pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
-    runs, titles = {}, {}
-    for where in ("own_process", "in_explorer"):
-        d = tmp_path / where
-        d.mkdir()
-        cfg = grpo_config(d, tiny_model_dir, extra="synchronizer: {sync_method: memory}\n")
-        sets = [*pinned, f"explorer.rollout_model.in_explorer_process={where == 'in_explorer'}"]
-        r, titles[where] = _run(cfg, sets, d / "cache")
-        assert r.returncode == 0, r.stdout[-4000:]
-        runs[where] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    runs, titles = memory_sync_runs(
+        tmp_path,
+        tiny_model_dir,
+        {
+            "own_process": ["explorer.rollout_model.in_explorer_process=false"],
+            "in_explorer": ["explorer.rollout_model.in_explorer_process=true"],
+        },
+    )
     assert_same_on_policy_training(runs["own_process"], runs["in_explorer"])
     assert any("RolloutEngine" in t for t in titles["own_process"])  # the watch sees them
     assert not any("RolloutEngine" in t for t in titles["in_explorer"]), titles["in_explorer"]

@@ -9,8 +9,8 @@ what the same run with an explorer and a trainer process trains, and never start
 from __future__ import annotations
 
 import pytest
-from test_e2e import assert_same_on_policy_training, grpo_config, grpo_outcome
-from test_in_explorer_engine import _run
+from test_e2e import assert_same_on_policy_training
+from test_in_explorer_engine import memory_sync_runs
 
 from trinity.config.checks import check_config
 from trinity.config.resolved import engines_in_explorer
@@ -101,17 +101,12 @@ def test_one_process_trains_what_an_explorer_and_a_trainer_process_train(tmp_pat
     their own (the engine in the explorer's, `in_explorer_process`) and as one process: the same
     rollouts, losses, evaluation and final weights, bit for bit; the one-process run never
     starts an explorer, trainer, synchronizer, buffer or engine process."""
-    pinned = ["trainer.num_threads=1", "explorer.rollout_model.num_threads=1"]
-    runs, titles = {}, {}
-    for how in ("processes", "one_process"):
-        d = tmp_path / how
-        d.mkdir()
-        cfg = grpo_config(d, tiny_model_dir, extra="synchronizer: {sync_method: memory}\n")
-        sets = [*pinned, "explorer.rollout_model.in_explorer_process=true"]
-        sets.append(f"cluster.one_process={how == 'one_process'}")
-        r, titles[how] = _run(cfg, sets, d / "cache")
-        assert r.returncode == 0, r.stdout[-4000:]
-        runs[how] = grpo_outcome(d / "ckpt" / "e2e" / "grpo")
+    engines = "explorer.rollout_model.in_explorer_process=true"
+    runs, titles = memory_sync_runs(
+        tmp_path,
+        tiny_model_dir,
+        {"processes": [engines], "one_process": [engines, "cluster.one_process=true"]},
+    )
     assert_same_on_policy_training(runs["processes"], runs["one_process"])
     own = ("ray::Explorer", "ray::TrainerRunner")
     assert all(
