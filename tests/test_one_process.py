@@ -115,3 +115,42 @@ def test_one_process_trains_what_an_explorer_and_a_trainer_process_train(tmp_pat
     started = [t for t in titles["one_process"] if t.startswith("ray::") and t != "ray::IDLE"]
     assert not [t for t in started if not t.startswith(("ray::ServiceHost", "ray::Dashboard",
                                                           "ray::RuntimeEnv"))], started  # fmt: skip
+
+
+@pytest.mark.slow  # a shortened quickstart (SFT then GRPO) and a bench of it, about 60 s
+def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path):
+    """Each stage's compute objects join the one process and leave it at the stage's end: the
+    SFT stage (mode train, evaluated by an explorer), then GRPO (mode both) from its weights, then
+    mode bench over the run's checkpoints; no run ever starts an explorer or trainer process."""
+    import json
+
+    import yaml
+    from test_e2e import ROOT
+    from test_in_explorer_engine import _run
+
+    cfg = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
+    cfg["checkpoint_root_dir"] = str(tmp_path / "ckpt")
+    cfg["cluster"] = {"ray_address": "local", "one_process": True}
+    cfg["monitor"] = {"monitor_type": "jsonl"}
+    cfg["explorer"]["runner_per_model"] = 16
+    for ts in cfg["buffer"]["explorer_input"]["eval_tasksets"]:
+        ts["generator_args"]["num_tasks"] = 16
+    sft, grpo = cfg["stages"]
+    sft["buffer"]["total_steps"] = 4
+    grpo["buffer"]["total_steps"] = 2
+    path = tmp_path / "quick.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    own = ("ray::Explorer", "ray::TrainerRunner", "ray::HFRolloutEngine", "ray::Synchronizer")
+    run_dir = tmp_path / "ckpt" / "quickstart" / "add2"
+    for sets in ([], ["mode=bench"]):
+        r, titles = _run(path, sets, tmp_path / "cache")
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert not [t for t in titles if t.startswith(own)], titles
+    assert (run_dir / "sft" / "global_step_4" / "model.safetensors").exists()
+    assert (run_dir / "grpo" / "global_step_2" / "model.safetensors").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(s["name"], s["steps"]) for s in summary["stages"]] == [("sft", 4), ("grpo", 2)]
+    assert all(s["eval_end"] for s in summary["stages"])  # each stage's final evaluation ran
+    rows = json.loads((run_dir / "bench.json").read_text())
+    assert [row["step"] for row in rows][-1] == 6  # run-wide: the GRPO stage's last checkpoint

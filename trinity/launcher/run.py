@@ -374,8 +374,9 @@ def run_stage(
     eb = cfg.buffer.trainer_input.experience_buffer
     # mode train reading a queue: the experiences come from `mode: explore` processes
     reads_queue = trains_from_queue(cfg)
-    # explore / train as separate processes share the buffer and the synchronizer
-    shared = mode in ("explore", "train", "serve")
+    # explore / train as separate processes share the buffer and the synchronizer (a train
+    # stage from a dataset runs alone: its services are the run's ServiceHost's)
+    shared = mode in ("explore", "serve") or reads_queue
     # who this process is in the run: a process started again under its role takes its place
     process_role = _process_role(cfg)
     actors: list[Any] = []  # this process's own: killed at the end of the stage
