@@ -50,6 +50,19 @@ def test_a_local_mode_both_run_is_accepted_and_its_engines_are_the_explorers_thr
     )
 
 
+def test_an_unset_sync_method_is_shared_weights_only_where_nothing_samples_while_training():
+    from trinity.config.resolved import resolve
+
+    def sync(**over: dict) -> str:
+        return resolve(_cfg(**over)).sync_method
+
+    assert sync() == "shared"  # strictly on-policy: the engines use the trainer's weights
+    assert sync(synchronizer={"sync_offset": 1}) == "memory"  # one step off: a copy
+    assert sync(synchronizer={"sync_style": "explorer_driven"}) == "memory"
+    assert sync(cluster={"one_process": False}) == "memory"
+    assert sync(synchronizer={"sync_method": "checkpoint"}) == "checkpoint"  # as set
+
+
 @pytest.mark.parametrize("mode", ["explore", "serve", "train"])
 def test_a_part_of_a_split_run_is_refused(mode):
     # mode train reading the queue that explore processes fill is the split run's trainer

@@ -28,6 +28,11 @@ BEST_SYNC_SPLIT = (
     "unset: explorer and trainer run as separate processes (mode explore / train), files "
     "outlive either of them",
 )
+BEST_SYNC_ONE_PROCESS = (
+    "shared",
+    "unset: one process, strictly on-policy (cluster.one_process, sync_interval 1, sync_offset "
+    "0): the engines use the trainer's weights in place, no copy",
+)
 BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
 OPEN_RUN_SAVE_INTERVAL = 10
 """Train steps per checkpoint of a run whose length is not known (no step budget)."""
@@ -104,6 +109,10 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     sync = cfg.synchronizer.sync_method
     strategy = cfg.trainer.trainer_strategy
     best_sync = BEST_SYNC_SPLIT if cfg.mode in ("explore", "train") else BEST_SYNC
+    sc = cfg.synchronizer
+    lockstep = sc.sync_style == "fixed" and sc.sync_interval == 1 and sc.sync_offset == 0
+    if cfg.mode == "both" and cfg.cluster.one_process and lockstep:
+        best_sync = BEST_SYNC_ONE_PROCESS  # what `_shared_weights_never_race` asks, on CPUs
     chosen = {
         "engine_type": (engine, "explorer.rollout_model.engine_type") if engine else BEST_ENGINE,
         "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,

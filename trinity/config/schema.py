@@ -351,7 +351,8 @@ class SynchronizerConfig(ConfigSection):
     broadcast (gloo on CPU; mode both only, checkpoint otherwise); 'shared' = the engines use the
     trainer's own weights in shared memory, one copy on the machine (mode both only, checkpoint
     otherwise; one node, CPU, sync_style fixed, sync_interval 1, sync_offset 0); None = the best
-    available here ('memory', see resolve())."""
+    available here ('memory'; 'shared' for a strictly on-policy `cluster.one_process` run; see
+    resolve())."""
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
     """'fixed' = every sync_interval steps; 'explorer_driven' / 'trainer_driven' = when that side
     asks (were dynamic_by_explorer / dynamic_by_trainer)."""
