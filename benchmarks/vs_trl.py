@@ -74,9 +74,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from trinity.common.memory import tree_pss_by_process  # noqa: E402
+from trinity.config.yaml_io import deep_merge  # noqa: E402
 
 TASKS, SAMPLES, RESPONSE_TOKENS = 4, 8, 64  # per step: prompts, samples per prompt, max tokens
-SEED = 0
+SEED = 0  # the default of --seed
 # the quickstart's taskset (examples/quickstart/quickstart.yaml)
 TASKSET_ARGS: dict[str, Any] = {
     "digits": 2,
@@ -107,7 +108,13 @@ MB = 1024**2
 
 
 def trinity_config(
-    tmp: Path, model_dir: str, steps: int, lr: float, sync: dict[str, int], over: dict[str, Any]
+    tmp: Path,
+    model_dir: str,
+    steps: int,
+    lr: float,
+    sync: dict[str, int],
+    over: dict[str, Any],
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """A `trinity run` config: the quickstart's task and reward at this benchmark's budget, with
     the mode's keys (`over`) merged in."""
@@ -122,7 +129,7 @@ def trinity_config(
         "project": "bench",
         "name": "vs_trl",
         "checkpoint_root_dir": str(tmp / "ckpt"),
-        "seed": SEED,
+        "seed": seed,
         "model": {
             "model_path": model_dir,
             "max_response_tokens": RESPONSE_TOKENS,
@@ -165,15 +172,7 @@ def trinity_config(
         },
         "monitor": {"monitor_type": "jsonl"},
     }
-    return merged(base, over)
-
-
-def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `over`'s keys set, nested sections merged key by key."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    return deep_merge(base, over)
 
 
 def trinity_step(rec: dict[str, Any]) -> tuple[int, float] | None:
@@ -211,7 +210,7 @@ def trl_worker(args: argparse.Namespace) -> int:
     from trinity.rewards.arithmetic import arithmetic_reward
     from trinity.tasks.synthetic import generate
 
-    rows = generate("arithmetic", "train", SEED, **TASKSET_ARGS)[: TASKS * args.steps]
+    rows = generate("arithmetic", "train", args.seed, **TASKSET_ARGS)[: TASKS * args.steps]
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
          for r in rows]
@@ -236,7 +235,7 @@ def trl_worker(args: argparse.Namespace) -> int:
         output_dir=str(args.out_dir),
         use_cpu=True,
         use_vllm=False,
-        seed=SEED,
+        seed=args.seed,
         bf16=False,  # TRL's default is bf16 on CPU; fp32 as trinity
         fp16=False,
         gradient_checkpointing=False,  # TRL's default is on; trinity's is off
@@ -366,7 +365,7 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
     parse: Callable[[dict[str, Any]], tuple[int, float] | None]
     if mode in TRINITY_MODES:
         cfg = tmp / "config.yaml"
-        body = trinity_config(tmp, model_dir, args.steps, args.lr, *TRINITY_MODES[mode])
+        body = trinity_config(tmp, model_dir, args.steps, args.lr, *TRINITY_MODES[mode], args.seed)
         cfg.write_text(yaml.safe_dump(body, sort_keys=False))
         cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
         env["RAY_ADDRESS"] = "local"  # a private Ray instance: its processes are the driver's
@@ -375,7 +374,7 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
         metrics, parse = tmp / "steps.jsonl", trl_step
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "trl",
                "--model-dir", model_dir, "--steps", str(args.steps), "--lr", str(args.lr),
-               "--threads", str(args.threads), "--log", str(metrics),
+               "--threads", str(args.threads), "--log", str(metrics), "--seed", str(args.seed),
                "--out-dir", str(tmp / "trl_out")]  # fmt: skip
     try:
         with open(tmp / "run.log", "w+") as out:
@@ -531,6 +530,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10, help="train steps per run (at least 2)")
     ap.add_argument("--repeats", type=int, default=2, help="rounds of the interleaved modes")
     ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=ALL_MODES)
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="the model's init, the tasks and their order, sampling (both sides)")  # fmt: skip
     ap.add_argument("--lr", type=float, default=1e-6, help="constant learning rate, both sides")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
     ap.add_argument("--interval", type=float, default=0.3, help="seconds between PSS samples")
@@ -555,7 +556,7 @@ def main() -> int:
         check_trl()
     from trinity.models.loading import resolve_model_path
 
-    model = args.model if "seed=" in args.model else f"{args.model}?seed={SEED}"
+    model = args.model if "seed=" in args.model else f"{args.model}?seed={args.seed}"
     model_dir = resolve_model_path(model)  # built once here, before any run is timed
     runs: list[dict[str, Any]] = []
     floors: list[float] = []
@@ -574,7 +575,8 @@ def main() -> int:
     print_startup(runs)
     floor = print_floor(medians, floors)
     versions = next((r["versions"] for r in runs if "versions" in r), None)
-    meta = {"model": model, "model_dir": model_dir, "steps": args.steps, "repeats": args.repeats,
+    meta = {"model": model, "model_dir": model_dir, "seed": args.seed, "steps": args.steps,
+            "repeats": args.repeats,
             "lr": args.lr, "threads": args.threads, "cpus": os.cpu_count(),
             "per_step": {"prompts": TASKS, "samples": SAMPLES,
                          "max_response_tokens": RESPONSE_TOKENS},

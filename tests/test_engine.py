@@ -254,14 +254,10 @@ def test_a_prompt_over_max_prompt_tokens_is_cut_not_sampled_and_masked():
 
 
 def test_an_engine_sharing_its_process_with_the_trainer_never_trims_and_samples_the_same(
-    tiny_model_dir, monkeypatch
+    tiny_model_dir,
 ):
     """`trim_when_idle=False` (cluster.one_process: the trainer reuses what the engine frees):
     no idle-trim thread, and the same samples as an engine that trims."""
-    from trinity.common import memory
-
-    trims: list[None] = []
-    monkeypatch.setattr(memory, "release_free_heap", lambda: trims.append(None))
     params = SamplingParams(n=2, temperature=1.0, max_tokens=5)
     out = {}
     for trim in (True, False):

@@ -109,3 +109,22 @@ def test_release_heap_after_step_decides_the_trim_after_each_step(
     monkeypatch.setattr(trainer_mod, "release_free_heap", lambda: calls.append(None))
     trainer.train_step(experiences(trainer.model.config.vocab_size))
     assert len(calls) == trims
+
+
+def test_validate_refuses_one_process_where_ray_would_give_gpus(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """`trinity run` refuses cluster.one_process when Ray gives the run GPUs; `validate` says so
+    first from the GPUs this machine has, unless gpu_per_node: 0 keeps the run on CPUs."""
+    import torch
+
+    cfg = make_config(tmp_path, tiny_model_dir)
+    cfg.cluster.one_process = True
+    for gpus in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpus=gpus: gpus)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: int(gpus))
+        found = [p for p in preflight(cfg).problems if p.path == "cluster.one_process"]
+        assert len(found) == int(gpus), found
+    assert found[0].message.startswith("not built yet on GPUs: this machine has 1 CUDA GPU")
+    cfg.cluster.gpu_per_node = 0
+    assert not [p for p in preflight(cfg).problems if p.path == "cluster.one_process"]

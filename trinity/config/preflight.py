@@ -133,6 +133,19 @@ def _check_one(
 
         if not can_set_mmap_threshold():
             problems.append(Problem(where, "glibc's malloc only (Linux); this platform has none"))
+    where = "cluster.one_process"
+    if cfg.cluster.one_process and cfg.cluster.gpu_per_node is None and not blocked(skip, where):
+        import torch  # what Ray will see: the check refuses an explicit gpu_per_node itself
+
+        if torch.cuda.is_available():
+            problems.append(
+                Problem(
+                    where,
+                    f"not built yet on GPUs: this machine has {torch.cuda.device_count()} CUDA "
+                    "GPU(s), which Ray gives the run's compute objects; set "
+                    "cluster.gpu_per_node: 0 to run on CPUs, or leave one_process off",
+                )
+            )
     # 2., 3. and 5. for what the explorer reads
     inp = cfg.buffer.explorer_input
     storages = inp.storages(training=cfg.mode in ("both", "explore"))
