@@ -224,3 +224,45 @@ def test_trainer_adapts_the_penalty_coefficient(tmp_path, tiny_model_dir) -> Non
     assert trainer.kl_ctrl is not None and trainer.kl_ctrl.value == pytest.approx(0.045)
     m = trainer.train_step(experiences(vocab))
     assert m["train/kl_coef"] == pytest.approx(0.045)
+
+
+def test_entropy_term_has_gradient_only_with_a_nonzero_coefficient():
+    from trinity.algorithm.entropy import (
+        entropy_loss,
+        entropy_term_has_gradient,
+        no_entropy_loss,
+    )
+
+    assert entropy_term_has_gradient(entropy_loss, {"entropy_coef": 0.001})
+    assert entropy_term_has_gradient(entropy_loss, {"entropy_coef": -0.5})
+    assert not entropy_term_has_gradient(entropy_loss, {"entropy_coef": 0.0})
+    assert not entropy_term_has_gradient(entropy_loss, {})  # its default: 0
+    assert not entropy_term_has_gradient(no_entropy_loss, {})
+
+    def users_own(entropy, action_mask, *, agg, weight=1.0):  # no entropy_coef: its own rule
+        return weight * agg(entropy, action_mask), {}
+
+    assert entropy_term_has_gradient(users_own, {"weight": 0.0})
+
+
+def test_metric_only_entropy_steps_as_with_autograd(tmp_path, tiny_model_dir):
+    """entropy_coef 0: the trainer computes the entropy outside autograd; the step's parameters
+    and metrics equal those of the same step with the entropy under autograd (0 · its grad)."""
+    import copy
+
+    from test_trainer import experiences, make_config
+
+    from trinity.trainer.trainer import Trainer
+
+    cfg = make_config(tmp_path, tiny_model_dir)
+    out = []
+    for grad in (True, False):
+        trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+        assert trainer.entropy_grad is False  # grpo's entropy_coef is 0
+        trainer.entropy_grad = grad
+        exps = experiences(trainer.model.config.vocab_size)
+        out.append((trainer.train_step(copy.deepcopy(exps)), trainer.model.state_dict()))
+    (m0, w0), (m1, w1) = out
+    assert m1["train/entropy"] == m0["train/entropy"] and m1["train/loss"] == m0["train/loss"]
+    for k in w0:
+        assert torch.equal(w1[k], w0[k]), k

@@ -92,23 +92,58 @@ def test_validate_refuses_the_key_without_glibc(tmp_path, tiny_model_dir, monkey
     ("key", "one_process", "trims"),
     [(None, False, 1), ("true", False, 1), ("false", False, 0), (None, True, 0), ("true", True, 1)],
 )
-def test_release_heap_after_step_decides_the_trim_after_each_step(
+def test_release_heap_after_step_decides_the_trim_once_the_trainer_idles(
     tmp_path, tiny_model_dir, monkeypatch, key, one_process, trims
 ):
     # the default (unset) trims: the engines of an on-policy run may use the memory meanwhile;
     # in one process with them (cluster.one_process) they reuse it untrimmed
+    import time
+
     from test_trainer import experiences
 
+    from trinity.common import memory
     from trinity.trainer import trainer as trainer_mod
 
     kw = {} if key is None else {"release_heap_after_step": key}
     cfg = make_config(tmp_path, tiny_model_dir, **kw)
     cfg.cluster.one_process = one_process
     trainer = trainer_mod.Trainer(cfg, str(tiny_model_dir), total_steps=2)
+    assert (trainer.idle_trim is not None) == bool(trims)
     calls: list[None] = []
-    monkeypatch.setattr(trainer_mod, "release_free_heap", lambda: calls.append(None))
+    monkeypatch.setattr(memory, "release_free_heap", lambda: calls.append(None))
     trainer.train_step(experiences(trainer.model.config.vocab_size))
+    # once idle for TRIM_AFTER_IDLE_S (0.5 s; the thread looks every 0.25 s), within 10 s
+    deadline = time.monotonic() + (10.0 if trims else 2 * trainer_mod.TRIM_AFTER_IDLE_S + 0.5)
+    while time.monotonic() < deadline and not calls:
+        time.sleep(0.05)
     assert len(calls) == trims
+    trainer.release_training_state()
+
+
+def test_idle_trim_waits_while_busy_and_trims_once_per_idle_period(monkeypatch):
+    """No trim while some work is marked busy, however long; one after it ends and the process
+    idles for idle_s; none again until more work. (Back-to-back train steps never trim.)"""
+    import time
+
+    from trinity.common import memory
+
+    calls: list[float] = []
+    monkeypatch.setattr(memory, "release_free_heap", lambda: calls.append(time.monotonic()))
+    trim = memory.IdleTrim(idle_s=0.1)
+    try:
+        for _ in range(3):  # three "steps", each 5 idle periods long, back to back
+            with trim.busy():
+                time.sleep(0.5)
+        assert calls == []
+        ended = time.monotonic()
+        deadline = ended + 10.0
+        while time.monotonic() < deadline and not calls:
+            time.sleep(0.02)
+        assert len(calls) == 1 and calls[0] - ended >= 0.1
+        time.sleep(0.5)  # idle on: nothing new was freed
+        assert len(calls) == 1
+    finally:
+        trim.close()
 
 
 def test_validate_refuses_one_process_where_ray_would_give_gpus(

@@ -12,7 +12,8 @@ positive coefficient rewards entropy (the loss is −coef·H), as in PPO's entro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm.aggregation import Aggregator
 from trinity.common.lazy import lazy_module
@@ -71,3 +72,17 @@ def no_entropy_loss(
     """No entropy term: a 0-dim zero tensor (no grad) and no metrics."""
     del action_mask, agg
     return entropy.new_zeros(()), {}
+
+
+def entropy_term_has_gradient(fn: Any, args: dict[str, Any]) -> bool:
+    """Whether an entropy loss `fn` with `args` sends any gradient to the policy. Not
+    `no_entropy_loss`, nor a fn whose `entropy_coef` (in `args`, else its default) is 0: its
+    term only reports the entropy, so the trainer computes the entropy without autograd (the
+    same values and gradients, without backpropagating 0 · H through every [N, V] logit)."""
+    if fn is no_entropy_loss:
+        return False
+    coef = inspect.signature(fn).parameters.get("entropy_coef")
+    if coef is None:  # a user's fn: its own rule
+        return True
+    value = args.get("entropy_coef", coef.default)
+    return value is inspect.Parameter.empty or float(value) != 0.0

@@ -229,6 +229,9 @@ class IdleTrim:
     (64 rows × 30 layers, 40 → 104 tokens): RSS 222 → 956 MB after the second batch, back to
     222 MB after one trim of 84 ms. Trimming after every call would put 84 ms on each; an idle
     engine (while the trainer steps, in an on-policy run) gives that memory back once instead.
+    The trainer likewise, after its steps' transients: a trainer that waits for its next batch
+    (while the engines generate) gives them back; one whose batches are ready steps on without
+    trim and page faults (tiny 1m model, back-to-back steps: 0.13 s of a 0.57 s step).
     `malloc_trim` is thread-safe (it takes the arena locks), so the trim may overlap a call that
     starts meanwhile."""
 
@@ -238,17 +241,21 @@ class IdleTrim:
         self.idle_s = idle_s
         self._lock = threading.Lock()
         self._active, self._dirty, self._last = 0, False, 0.0
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="idle-trim", daemon=True)
         self._thread.start()
 
     def busy(self) -> _Busy:
         return _Busy(self)
 
+    def close(self) -> None:
+        """Stop the trim thread (its owner is done)."""
+        self._closed.set()
+
     def _loop(self) -> None:
         import time
 
-        while True:
-            time.sleep(self.idle_s / 2)
+        while not self._closed.wait(self.idle_s / 2):
             with self._lock:
                 due = self._dirty and not self._active
                 due = due and time.monotonic() - self._last >= self.idle_s

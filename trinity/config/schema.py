@@ -441,6 +441,12 @@ class TrainerConfig(ConfigSection):
     log p and of the entropy in closed form (trinity/models/lean_head.py). Values and gradients
     equal plain autograd; saves most of the LM head's memory on large vocabularies for one more
     head matmul per chunk. Off by default (docs/real_model.md says why)."""
+    share_prompt_prefix: bool = True
+    """Run the backbone once per distinct prompt of a micro-batch, not once per sample (GRPO's n
+    samples of a task share their prompt): its KV cache is gathered to the samples, whose
+    responses attend to it (trinity/trainer/prefix.py). Logprobs and gradients equal one pass up
+    to float rounding; used where it cuts a tenth of the positions or more, never under gradient
+    checkpointing. False: one pass over every row's whole sequence."""
     malloc_mmap_threshold_mb: int | None = Field(None, ge=1, le=32)
     """Fix glibc's mmap threshold in the trainer's process (unit: MiB): every allocation at least
     this large gets its own pages and returns them to the OS when freed, instead of glibc's

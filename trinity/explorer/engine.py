@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from trinity.common.memory import IdleTrim
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.common.startup import StartupMarks
 from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models.forward import cache_kwarg
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
 
@@ -100,10 +100,7 @@ class HFRolloutEngine:
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)
         self.model = load_model(path, dtype=dtype, device=self.device)
         self.model.requires_grad_(False)
-        # transformers >= 5.2x names the KV cache `cache` (and warns on `past_key_values` at
-        # every call); older releases know only `past_key_values`
-        forward_args = inspect.signature(self.model.forward).parameters
-        self.cache_kw = "cache" if "cache" in forward_args else "past_key_values"
+        self.cache_kw = cache_kwarg(self.model)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.model_version = 0

@@ -144,14 +144,17 @@ def head_logprobs(
     chunk_size: int = 256,
     with_entropy: bool = True,
     lean: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """`lean_head_logprobs` through any LM head module (module docstring); `lean=False`: plain
-    autograd over the chunks (each chunk's logits kept for backward), the reference."""
+    autograd over the chunks (each chunk's logits kept for backward), the reference.
+    `entropy_grad=False`: the entropy is a metric only, computed outside autograd."""
     if lean and isinstance(head, torch.nn.Linear):
-        return lean_head_logprobs(h, labels, head.weight, head.bias, chunk_size, with_entropy)
+        lp, ent = lean_head_logprobs(h, labels, head.weight, head.bias, chunk_size, with_entropy)
+        return lp, (ent if ent is None or entropy_grad else ent.detach())
     lp_parts, ent_parts = [], []
     for s in range(0, h.shape[0], chunk_size):
-        args = (head, h[s : s + chunk_size], labels[s : s + chunk_size], with_entropy)
+        args = (head, h[s : s + chunk_size], labels[s : s + chunk_size], with_entropy, entropy_grad)
         if lean and torch.is_grad_enabled():
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:
@@ -162,12 +165,16 @@ def head_logprobs(
 
 
 def _head_chunk(
-    head: torch.nn.Module, h: Tensor, labels: Tensor, with_entropy: bool
+    head: torch.nn.Module, h: Tensor, labels: Tensor, with_entropy: bool, entropy_grad: bool
 ) -> tuple[Tensor, Tensor]:
-    """Plain autograd: log_softmax and entropy of one chunk's logits."""
+    """Plain autograd: log_softmax and entropy of one chunk's logits (the entropy outside
+    autograd unless `entropy_grad`)."""
     from trinity.algorithm.entropy import entropy_from_logits
 
     logits = upcast(head(h))  # [n, V]
     lp = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None]).squeeze(-1)
-    ent = entropy_from_logits(logits) if with_entropy else lp.new_zeros(lp.shape)
+    if not with_entropy:
+        return lp, lp.new_zeros(lp.shape)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = entropy_from_logits(logits)
     return lp, ent

@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from trinity.models.forward import cache_kwarg, checkpointing
 from trinity.models.lean_head import head_logprobs
 from trinity.trainer.batch import Batch
+from trinity.trainer.prefix import (
+    attention_only_cache,
+    shared_prefix_forward,
+    split_prefixes,
+    worth_sharing,
+)
 
 
 def response_logprobs(
@@ -25,23 +32,50 @@ def response_logprobs(
     chunk_size: int = 256,
     with_entropy: bool = True,
     lean: bool = False,
+    share_prefix: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (logprobs [B, R], entropy [B, R] or None); zeros where `valid_mask` is False.
-    `lean`: keep no [chunk, V] logits for backward (module docstring)."""
+    `lean`: keep no [chunk, V] logits for backward (module docstring). `share_prefix`: one
+    backbone pass per distinct prompt where rows share one (`trinity.trainer.prefix`).
+    `entropy_grad=False`: the entropy is a metric only (no autograd through it)."""
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     head = model.get_output_embeddings()
-    hidden = backbone(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-    ).last_hidden_state  # [B, T, H]
     rows, cols = torch.nonzero(batch.valid_mask, as_tuple=True)  # N valid response tokens
     if rows.numel() == 0:
         raise ValueError("train batch has no response tokens: every experience is prompt-only")
-    h = hidden[rows, batch.response_pos[rows, cols]]  # [N, H]
+    hidden, pos = response_states(backbone, batch, share_prefix)  # [B, T', H], [B, R]
+    h = hidden[rows, pos[rows, cols]]  # [N, H]
     labels = batch.response_ids[rows, cols]  # [N]
-    lp, ent = head_logprobs(head, h, labels, chunk_size, with_entropy, lean=lean)
+    lp, ent = head_logprobs(
+        head, h, labels, chunk_size, with_entropy, lean=lean, entropy_grad=entropy_grad
+    )
     logprobs = torch.zeros(batch.valid_mask.shape, dtype=lp.dtype, device=h.device)
     logprobs = logprobs.index_put((rows, cols), lp)
     entropy = None
     if ent is not None:
         entropy = torch.zeros_like(logprobs).index_put((rows, cols), ent)
     return logprobs, entropy
+
+
+def response_states(
+    backbone: torch.nn.Module, batch: Batch, share_prefix: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backbone's last hidden states and, for each response token, the column [B, R] whose
+    state predicts it: one pass over the batch, or the shared-prefix passes where they pay
+    (not under gradient checkpointing, whose recomputing layers drop the KV cache)."""
+    if share_prefix and not (torch.is_grad_enabled() and checkpointing(backbone)):
+        split = split_prefixes(batch.input_ids, batch.attention_mask, batch.valid_mask.sum(dim=1))
+        cache = (
+            attention_only_cache(backbone)
+            if worth_sharing(split, batch.input_ids.numel())
+            else None
+        )
+        if split is not None and cache is not None:
+            hidden = shared_prefix_forward(backbone, split, cache, cache_kwarg(backbone))
+            cols = torch.arange(batch.valid_mask.shape[1], device=hidden.device)
+            return hidden, cols.expand_as(batch.response_pos)  # response token r at suffix r
+    hidden = backbone(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state
+    return hidden, batch.response_pos

@@ -24,12 +24,13 @@ import torch
 from trinity.algorithm import Aggregator, resolve_algorithm
 from trinity.algorithm.algorithms import record_flag
 from trinity.algorithm.correction import mismatch_metrics, rejected_rows, rollout_correction
+from trinity.algorithm.entropy import entropy_term_has_gradient
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
-from trinity.common.memory import GB, PeakRss, release_free_heap, set_mmap_threshold
+from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import load_weights
@@ -39,6 +40,10 @@ from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 from trinity.trainer.sft_data import auxiliary_readers
+
+# seconds without a step before the trainer trims its heap: far above the gap between steps
+# whose batches are ready (milliseconds), below an on-policy run's rollout phase (seconds)
+TRIM_AFTER_IDLE_S = 0.5
 
 # metrics computed through the Aggregator (global counts), so micro-batch values sum to the total
 ADDITIVE_METRICS = frozenset(
@@ -69,7 +74,13 @@ class Trainer:
         # unset: trim, unless the engines share this process (they reuse the freed heap)
         release = tcfg.release_heap_after_step
         self.release_heap = not config.cluster.one_process if release is None else release
+        # the trim once the trainer idles between steps, not after each (common.memory)
+        self.idle_trim = IdleTrim(TRIM_AFTER_IDLE_S) if self.release_heap else None
         self.algo = resolve_algorithm(config.algorithm)
+        # an entropy term of coefficient 0 only reports the entropy: no autograd through it
+        self.entropy_grad = entropy_term_has_gradient(
+            self.algo.entropy_loss_fn, self.algo.entropy_loss_fn_args
+        )
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(
@@ -152,6 +163,8 @@ class Trainer:
         map them. For the SmolLM2 example that is AdamW's two moments (1.08 GB in float32, 0.54
         in bf16) less beside the engines while they evaluate."""
         self.optimizer = self.scheduler = None
+        if self.idle_trim is not None:  # no more steps: this trim is the last
+            self.idle_trim.close()
         self.model.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer = self.critic.scheduler = None
@@ -167,6 +180,14 @@ class Trainer:
     # -- the step ----------------------------------------------------------------------------
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
+        """One train step on one train batch (`_train_step`); its freed transients go back to
+        the OS once the trainer idles after it (`trainer.release_heap_after_step`)."""
+        if self.idle_trim is None:
+            return self._train_step(experiences)
+        with self.idle_trim.busy():
+            return self._train_step(experiences)
+
+    def _train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """One train step on one train batch.
 
         1. sample strategy picks/reorders the experiences, which are collated  # [B, T]
@@ -244,8 +265,6 @@ class Trainer:
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
-        if self.release_heap:
-            release_free_heap()  # the step's freed transients back to the OS (the engines' share)
         elapsed = time.perf_counter() - t_start
         resp = batch.response_mask
         metrics.update(
@@ -398,7 +417,12 @@ class Trainer:
         a = self.algo
         tcfg = self.config.trainer
         logprob, entropy = response_logprobs(
-            self.model, mb, tcfg.logprob_chunk_size, lean=tcfg.lean_lm_head
+            self.model,
+            mb,
+            tcfg.logprob_chunk_size,
+            lean=tcfg.lean_lm_head,
+            share_prefix=tcfg.share_prompt_prefix,
+            entropy_grad=self.entropy_grad,
         )
         mask = mb.response_mask
         if not recompute_old:  # recorded for the off-policy metrics
@@ -455,8 +479,13 @@ class Trainer:
         out = torch.zeros_like(batch.rollout_logprobs)
         for idx in mbs:
             mb = batch.select(idx)
+            tcfg = self.config.trainer
             lp, _ = response_logprobs(
-                model, mb, self.config.trainer.logprob_chunk_size, with_entropy=False
+                model,
+                mb,
+                tcfg.logprob_chunk_size,
+                with_entropy=False,
+                share_prefix=tcfg.share_prompt_prefix,
             )
             out[idx, : lp.shape[1]] = lp
         return out
