@@ -15,10 +15,14 @@ Rows (one run, one model, one batch):
   train/trainer_pg          Trainer.train_step, GRPO without reference model
   train/trainer_pg_kl       Trainer.train_step, GRPO with k3 KL loss against a reference model
   train/*_keep_heap         the same two with trainer.release_heap_after_step false (no
-                            malloc_trim after each step: no page faults to take the memory back)
+                            malloc_trim once the trainer idles; back-to-back steps never idle)
 `--model` takes any model path trinity loads (a folder, `pkg://`, `gguf://`) instead of a tiny
 `--preset` one; `--rollout-only` stops after the rollout rows (a real model's train rows take
-minutes on a CPU). Each ratio is against the raw row of its group (target >= 0.9 for engine/explorer/trainer_pg).
+minutes on a CPU). Timing: a warm-up, then `--repeats` runs; a group's rollout rows run
+interleaved (one run of each row per round) and a rollout ratio is the median over rounds of the
+row's tokens/s over raw_generate's of the same round; each trainer row runs right after its own
+block of raw steps and its ratio is to that block. Targets: explorer >= 1.4 x raw_generate,
+trainer_pg_kl >= 0.85 x raw_fwd_bwd (issue 21).
 Writes benchmarks/results/throughput.json.
 """
 
@@ -28,9 +32,11 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,21 +45,31 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def best_of(fn, repeats: int) -> tuple[float, float]:
-    """Run fn() `repeats` times (after one warm-up); return (tokens, seconds) of the median run."""
-    fn()
-    runs = []
+def interleaved(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict]:
+    """Each fn once as a warm-up, then `repeats` rounds that run every fn once in turn (A B C,
+    A B C, ...), so a drift of the machine's speed falls on every row of a round alike. Per
+    row: tokens and seconds of its median run, and `round_tps` (tokens/s of each round)."""
+    for fn in fns.values():
+        fn()
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        tokens = fn()
-        runs.append((time.perf_counter() - t0, tokens))
-    runs.sort()
-    secs, tokens = runs[len(runs) // 2]
-    return tokens, secs
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            tokens = fn()
+            runs[name].append((time.perf_counter() - t0, tokens))
+    out = {}
+    for name, rs in runs.items():
+        secs, tokens = sorted(rs)[len(rs) // 2]
+        out[name] = {"tokens": tokens, "seconds": secs, "round_tps": [t / s for s, t in rs]}
+    return out
 
 
-def rollout_rows(rows, group, model, engine, tok, prompts, params, repeats) -> None:
-    """`<group>/raw_generate` (model.generate on the padded batch) and `<group>/engine` rows."""
+def prefixed(group: str, rows: dict[str, dict]) -> dict[str, dict]:
+    return {f"{group}/{name}": row for name, row in rows.items()}
+
+
+def rollout_fns(model, engine, tok, prompts, params) -> dict[str, Callable[[], int]]:
+    """`raw_generate` (model.generate on the padded batch) and `engine`: tokens generated."""
     eos = model.generation_config.eos_token_id
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
@@ -75,9 +91,7 @@ def rollout_rows(rows, group, model, engine, tok, prompts, params, repeats) -> N
         out = engine.generate(prompts, params)
         return sum(len(s.response_ids) for group in out for s in group)
 
-    for name, fn in (("raw_generate", raw_generate), ("engine", engine_generate)):
-        tokens, seconds = best_of(fn, repeats)
-        rows[f"{group}/{name}"] = {"tokens": tokens, "seconds": seconds, "prompt_tokens": width}
+    return {"raw_generate": raw_generate, "engine": engine_generate}
 
 
 def main() -> None:
@@ -88,7 +102,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--n", type=int, default=8, help="samples per task")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--long-prompt", type=int, default=256, help="system prompt tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
@@ -138,13 +152,13 @@ def main() -> None:
     long_prompts = [
         chat_ids([{"role": "system", "content": system}, *t.to_messages()]) for t in tasks
     ]
-    for group, batch_prompts in (("rollout", prompts), ("rollout_long", long_prompts)):
-        rollout_rows(rows, group, model, engine, tok, batch_prompts, params, args.repeats)
-
-    # -- rollout: the explorer path (workflows + batcher + engine actor over Ray) ---------------
+    # -- rollout: raw generate, the engine, and the explorer path (workflows + batcher + engine)
+    rows.update(prefixed("rollout_long", interleaved(
+        rollout_fns(model, engine, tok, long_prompts, params), args.repeats)))  # fmt: skip
     import ray
 
     from trinity.explorer.engine import HFRolloutEngine as _E
+    from trinity.explorer.in_process import InThread
     from trinity.explorer.model_client import BatchingClient, TaskModelHandle
     from trinity.workflows import WORKFLOW
 
@@ -154,51 +168,39 @@ def main() -> None:
     )
     ray.get(actor.get_stats.remote())
     client = BatchingClient([actor])
-    workflow = WORKFLOW.get("math_workflow")()
-
-    def explorer_path() -> int:
-        async def go() -> int:
-            handles = [TaskModelHandle(client, tok, params) for _ in tasks]
-            outs = await asyncio.gather(
-                *(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True))
-            )
-            return sum(e.response_length for es in outs for e in es)
-
-        return asyncio.run(go())
-
-    rows["rollout/explorer"] = dict(
-        zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
-    )
-    ray.kill(actor)
     # the same path with the engine in this process, on a thread of its own (InThread), as
     # explorer.rollout_model.in_explorer_process runs it: no Ray hop, no serialised samples
-    from trinity.explorer.in_process import InThread
-
     lean = InThread(lambda: _E(str(model_dir), seed=0, num_threads=args.threads))
-    client.engines = [lean]
-    rows["rollout/explorer_lean"] = dict(
-        zip(("tokens", "seconds"), best_of(explorer_path, args.repeats), strict=True)
-    )
+    lean_client = BatchingClient([lean])
+    workflow = WORKFLOW.get("math_workflow")()
+
+    async def collect(via: BatchingClient) -> list:
+        handles = [TaskModelHandle(via, tok, params) for _ in tasks]
+        return await asyncio.gather(
+            *(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True))
+        )
+
+    # one event loop for every call, as the explorer actor has: `asyncio.run` would also, on
+    # Python 3.11, format the repr of its main task (every Experience's tensors) when it checks
+    # its SIGINT handler on the way out, ~40 ms a call that no run pays
+    loop = asyncio.new_event_loop()
+
+    def explorer_path(via: BatchingClient) -> int:
+        return sum(e.response_length for es in loop.run_until_complete(collect(via)) for e in es)
+
+    fns = rollout_fns(model, engine, tok, prompts, params)
+    fns["explorer"] = lambda: explorer_path(client)
+    fns["explorer_lean"] = lambda: explorer_path(lean_client)
+    rows.update(prefixed("rollout", interleaved(fns, args.repeats)))
     lean.close()
-    client.engines = []
     if args.rollout_only:
         ray.shutdown()
         report(rows, args, label, sum(p.numel() for p in model.parameters()), None)
         return
 
     # -- training batch: the explorer's experiences --------------------------------------------
-    async def collect():
-        handles = [TaskModelHandle(client, tok, params) for _ in tasks]
-        return await asyncio.gather(
-            *(workflow.run(t, h) for t, h in zip(tasks, handles, strict=True))
-        )
-
-    actor = (
-        ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
-    )
-    client.engines = [actor]
     experiences = []
-    for i, es in enumerate(asyncio.run(collect())):
+    for i, es in enumerate(loop.run_until_complete(collect(client))):
         for e in es:
             e.eid = type(e.eid)(batch=1, task=i, run=e.eid.run)
             e.reward = float(e.eid.run % 2)  # non-degenerate groups: every sample trains
@@ -227,11 +229,10 @@ def main() -> None:
         opt.step()
         return tokens_per_batch
 
-    rows["train/raw_fwd_bwd"] = dict(
-        zip(("tokens", "seconds"), best_of(raw_step, args.repeats), strict=True)
-    )
-
-    # -- train: our trainer ---------------------------------------------------------------------
+    # -- train: our trainer, each row right after a block of raw steps ---------------------------
+    # Not interleaved step by step: a trainer trims its heap once idle (release_heap_after_step),
+    # and in one process that trim would fall on whichever row runs next. Each row's ratio is to
+    # the raw block just before it; `train/raw_fwd_bwd` is the first block.
     from trinity.trainer.trainer import Trainer
 
     for row, kl, release in (
@@ -250,16 +251,16 @@ def main() -> None:
             % (args.n, kl, len(experiences), args.threads, release, args.tasks)
         )
         trainer = Trainer(load_config(cfg_path), str(model_dir), total_steps=100)
-        rows[row] = dict(
-            zip(
-                ("tokens", "seconds"),
-                best_of(
-                    lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1],
-                    args.repeats,
-                ),
-                strict=True,
-            )
-        )
+        raw = interleaved({"raw": raw_step}, args.repeats)["raw"]
+        rows.setdefault("train/raw_fwd_bwd", raw)
+        step = interleaved(
+            {"t": lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1]},
+            args.repeats,
+        )["t"]
+        step["base_tokens_per_s"] = raw["tokens"] / raw["seconds"]
+        rows[row] = step
+        if trainer.idle_trim is not None:
+            trainer.idle_trim.close()
 
     report(rows, args, label, sum(p.numel() for p in model.parameters()), tokens_per_batch)
 
@@ -268,11 +269,18 @@ def report(rows: dict, args: argparse.Namespace, label: str, n_params: int, trai
     """Tokens/s and the ratio to its group's raw row for every row; print the table, write JSON."""
     for r in rows.values():
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
-    base = {g: rows[f"{g}/{raw}"]["tokens_per_s"] for g, raw in
+    raws = {g: rows[f"{g}/{raw}"] for g, raw in
             (("rollout", "raw_generate"), ("rollout_long", "raw_generate"),
              ("train", "raw_fwd_bwd")) if f"{g}/{raw}" in rows}  # fmt: skip
     for k, r in rows.items():
-        r["ratio"] = r["tokens_per_s"] / base[k.split("/")[0]]
+        raw = raws[k.split("/")[0]]
+        if "base_tokens_per_s" in r:  # measured against its own block of raw steps
+            r["ratio"] = r["tokens_per_s"] / r["base_tokens_per_s"]
+        elif raw is not r and "round_tps" in r and "round_tps" in raw:  # interleaved rounds
+            per_round = [a / b for a, b in zip(r["round_tps"], raw["round_tps"], strict=True)]
+            r["ratio"] = statistics.median(per_round)
+        else:
+            r["ratio"] = r["tokens_per_s"] / raw["tokens_per_s"]
     batch = f", train batch {train_tokens} tokens" if train_tokens else ""
     print(f"model {label} ({n_params / 1e6:.2f}M params), {args.tasks} tasks x {args.n} samples, "
           f"max {args.max_tokens} new tokens, {args.threads} threads{batch}")  # fmt: skip
