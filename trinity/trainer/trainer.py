@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,8 @@ class Trainer:
         self.release_heap = not config.cluster.one_process if release is None else release
         # the trim once the trainer idles between steps, not after each (common.memory)
         self.idle_trim = IdleTrim(TRIM_AFTER_IDLE_S) if self.release_heap else None
+        if self.idle_trim is not None:  # its thread ends with the trainer
+            weakref.finalize(self, self.idle_trim.close)
         self.algo = resolve_algorithm(config.algorithm)
         # an entropy term of coefficient 0 only reports the entropy: no autograd through it
         self.entropy_grad = entropy_term_has_gradient(
