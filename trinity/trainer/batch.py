@@ -14,8 +14,10 @@ Layout (B sequences, T = longest prompt+response, R = longest response):
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from trinity.common.experience import Experience
 
@@ -81,54 +83,59 @@ class Batch:
 
 
 def collate(experiences: list[Experience], pad_id: int) -> Batch:
+    """The padded batch of `experiences` (module docstring's layout), one tensor op per field."""
     b = len(experiences)
-    t = max(len(e.tokens) for e in experiences)
-    r = max(max(e.response_length for e in experiences), 1)
-    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, t), dtype=torch.long)
-    response_pos = torch.zeros((b, r), dtype=torch.long)
-    response_ids = torch.full((b, r), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, r), dtype=torch.bool)
-    valid = torch.zeros((b, r), dtype=torch.bool)
+    prompts = torch.tensor([e.prompt_length for e in experiences], dtype=torch.long)  # [B]
+    if int(prompts.min()) < 1:
+        raise ValueError("an experience needs at least one prompt token to condition on")
+    rows = [e.tokens for e in experiences]
+    lengths = torch.tensor([len(x) for x in rows], dtype=torch.long)  # [B]
+    resp = lengths - prompts  # [B]
+    input_ids = pad_sequence(rows, batch_first=True, padding_value=pad_id)  # [B, T]
+    t = input_ids.shape[1]
+    r = max(int(resp.max()), 1)
+    attention = (torch.arange(t)[None] < lengths[:, None]).long()
+    offs = torch.arange(r)[None]  # [1, R]
+    valid = offs < resp[:, None]  # [B, R]
+    response_pos = torch.where(valid, prompts[:, None] - 1 + offs, 0)
+    take = (prompts[:, None] + offs).clamp(max=t - 1)
+    response_ids = torch.where(valid, input_ids.gather(1, take), pad_id)
+
+    def padded(values: list[Any], dtype: torch.dtype) -> torch.Tensor:  # [B, R], 0 past each row
+        out = torch.zeros((b, r), dtype=dtype)
+        if values:
+            width = pad_sequence([torch.as_tensor(v, dtype=dtype) for v in values], True)
+            out[:, : width.shape[1]] = width
+        return out
+
+    assert all(e.action_mask is not None for e in experiences)
+    response_mask = padded([e.action_mask for e in experiences], torch.bool) & valid
+    known = [e.logprobs is not None for e in experiences]
     rollout_lp = torch.zeros((b, r), dtype=torch.float32)
-    rewards = torch.zeros(b, dtype=torch.float32)
+    if any(known):
+        given = [e.logprobs if e.logprobs is not None else [] for e in experiences]
+        rollout_lp = padded(given, torch.float32)
+    rewards = torch.tensor([0.0 if e.reward is None else e.reward for e in experiences])
     group_index: dict[tuple, int] = {}
-    group_ids = torch.zeros(b, dtype=torch.long)
+    group_ids = torch.tensor(
+        [group_index.setdefault(e.eid.group, len(group_index)) for e in experiences],
+        dtype=torch.long,
+    )
     run_ids = torch.tensor([e.eid.run for e in experiences], dtype=torch.long)
     step_ids = torch.tensor([e.eid.step for e in experiences], dtype=torch.long)
-    rollout_known = torch.tensor([e.logprobs is not None for e in experiences], dtype=torch.bool)
     expert = [bool(e.info.get("is_expert", False)) for e in experiences]
-    given = [e.info.get("reward_baseline") for e in experiences]
-    baselines = None if None in given else torch.tensor(given, dtype=torch.float32)
-    expert_mask = torch.tensor(expert, dtype=torch.bool)
-    has_token_rewards = any(e.token_level_reward is not None for e in experiences)
-    token_rewards = torch.zeros((b, r), dtype=torch.float32) if has_token_rewards else None
-    has_adv = all(e.advantages is not None for e in experiences)
-    advantages = torch.zeros((b, r), dtype=torch.float32) if has_adv else None
-    for i, e in enumerate(experiences):
-        n, p = len(e.tokens), e.prompt_length
-        if p < 1:
-            raise ValueError("an experience needs at least one prompt token to condition on")
-        m = e.response_length
-        input_ids[i, :n] = e.tokens
-        attention[i, :n] = 1
-        response_pos[i, :m] = torch.arange(p - 1, p - 1 + m)
-        response_ids[i, :m] = e.tokens[p:]
-        valid[i, :m] = True
-        assert e.action_mask is not None
-        response_mask[i, :m] = e.action_mask
-        if e.logprobs is not None:
-            rollout_lp[i, :m] = e.logprobs
-        rewards[i] = 0.0 if e.reward is None else e.reward
-        group_ids[i] = group_index.setdefault(e.eid.group, len(group_index))
-        if advantages is not None:
-            advantages[i, :m] = e.advantages
-        if token_rewards is not None:
-            if e.token_level_reward is None:  # an outcome-only row among token-reward rows
-                raise ValueError(
-                    "a train batch mixes experiences with and without token_level_reward"
-                )
-            token_rewards[i, :m] = e.token_level_reward
+    given_baselines = [e.info.get("reward_baseline") for e in experiences]
+    baselines = (
+        None if None in given_baselines else torch.tensor(given_baselines, dtype=torch.float32)
+    )
+    token_rewards = None
+    if any(e.token_level_reward is not None for e in experiences):
+        if any(e.token_level_reward is None for e in experiences):
+            raise ValueError("a train batch mixes experiences with and without token_level_reward")
+        token_rewards = padded([e.token_level_reward for e in experiences], torch.float32)
+    advantages = None
+    if all(e.advantages is not None for e in experiences):
+        advantages = padded([e.advantages for e in experiences], torch.float32)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -141,8 +148,8 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         group_ids=group_ids,
         run_ids=run_ids,
         step_ids=step_ids,
-        rollout_known=rollout_known,
-        expert_mask=expert_mask,
+        rollout_known=torch.tensor(known, dtype=torch.bool),
+        expert_mask=torch.tensor(expert, dtype=torch.bool),
         token_rewards=token_rewards,
         baselines=baselines,
         advantages=advantages,
