@@ -454,15 +454,15 @@ class TrainerConfig(ConfigSection):
     memory per train step (SmolLM2 micro-batch: 2.46 -> 2.12 GB with 1) for more page faults
     (steps 10-15% longer on CPU). None: glibc's default. Linux (glibc) only."""
     release_heap_after_step: bool | None = None
-    """Hand the C heap's free pages back to the OS after each train step (glibc `malloc_trim`):
-    the step's freed transients become memory the engines can use while the trainer waits for
-    its next batch (an on-policy run generates then), for the page faults of taking them back in
-    the next step (tiny 1M model, `benchmarks/bench_throughput.py`, median of 3 runs: the
-    trainer at 0.71 of a raw forward + backward with it, 1.08 without). False: the
-    trainer keeps its heap between steps (more resident memory, faster steps). None: true,
-    except with `cluster.one_process`, where the engines reuse the trainer's freed heap in the
-    same process without a trim (and the trainer theirs). Linux (glibc) only: a no-op
-    elsewhere."""
+    """Hand the C heap's free pages back to the OS once the trainer has idled 0.5 s after a train
+    step (glibc `malloc_trim`, `common.memory.IdleTrim`): the steps' freed transients become
+    memory the engines can use while the trainer waits for its next batch (an on-policy run
+    generates then), for the page faults of taking them back in the next step. Back-to-back
+    steps (batches ready) never trim; a trim after every step cost them 0.13 s of a 0.57 s step
+    (tiny 1m model, `benchmarks/bench_throughput.py`). False: the trainer keeps its heap
+    (more resident memory). None: true, except with `cluster.one_process`, where the engines
+    reuse the trainer's freed heap in the same process without a trim (and the trainer theirs).
+    Linux (glibc) only: a no-op elsewhere."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging
     Face's gradient checkpointing, non-reentrant): far less memory per micro-batch, about a third
