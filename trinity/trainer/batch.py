@@ -103,18 +103,15 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
 
     def padded(values: list[Any], dtype: torch.dtype) -> torch.Tensor:  # [B, R], 0 past each row
         out = torch.zeros((b, r), dtype=dtype)
-        if values:
-            width = pad_sequence([torch.as_tensor(v, dtype=dtype) for v in values], True)
-            out[:, : width.shape[1]] = width
+        width = pad_sequence([torch.as_tensor(v, dtype=dtype) for v in values], True)
+        out[:, : width.shape[1]] = width
         return out
 
     assert all(e.action_mask is not None for e in experiences)
     response_mask = padded([e.action_mask for e in experiences], torch.bool) & valid
     known = [e.logprobs is not None for e in experiences]
-    rollout_lp = torch.zeros((b, r), dtype=torch.float32)
-    if any(known):
-        given = [e.logprobs if e.logprobs is not None else [] for e in experiences]
-        rollout_lp = padded(given, torch.float32)
+    given = [e.logprobs if e.logprobs is not None else [] for e in experiences]
+    rollout_lp = padded(given, torch.float32)  # 0 where unknown
     rewards = torch.tensor([0.0 if e.reward is None else e.reward for e in experiences])
     group_index: dict[tuple, int] = {}
     group_ids = torch.tensor(
