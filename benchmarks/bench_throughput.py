@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="samples per task")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--seed", type=int, default=0, help="tiny model init, tasks, sampling")
     ap.add_argument("--long-prompt", type=int, default=256, help="system prompt tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
@@ -118,7 +119,7 @@ def main() -> None:
     if args.model:
         model_dir = Path(resolve_model_path(args.model))
     else:
-        model_dir = create_tiny_model(tmp / "model", preset=args.preset, seed=0)
+        model_dir = create_tiny_model(tmp / "model", preset=args.preset, seed=args.seed)
     label = args.model or f"tiny {args.preset}"
     tok = load_tokenizer(model_dir)
     storage = SimpleNamespace(
@@ -130,13 +131,13 @@ def main() -> None:
         rollout_args=SimpleNamespace(temperature=None, top_p=None, top_k=None, max_tokens=None, n=None),
         workflow_args={}, reward_fn_args={}, default_workflow_type=None,
         default_reward_fn_type=None, repeat_times=None,
-        generator_args={"digits": 2, "num_tasks": args.tasks, "seed": 0},
+        generator_args={"digits": 2, "num_tasks": args.tasks, "seed": args.seed},
     )  # fmt: skip
     tasks = load_taskset(storage, default_reward_fn_type="arithmetic_reward")
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     rows: dict[str, dict] = {}
     model = load_model(model_dir)
-    engine = HFRolloutEngine(str(model_dir), seed=0, num_threads=args.threads)
+    engine = HFRolloutEngine(str(model_dir), seed=args.seed, num_threads=args.threads)
 
     def chat_ids(messages: list[dict]) -> list[int]:
         return list(
@@ -164,13 +165,15 @@ def main() -> None:
 
     ray.init(include_dashboard=False, logging_level="ERROR", num_cpus=args.threads)
     actor = (
-        ray.remote(_E).options(num_cpus=0).remote(str(model_dir), seed=0, num_threads=args.threads)
+        ray.remote(_E)
+        .options(num_cpus=0)
+        .remote(str(model_dir), seed=args.seed, num_threads=args.threads)
     )
     ray.get(actor.get_stats.remote())
     client = BatchingClient([actor])
     # the same path with the engine in this process, on a thread of its own (InThread), as
     # explorer.rollout_model.in_explorer_process runs it: no Ray hop, no serialised samples
-    lean = InThread(lambda: _E(str(model_dir), seed=0, num_threads=args.threads))
+    lean = InThread(lambda: _E(str(model_dir), seed=args.seed, num_threads=args.threads))
     lean_client = BatchingClient([lean])
     workflow = WORKFLOW.get("math_workflow")()
 
@@ -293,7 +296,7 @@ def report(rows: dict, args: argparse.Namespace, label: str, n_params: int, trai
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": label, "preset": args.preset, "params": n_params, "tasks": args.tasks, "n": args.n,
-            "max_tokens": args.max_tokens, "threads": args.threads, "repeats": args.repeats,
+            "max_tokens": args.max_tokens, "threads": args.threads, "repeats": args.repeats, "seed": args.seed,
             "median_of": args.repeats, "torch": torch.__version__}  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
