@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,7 +109,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    # every timed call runs on this process's compute lane (trinity.common.compute) with
+    # `--threads`; this thread keeps to one, so the process has one OpenMP team, as a run's
+    # engine or trainer process has: a second team, even an idle one, halves small kernels
+    from trinity.common.compute import compute_lane
+
+    lane = compute_lane()
+    lane.run(torch.set_num_threads, args.threads)
+    torch.set_num_threads(1)
+
+    def laned(fns: dict[str, Callable[[], int]]) -> dict[str, Callable[[], int]]:
+        return {name: partial(lane.run, fn) for name, fn in fns.items()}
 
     from trinity.config import load_config
     from trinity.explorer.engine import HFRolloutEngine, SamplingParams
@@ -136,8 +147,10 @@ def main() -> None:
     tasks = load_taskset(storage, default_reward_fn_type="arithmetic_reward")
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     rows: dict[str, dict] = {}
-    model = load_model(model_dir)
-    engine = HFRolloutEngine(str(model_dir), seed=args.seed, num_threads=args.threads)
+    model = lane.run(load_model, model_dir)
+    engine = lane.run(
+        partial(HFRolloutEngine, str(model_dir), seed=args.seed, num_threads=args.threads)
+    )
 
     def chat_ids(messages: list[dict]) -> list[int]:
         return list(
@@ -155,7 +168,7 @@ def main() -> None:
     ]
     # -- rollout: raw generate, the engine, and the explorer path (workflows + batcher + engine)
     rows.update(prefixed("rollout_long", interleaved(
-        rollout_fns(model, engine, tok, long_prompts, params), args.repeats)))  # fmt: skip
+        laned(rollout_fns(model, engine, tok, long_prompts, params)), args.repeats)))  # fmt: skip
     import ray
 
     from trinity.explorer.engine import HFRolloutEngine as _E
@@ -171,9 +184,10 @@ def main() -> None:
     )
     ray.get(actor.get_stats.remote())
     client = BatchingClient([actor])
-    # the same path with the engine in this process, on a thread of its own (InThread), as
-    # explorer.rollout_model.in_explorer_process runs it: no Ray hop, no serialised samples
-    lean = InThread(lambda: _E(str(model_dir), seed=args.seed, num_threads=args.threads))
+    # the same path with the engine in this process (InThread), as
+    # explorer.rollout_model.in_explorer_process runs it: no Ray hop, no serialised samples;
+    # here on the lane, as cluster.one_process runs it, for one OpenMP team
+    lean = InThread(lambda: _E(str(model_dir), seed=args.seed, num_threads=args.threads), lane=lane)
     lean_client = BatchingClient([lean])
     workflow = WORKFLOW.get("math_workflow")()
 
@@ -191,7 +205,7 @@ def main() -> None:
     def explorer_path(via: BatchingClient) -> int:
         return sum(e.response_length for es in loop.run_until_complete(collect(via)) for e in es)
 
-    fns = rollout_fns(model, engine, tok, prompts, params)
+    fns = laned(rollout_fns(model, engine, tok, prompts, params))
     fns["explorer"] = lambda: explorer_path(client)
     fns["explorer_lean"] = lambda: explorer_path(lean_client)
     rows.update(prefixed("rollout", interleaved(fns, args.repeats)))
@@ -214,7 +228,7 @@ def main() -> None:
     # -- train: raw forward/backward -------------------------------------------------------------
     from trinity.trainer.batch import collate
 
-    train_model = load_model(model_dir)
+    train_model = lane.run(load_model, model_dir)
     train_model.train()
     opt = torch.optim.AdamW(train_model.parameters(), lr=1e-5, foreach=True)
     batch = collate(experiences, tok.pad_token_id)
@@ -253,11 +267,11 @@ def main() -> None:
             "buffer: {batch_size: %d, explorer_input: {taskset: {storage_type: synthetic, path: arithmetic}}}\n"
             % (args.n, kl, len(experiences), args.threads, release, args.tasks)
         )
-        trainer = Trainer(load_config(cfg_path), str(model_dir), total_steps=100)
-        raw = interleaved({"raw": raw_step}, args.repeats)["raw"]
+        trainer = lane.run(Trainer, load_config(cfg_path), str(model_dir), total_steps=100)
+        raw = interleaved(laned({"raw": raw_step}), args.repeats)["raw"]
         rows.setdefault("train/raw_fwd_bwd", raw)
         step = interleaved(
-            {"t": lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1]},
+            laned({"t": lambda t=trainer: (t.train_step(list(experiences)), tokens_per_batch)[1]}),
             args.repeats,
         )["t"]
         step["base_tokens_per_s"] = raw["tokens"] / raw["seconds"]

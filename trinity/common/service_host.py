@@ -29,9 +29,10 @@ an object whose constructor raised raises that error. Services that another proc
 must find by name (split runs: `mode: explore / train / serve`) stay named actors of their own.
 
 With `cluster.one_process` the host also holds the stage's compute objects: the explorer (an
-async class, its rollout engines on threads of their own) and the trainer (a plain class, on its
-thread pool), so a laptop's run has one worker process with one copy of torch, transformers and
-Ray's worker runtime. They call the services, and the driver calls them, through the same handles
+async class) and the trainer (a plain class, on its thread pool), so a laptop's run has one
+worker process with one copy of torch, transformers and Ray's worker runtime. Their model work
+(the rollout engines' calls, the trainer's build, steps, syncs and checkpoints) takes turns on
+the process's one compute lane (`trinity.common.compute`), so the process has one OpenMP team. They call the services, and the driver calls them, through the same handles
 (a call from one hosted object to another is the host actor calling itself, which Ray serves
 concurrently). `remove` runs an object's `shutdown()` where it has one, since no process exit
 frees what it holds (an explorer's engine threads). Model builds in the one process take turns

@@ -93,6 +93,23 @@ def engines_in_explorer(cfg: TrinityConfig) -> bool:
     return bool(cfg.explorer.rollout_model.in_explorer_process or cfg.cluster.one_process)
 
 
+def in_lockstep(cfg: TrinityConfig) -> bool:
+    """Whether the stage's trainer and rollout engines never compute at the same time: on-policy
+    `mode: both` (`sync_style: fixed`, `sync_interval: 1`, `sync_offset: 0`: explore step k
+    waits for train step k-1's weights, train step k for explore step k's experiences), and a
+    train stage from a dataset (its engines only evaluate before and after training). Then each
+    side uses every core while it runs (`common.resources`), and in `cluster.one_process` they
+    take turns on the process's compute lane (`common.compute`)."""
+    if cfg.mode == "train":
+        return not trains_from_queue(cfg)
+    return (
+        cfg.mode == "both"
+        and cfg.synchronizer.sync_style == "fixed"
+        and resolve(cfg).sync_interval == 1
+        and resolve(cfg).sync_offset == 0
+    )
+
+
 def samples_per_task(cfg: TrinityConfig) -> list[int]:
     """The distinct group sizes (experiences per task) of the training tasksets, in order: each
     taskset's `rollout_args.n`, else its `repeat_times`, else `algorithm.repeat_times` (as the

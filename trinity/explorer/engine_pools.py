@@ -17,11 +17,12 @@ from typing import Any
 
 import ray
 
+from trinity.common.compute import compute_lane
 from trinity.common.placement import on_node
 from trinity.common.resources import Share
 from trinity.common.rollout import engine_class
 from trinity.config import seeds
-from trinity.config.resolved import BEST_ENGINE, engines_in_explorer, resolve
+from trinity.config.resolved import BEST_ENGINE, engines_in_explorer, in_lockstep, resolve
 from trinity.explorer.auxiliary import auxiliary_limits, served_auxiliary
 from trinity.explorer.in_process import InThread
 from trinity.models.loading import BUILD_LOCK
@@ -93,13 +94,17 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     kwargs = _engine_kwargs(
         rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
     )
-    # one process: the trainer takes up what the engines free, and the reverse (no trims)
+    # one process: the trainer takes up what the engines free, and the reverse (no trims); in
+    # lockstep they take turns on the process's compute lane, each with every core (one OpenMP
+    # team, common.compute); otherwise each side computes on its own thread with its part
     kwargs["trim_when_idle"] = not cfg.cluster.one_process
+    lane = compute_lane() if cfg.cluster.one_process and in_lockstep(cfg) else None
     replica_seeds = [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)]
     return [
         InThread(
             partial(_build_alone, partial(engine_cls, model_path, seed=seed, **kwargs)),
             name=f"engine{i}",
+            lane=lane,
         )
         for i, seed in enumerate(replica_seeds)
     ]

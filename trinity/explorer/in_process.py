@@ -14,14 +14,20 @@ as a Ray actor handle's call returns an ObjectRef.
   engine generates, since torch releases the GIL in its kernels. This is
   `explorer.rollout_model.in_explorer_process`: the engine shares the explorer's process instead
   of holding a copy of torch, transformers and the model code in one of its own.
+  `InThread(factory, lane=compute_lane())` runs them on the process's compute lane instead
+  (`trinity.common.compute`), in turn with the other model users of the process
+  (`cluster.one_process`: the trainer).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.common.compute import ComputeLane
 
 
 class _Call:
@@ -56,16 +62,30 @@ class _ThreadCall:
             # the engine was built by the first job of this same thread: done by now
             return getattr(owner._built.result(), name)(*args, **kwargs)
 
-        return asyncio.wrap_future(owner._pool.submit(call))
+        return asyncio.wrap_future(owner._submit(call))
 
 
 class InThread:
-    """An engine built by `factory` on a thread of its own, which then runs its calls."""
+    """An engine built by `factory` on a thread of its own, which then runs its calls; on
+    `lane` (a `ComputeLane`) instead where one is given."""
 
-    def __init__(self, factory: Callable[[], Any], name: str = "engine") -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(
+        self, factory: Callable[[], Any], name: str = "engine", lane: ComputeLane | None = None
+    ) -> None:
+        self._lane = lane
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) if lane is None else None
+        )
+        self._queued: set[Future] = set()  # its calls not done yet
         # it loads its model while the caller goes on; its calls queue behind the build
-        self._built: Future = self._pool.submit(factory)
+        self._built: Future = self._submit(factory)
+
+    def _submit(self, fn: Callable[[], Any]) -> Future:
+        runner: Any = self._pool if self._pool is not None else self._lane
+        fut = runner.submit(fn)
+        self._queued.add(fut)
+        fut.add_done_callback(self._queued.discard)
+        return fut
 
     def __getattr__(self, name: str) -> _ThreadCall:
         if name.startswith("_"):
@@ -74,6 +94,12 @@ class InThread:
 
     def close(self) -> None:
         """Cancel the calls not started, wait for the one running, then let the engine go."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        else:  # the lane goes on serving the process's other model users
+            queued = list(self._queued)
+            for fut in queued:
+                fut.cancel()
+            wait(queued)
         self._built = Future()  # drop the engine: its weights and cache are freed
         self._built.set_exception(RuntimeError("the in-process engine was closed"))

@@ -31,6 +31,7 @@ from trinity.common.service_host import HOST_CONCURRENCY, ServiceHost, hosted
 from trinity.common.shared import RunName
 from trinity.common.startup import StartupMarks, process_started_at, timeline
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
+from trinity.config.resolved import in_lockstep
 from trinity.config.run_folder import (
     fresh_name,
     has_content,
@@ -417,14 +418,7 @@ def run_stage(
         # 1.
         rcfg = resolve(cfg)
         style = cfg.synchronizer.sync_style
-        # trainer and engines alternate in on-policy lockstep, and in a train stage from a
-        # dataset (whose engines only evaluate before and after training)
-        lockstep = (mode == "train" and not reads_queue) or (
-            mode == "both"
-            and style == "fixed"
-            and rcfg.sync_interval == 1
-            and rcfg.sync_offset == 0
-        )
+        lockstep = in_lockstep(cfg)  # trainer and engines never compute at the same time
         # a process of a split run: another process computes beside it on the same cluster
         split = mode in ("explore", "serve") or reads_queue
         nodes = nodes or []

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from trinity.buffer.storage import BufferClosed
+from trinity.common.compute import compute_lane
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
 from trinity.config.resolved import resolve
@@ -54,6 +55,9 @@ class TrainerRunner:
         self._on_request = False  # sync_style explorer_driven: publish when an explorer asks
         self._read_metrics: dict[str, float] = {}  # a publish while waiting for data
         self._reader: int | None = None  # this trainer's token with the buffer
+        # the trainer's torch work runs on one thread, whichever of the actor's threads calls
+        # (common.compute: one OpenMP team per process, and its thread count applies)
+        self.lane = compute_lane()
 
     def prepare(
         self, total_steps: int | None, use_dataset: bool, started_at: float | None = None
@@ -66,11 +70,9 @@ class TrainerRunner:
         is due (on 2 cores this took a second core's idle time off the path to the first step);
         the optimizer waits for `total_steps`, which `run` gets once the run has planned them.
         """
-        with BUILD_LOCK:  # engines in this process (cluster.one_process) build one at a time
-            from trinity.trainer.sft_data import DatasetSource
-            from trinity.trainer.trainer import Trainer
+        from trinity.trainer.sft_data import DatasetSource
 
-            self.trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
+        self.trainer = self.lane.run(self._build, total_steps)
         size = 0
         if use_dataset:
             pairwise = self.trainer.algo.spec.pairwise
@@ -79,6 +81,13 @@ class TrainerRunner:
         self.startup.mark("trainer_ready")
         self._started_at = started_at
         return {"dataset_size": size}
+
+    def _build(self, total_steps: int | None) -> Trainer:
+        """The trainer (on the lane), while no other model of this process builds."""
+        with BUILD_LOCK:  # engines in this process (cluster.one_process) build one at a time
+            from trinity.trainer.trainer import Trainer
+
+            return Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
 
     def run(
         self,
@@ -119,13 +128,13 @@ class TrainerRunner:
         self._on_request = publish_steps and style == "explorer_driven"
         if self.trainer is None:
             raise RuntimeError("TrainerRunner.prepare() must come before run()")
-        self.trainer.plan(total_steps)
+        self.lane.run(self.trainer.plan, total_steps)
         resolved = resolve(cfg)
         n = resolved.train_batch_size  # experiences per train step
         save_every = resolved.save_interval_for(total_steps)  # 0 = only at the end
         step, last_saved = 0, None
         if resume_from is not None:
-            step = int(self.trainer.resume(Path(resume_from))["step"])
+            step = int(self.lane.run(self.trainer.resume, Path(resume_from))["step"])
             last_saved = Path(resume_from)
             if self.dataset is not None:
                 self.dataset.skip(step)  # one batch per train step
@@ -156,7 +165,7 @@ class TrainerRunner:
                 # 2.
                 step += 1
                 versions = [e.model_version for e in exps]
-                metrics = self.trainer.train_step(exps)
+                metrics = self.lane.run(self.trainer.train_step, exps)
                 if self.dataset is None:  # rollouts (a dataset's rows have no version)
                     metrics.update(staleness_metrics(versions, trained_with=step - 1))
                 metrics["timing/train_wait_buffer"] = wait
@@ -194,7 +203,7 @@ class TrainerRunner:
             final = self._checkpoint(step)
         if publish_final:
             self._publish(step, final=True)
-        self.trainer.release_training_state()  # beside the final evaluation: weights only
+        self.lane.run(self.trainer.release_training_state)  # the final evaluation: weights only
         ray.get(self.synchronizer.finish.remote(step))
         return {
             "train_steps": step,
@@ -208,7 +217,9 @@ class TrainerRunner:
         assert self.trainer is not None
         # the leases go into the checkpoint too: a crash before the ack below must not hand
         # their experiences out again (the resumed buffer acks them, `QueueStorage(settled)`)
-        path = self.trainer.save_checkpoint(self.stage_dir, step, leases=list(self.unacked))
+        path = self.lane.run(
+            self.trainer.save_checkpoint, self.stage_dir, step, leases=list(self.unacked)
+        )
         if self.unacked:
             ray.get(self.buffer.ack.remote(self.unacked))
             self.unacked = []
@@ -266,13 +277,18 @@ class TrainerRunner:
             ):
                 self._read_metrics = self._publish(step)
 
+    def _send(self, method: Any, step: int) -> tuple[dict[str, Any], list[Any]]:
+        """The trainer half of a sync (on the lane): the weights and what `method` sends."""
+        assert self.trainer is not None
+        state = distinct_tensors(self.trainer.model.state_dict())  # a tied tensor once
+        return state, method.send(state, step, self.stage_dir / "sync")
+
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:
         """Publish the weights of `step` with the configured sync method's trainer half."""
         assert self.trainer is not None
         t0 = time.perf_counter()
-        state = distinct_tensors(self.trainer.model.state_dict())  # a tied tensor once
         method = sync_method(resolve(self.cfg).sync_method)
-        payload = method.send(state, step, self.stage_dir / "sync")
+        state, payload = self.lane.run(self._send, method, step)
         ray.get(self.synchronizer.publish.remote(step, payload))
         return {
             "sync/publish_s": time.perf_counter() - t0,
