@@ -377,6 +377,37 @@ NOT_BUILT: dict[str, str] = {
 }
 # Trinity-RFT's deprecated names of records we have
 ALIASES: dict[str, str] = {"grpo_verl": "grpo", "opmd_verl": "opmd"}
+# the records this package registers (a plugin's come later, and cannot take these names)
+SHIPPED: frozenset[str] = frozenset(ALGORITHM.names())
+SWITCHABLE_OFF = ("kl_loss_fn", "kl_penalty_fn")  # the pieces a config commonly sets to "none"
+
+
+def shipped_defaults(algorithm_config: Any, auxiliary: Iterable[str] = ()) -> bool:
+    """Whether `algorithm_config` runs a shipped record as shipped: each piece the record's own,
+    or "none" for a KL piece (`SWITCHABLE_OFF`, β 0), no `<piece>_args` of its own, the record's
+    `loss_agg_mode`, the default sample strategy (another reads auxiliary buffers, which the dry
+    run checks: `mix` without its `sft_dataset`) and no auxiliary buffers. The value dry run (`value_problems`) of every
+    such config passes (tests/test_algorithm_dry_run.py runs each one), so the pre-flight pass
+    has nothing to find there and skips it, and with it torch's import (about a second of every
+    `trinity run`'s start, before Ray may start)."""
+    name = getattr(algorithm_config, "algorithm_type", None)
+    name = ALIASES.get(name, name)
+    if name not in SHIPPED or list(auxiliary):
+        return False
+    spec = ALGORITHM.get(name)
+    if spec.sample_strategy != "default":
+        return False
+    if getattr(algorithm_config, "loss_agg_mode", None) not in (None, spec.loss_agg_mode):
+        return False
+    for piece in PIECES:
+        if getattr(algorithm_config, f"{piece}_args", None):
+            return False
+        chosen = getattr(algorithm_config, piece, None)
+        if chosen is None or chosen == getattr(spec, piece):
+            continue
+        if not (piece in SWITCHABLE_OFF and chosen == "none"):
+            return False
+    return True
 
 
 def lookup_algorithm(name: str) -> AlgorithmSpec:

@@ -30,6 +30,8 @@ base config and every stage (problems located under `stages[i].`):
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -134,7 +136,12 @@ def _check_one(
         if not can_set_mmap_threshold():
             problems.append(Problem(where, "glibc's malloc only (Linux); this platform has none"))
     where = "cluster.one_process"
-    if cfg.cluster.one_process and cfg.cluster.gpu_per_node is None and not blocked(skip, where):
+    if (
+        cfg.cluster.one_process
+        and cfg.cluster.gpu_per_node is None
+        and not blocked(skip, where)
+        and gpu_driver_present()
+    ):
         import torch  # what Ray will see: the check refuses an explicit gpu_per_node itself
 
         if torch.cuda.is_available():
@@ -195,6 +202,18 @@ def _check_one(
     kwargs = {"is_eval": False, "default_seed": cfg.seed, "require_response": not pairwise}
     _check_data(path, buf, kwargs | {"require_pair": pairwise}, cache, problems, skipped)
     return problems, skipped
+
+
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's driver; AMD's (ROCm torch)
+
+
+def gpu_driver_present() -> bool:
+    """Whether torch could see a CUDA (or ROCm) GPU here: on Linux only where a GPU driver's
+    device node exists, so a machine without one is answered without importing torch (a second
+    of `trinity run`'s start); elsewhere True (torch is asked)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(node) for node in GPU_DRIVER_NODES)
 
 
 # --- names and arguments ----------------------------------------------------------------------
@@ -277,6 +296,7 @@ def _algorithm_problems(algo: AlgorithmConfig, auxiliary: list[str]) -> list[Pro
         accepted_args,
         chosen_pieces,
         resolve_algorithm,
+        shipped_defaults,
         value_problems,
     )
 
@@ -306,6 +326,8 @@ def _algorithm_problems(algo: AlgorithmConfig, auxiliary: list[str]) -> list[Pro
         resolved = resolve_algorithm(algo)
     except (LookupError, TypeError, ValueError) as e:
         return [Problem("algorithm", str(e))]
+    if shipped_defaults(algo, auxiliary):  # values that tests run (no torch import here)
+        return []
     return [  # argument values a piece refuses when first called
         Problem(f"algorithm.{piece}_args", f"{getattr(resolved.spec, piece)!r}: {msg}")
         for piece, msg in value_problems(resolved, auxiliary)
