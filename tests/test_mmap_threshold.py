@@ -154,13 +154,20 @@ def test_validate_refuses_one_process_where_ray_would_give_gpus(
     first from the GPUs this machine has, unless gpu_per_node: 0 keeps the run on CPUs."""
     import torch
 
+    import trinity.config.preflight as pf
+
     cfg = make_config(tmp_path, tiny_model_dir)
     cfg.cluster.one_process = True
+    monkeypatch.setattr(pf, "gpu_driver_present", lambda: True)  # torch is asked
     for gpus in (False, True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda gpus=gpus: gpus)
         monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: int(gpus))
         found = [p for p in preflight(cfg).problems if p.path == "cluster.one_process"]
         assert len(found) == int(gpus), found
     assert found[0].message.startswith("not built yet on GPUs: this machine has 1 CUDA GPU")
+    # no GPU driver on this machine: torch is not asked (nor imported, for this check)
+    monkeypatch.setattr(pf, "gpu_driver_present", lambda: False)
+    assert not [p for p in preflight(cfg).problems if p.path == "cluster.one_process"]
+    monkeypatch.setattr(pf, "gpu_driver_present", lambda: True)
     cfg.cluster.gpu_per_node = 0
     assert not [p for p in preflight(cfg).problems if p.path == "cluster.one_process"]
