@@ -223,3 +223,22 @@ def test_split_run_a_claim_at_least_takes_what_a_dead_holder_keeps():
     run.start("explorer/alpha")
     run.actor.attach("explorer/beta")
     assert run.actor.claim_cpus("explorer/beta", 1, None, 1)[0] == 1
+
+
+def test_in_lockstep_is_on_policy_mode_both_or_a_train_stage_from_a_dataset():
+    """`config.resolved.in_lockstep`: the trainer and engines never compute at once (the plan's
+    `lockstep`, and a one-process run's engines on the compute lane)."""
+    from trinity.config.resolved import in_lockstep
+    from trinity.config.schema import TrinityConfig
+
+    def cfg(**over) -> TrinityConfig:
+        return TrinityConfig.model_validate(over)
+
+    assert in_lockstep(cfg(mode="both"))  # sync_interval 1, sync_offset 0 by default
+    assert not in_lockstep(cfg(mode="both", synchronizer={"sync_offset": 1}))
+    assert not in_lockstep(cfg(mode="both", synchronizer={"sync_interval": 2}))
+    assert not in_lockstep(cfg(mode="both", synchronizer={"sync_style": "explorer_driven"}))
+    assert not in_lockstep(cfg(mode="explore"))
+    assert in_lockstep(cfg(mode="train"))  # an SFT stage: engines only evaluate around it
+    queue = {"trainer_input": {"experience_buffer": {"name": "q", "storage_type": "queue"}}}
+    assert not in_lockstep(cfg(mode="train", buffer=queue))  # beside mode explore processes

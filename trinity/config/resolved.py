@@ -102,12 +102,10 @@ def in_lockstep(cfg: TrinityConfig) -> bool:
     take turns on the process's compute lane (`common.compute`)."""
     if cfg.mode == "train":
         return not trains_from_queue(cfg)
-    return (
-        cfg.mode == "both"
-        and cfg.synchronizer.sync_style == "fixed"
-        and resolve(cfg).sync_interval == 1
-        and resolve(cfg).sync_offset == 0
-    )
+    if cfg.mode != "both" or cfg.synchronizer.sync_style != "fixed":
+        return False
+    r = resolve(cfg)
+    return r.sync_interval == 1 and r.sync_offset == 0
 
 
 def samples_per_task(cfg: TrinityConfig) -> list[int]:
