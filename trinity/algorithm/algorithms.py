@@ -385,11 +385,13 @@ SWITCHABLE_OFF = ("kl_loss_fn", "kl_penalty_fn")  # the pieces a config commonly
 def shipped_defaults(algorithm_config: Any, auxiliary: Iterable[str] = ()) -> bool:
     """Whether `algorithm_config` runs a shipped record as shipped: each piece the record's own,
     or "none" for a KL piece (`SWITCHABLE_OFF`, β 0), no `<piece>_args` of its own, the record's
-    `loss_agg_mode`, the default sample strategy (another reads auxiliary buffers, which the dry
-    run checks: `mix` without its `sft_dataset`) and no auxiliary buffers. The value dry run (`value_problems`) of every
-    such config passes (tests/test_algorithm_dry_run.py runs each one), so the pre-flight pass
-    has nothing to find there and skips it, and with it torch's import (about a second of every
-    `trinity run`'s start, before Ray may start)."""
+    `loss_agg_mode`, the default sample strategy (another reads auxiliary buffers, which the
+    dry run checks: `mix` without its `sft_dataset`) and no auxiliary buffers.
+
+    The value dry run (`value_problems`) of every such config passes (tests/
+    test_algorithm_dry_run.py runs each one), so the pre-flight pass has nothing to find there
+    and skips it, and with it torch's import (about a second of every `trinity run`'s start,
+    before Ray may start)."""
     name = getattr(algorithm_config, "algorithm_type", None)
     name = ALIASES.get(name, name)
     if name not in SHIPPED or list(auxiliary):
