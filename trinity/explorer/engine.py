@@ -44,12 +44,14 @@ if TYPE_CHECKING:
     import transformers
 
     from trinity.explorer import sampling
+    from trinity.models import lean_decode as decoders
     from trinity.models import lean_head
 else:
     torch = lazy_module("torch")
     transformers = lazy_module("transformers")
     sampling = lazy_module("trinity.explorer.sampling")
     lean_head = lazy_module("trinity.models.lean_head")
+    decoders = lazy_module("trinity.models.lean_decode")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,11 +88,14 @@ class HFRolloutEngine:
         num_threads: int | None = None,
         custom_chat_template: str | None = None,
         trim_when_idle: bool = True,
+        lean_decode: bool = True,
     ) -> None:
         """`trim_when_idle`: give the KV cache's freed heap back to the OS once the engine
         idles (`common.memory.IdleTrim`); False where the process's other user of the heap
-        reuses it (a trainer in the same process, `cluster.one_process`)."""
-        import_now(torch, transformers, sampling, lean_head)  # before the `imports` mark
+        reuses it (a trainer in the same process, `cluster.one_process`). `lean_decode`: decode
+        Llama-layout models with `models.lean_decode.LeanDecoder` (False: the model's own
+        forward for every family, `HFDecoder`)."""
+        import_now(torch, transformers, sampling, lean_head, decoders)  # before the `imports` mark
 
         self.startup = StartupMarks("engine")  # its process start, its imports done
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
@@ -101,6 +106,7 @@ class HFRolloutEngine:
         self.model = load_model(path, dtype=dtype, device=self.device)
         self.model.requires_grad_(False)
         self.cache_kw = cache_kwarg(self.model)
+        self.lean_decode = lean_decode
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.model_version = 0
@@ -218,23 +224,10 @@ class HFRolloutEngine:
             t.to(self.device) for t in (input_ids, attention, positions)
         )
         # 2.  # logits [B, V] -> [B*n, V]
-        cache = transformers.DynamicCache(config=self.model.config)
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            **{self.cache_kw: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
         n = params.n
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, dim=0)
-            attention = attention.repeat_interleave(n, dim=0)
-            positions = positions.repeat_interleave(n, dim=0)
+        dec = decoders.decoder_for(self.model, self.cache_kw, max_new, lean=self.lean_decode)
+        logits = dec.prefill(input_ids, attention, positions, n)
         rows = len(prompts) * n
-        next_pos = positions[:, -1:] + 1  # [b, 1]
         alive = torch.arange(rows, device=self.device)  # original row of each live row
         tokens = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
@@ -264,21 +257,12 @@ class HFRolloutEngine:
                 keep = torch.nonzero(~done).squeeze(-1)
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
+                dec.keep(keep)
                 row_keys = row_keys[keep.cpu().numpy()]
                 alive, tok = alive[keep], tok[keep]
-                attention, next_pos = attention[keep], next_pos[keep]
             if t + 1 == max_new:
                 break
-            attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=-1)
-            logits = self.model(
-                input_ids=tok[:, None],
-                attention_mask=attention,
-                position_ids=next_pos,
-                **{self.cache_kw: cache},
-                use_cache=True,
-            ).logits[:, -1]
-            next_pos = next_pos + 1
+            logits = dec.step(tok)
         # 4.
         tokens, logprobs = tokens.cpu(), logprobs.cpu()
         lengths_l, stopped_l = lengths.tolist(), stopped.tolist()

@@ -76,6 +76,7 @@ class RunResult:
     the run's first step, when this process ran it (`common.startup`)."""
 
 
+REPORTS_WAIT_S = 5.0  # the longest one `MetricsHub.reports` call waits (the driver calls again)
 ONE_PROCESS_IMPORTS = (
     "torch",
     "transformers.modeling_utils",  # the bulk of a model class's import
@@ -209,7 +210,8 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         .options(num_cpus=0, max_concurrency=HOST_CONCURRENCY)
         .remote(preload)
     )
-    hub = hosted(host, "hub", MetricsHub, str(monitor.journal_path))
+    # reports from the explorer and trainer while the driver's `reports` call waits
+    hub = hosted(host, "hub", MetricsHub, str(monitor.journal_path), max_concurrency=64)
     model_path = seeds.model_path(config)
     results: list[StageResult] = []
     offset = 0
@@ -234,6 +236,7 @@ def run(config: Any, console: Console | None = None) -> RunResult:
         peak_pss = pss.stop()
         monitor.close()
         if mon.enable_ray_timeline:  # every task and actor call of the run, for chrome://tracing
+            time.sleep(_task_events_flush_s())  # the last calls' events reach Ray's GCS
             ray.timeline(
                 filename=str(run_dir / (f"timeline.{part}.json" if part else "timeline.json"))
             )
@@ -260,6 +263,12 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     write_summary(result, run_dir / summary_name, joined)
     print_summary(result, console, joined)
     return result
+
+
+def _task_events_flush_s() -> float:
+    """How long until every live worker has sent Ray the events of the calls it finished: its
+    report interval (`RAY_task_events_report_interval_ms`, 1 s by default) and a margin."""
+    return int(os.environ.get("RAY_task_events_report_interval_ms", "1000")) / 1000 + 0.5  # noqa: SIM112
 
 
 def write_summary(result: RunResult, path: Path, joined: bool) -> None:
@@ -584,6 +593,8 @@ def run_stage(
             seconds=time.perf_counter() - t0,
         )
     finally:
+        if actors and cfg.monitor.enable_ray_timeline:
+            time.sleep(_task_events_flush_s())  # their calls' events reach Ray before they go
         for a in actors:
             ray.kill(a)
         # a dead host took its services with it (and the stage's own error is the one to raise)
@@ -791,9 +802,13 @@ def _accuracies(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
 
 
-def _pump(hub: Any, monitor: Monitor) -> None:
-    for source, step, metrics, replay in ray.get(hub.drain.remote()):
+def _merge(reports: list[Any], monitor: Monitor) -> None:
+    for source, step, metrics, replay in reports:
         monitor.add(source, step, metrics, replay)
+
+
+def _pump(hub: Any, monitor: Monitor) -> None:
+    _merge(ray.get(hub.drain.remote()), monitor)
 
 
 def _wait(ref: Any, hub: Any, monitor: Monitor) -> Any:
@@ -801,19 +816,34 @@ def _wait(ref: Any, hub: Any, monitor: Monitor) -> Any:
 
 
 def _wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
-    """Wait for all refs while pumping metrics. The first failure is raised at once."""
+    """Wait for all refs while merging the hub's reports as they come (`MetricsHub.reports`).
+    The first failure is raised at once, after what the other actors reported is kept."""
     pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, timeout=0.5)
-        for ref in done:
-            try:
-                ray.get(ref)  # raises the actor's exception, with its traceback
-            except Exception:
-                _pump(hub, monitor)  # keep what the other actors reported before the failure
-                raise
-        _pump(hub, monitor)
-    _pump(hub, monitor)
+    news = hub.reports.remote(REPORTS_WAIT_S)
+    try:
+        while pending:
+            done, _ = ray.wait([*pending, news], num_returns=1)
+            if done[0] == news:
+                _merge(ray.get(news), monitor)
+                news = hub.reports.remote(REPORTS_WAIT_S)
+                continue
+            pending.remove(done[0])
+            ray.get(done[0])  # raises the actor's exception, with its traceback
+    except BaseException as err:
+        try:
+            _settle(hub, news, monitor)
+        except Exception as lost:
+            err.add_note(f"the reports made before this failure were not merged: {lost!r}")
+        raise
+    _settle(hub, news, monitor)
     return ray.get(refs)
+
+
+def _settle(hub: Any, news: Any, monitor: Monitor) -> None:
+    """Merge the waiting `reports` call's reports (ended now) and any left in the hub."""
+    hub.wake.remote()
+    _merge(ray.get(news), monitor)
+    _pump(hub, monitor)
 
 
 def print_summary(result: RunResult, console: Console, joined: bool = False) -> None:
