@@ -95,15 +95,34 @@ def test_every_field_has_a_description() -> None:
     import pydantic
 
     import trinity.config as tc
+    from trinity.config.base import field_description
 
+    from trinity.config.base import ConfigSection
+
+    def sections(cls: type) -> list[type]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in sections(sub))]
+
+    exported = [c for c in vars(tc).values() if isinstance(c, type)]
+    classes = {
+        *sections(ConfigSection),
+        *(c for c in exported if issubclass(c, pydantic.BaseModel)),
+    }
+    assert len(classes) > 30
     missing = [
         f"{cls.__name__}.{name}"
-        for cls in vars(tc).values()
-        if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)
-        for name, field in cls.model_fields.items()
-        if not field.description
+        for cls in classes
+        for name in cls.model_fields
+        if not field_description(cls, name)
     ]
     assert missing == []
+
+
+def test_a_field_description_is_its_docstring_or_its_field_description() -> None:
+    from trinity.config import OptimizerConfig, StageConfig
+    from trinity.config.base import field_description
+
+    assert field_description(StageConfig, "stage_name") == "Name of the stage (required)."
+    assert field_description(OptimizerConfig, "lr") == "Peak learning rate."
 
 
 def test_stage_fields_mirror_top_level_fields() -> None:

@@ -19,6 +19,11 @@ with the states is in `support.py`.
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import itertools
+import textwrap
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,20 +40,54 @@ DEFAULT: Any = object()  # inert value of a not-built key: the schema default
 
 class ConfigSection(BaseModel):
     """A strict config section: unknown keys are errors; each field's docstring is its
-    description."""
+    description (`field_description`)."""
 
+    # no `use_attribute_docstrings`: pydantic would read every section's source as the class
+    # is made, 0.27 s of each process's import of `trinity.config` once torch is loaded
     model_config = ConfigDict(
         extra="forbid",
         coerce_numbers_to_str=True,
         protected_namespaces=(),
         validate_default=False,
-        use_attribute_docstrings=True,
     )
 
     renamed_keys: ClassVar[dict[str, str]] = {}
     """Deprecated key -> current key of this section (see `compat.py`)."""
     renamed_values: ClassVar[dict[str, dict[str, str]]] = {}
     """Field -> {deprecated value -> current value} (see `compat.py`)."""
+
+
+def field_description(cls: type[BaseModel], name: str) -> str | None:
+    """A field's description: `Field(description=...)`, else the docstring under the field in
+    the class that declares it (read from the source when asked, `_attribute_docstrings`)."""
+    explicit = cls.model_fields[name].description
+    if explicit:
+        return explicit
+    for klass in cls.__mro__:
+        if name in vars(klass).get("__annotations__", {}):
+            return _attribute_docstrings(klass).get(name)
+    return None
+
+
+@functools.cache
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    """name -> the string literal that follows `name: T [= v]` in the class body."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # a class made at run time (`create_model`) has no source
+        return {}
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, after in itertools.pairwise(body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 def _check_top_k(value: int) -> int:
