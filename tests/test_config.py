@@ -95,9 +95,7 @@ def test_every_field_has_a_description() -> None:
     import pydantic
 
     import trinity.config as tc
-    from trinity.config.base import field_description
-
-    from trinity.config.base import ConfigSection
+    from trinity.config.base import ConfigSection, field_description
 
     def sections(cls: type) -> list[type]:
         return [cls, *(c for sub in cls.__subclasses__() for c in sections(sub))]

@@ -167,3 +167,13 @@ def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path
     assert all(s["eval_end"] for s in summary["stages"])  # each stage's final evaluation ran
     rows = json.loads((run_dir / "bench.json").read_text())
     assert [row["step"] for row in rows][-1] == 6  # run-wide: the GRPO stage's last checkpoint
+
+
+def test_only_a_run_whose_sides_overlap_in_one_process_lends_cores():
+    """Such a run's driver asks MKL for results independent of the thread count
+    (`common.core_shares`); a lockstep one, or one of several processes, keeps MKL's default."""
+    from trinity.launcher.run import lends_cores
+
+    assert lends_cores(_cfg(synchronizer={"sync_offset": 1}))
+    assert not lends_cores(_cfg())  # on-policy lockstep: each side alone on the lane
+    assert not lends_cores(_cfg(synchronizer={"sync_offset": 1}, cluster={"one_process": False}))

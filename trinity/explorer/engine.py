@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from trinity.common.core_shares import core_shares
 from trinity.common.lazy import import_now, lazy_module
 from trinity.common.memory import IdleTrim
 from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
@@ -89,12 +90,15 @@ class HFRolloutEngine:
         custom_chat_template: str | None = None,
         trim_when_idle: bool = True,
         lean_decode: bool = True,
+        lend_cores: bool = False,
     ) -> None:
         """`trim_when_idle`: give the KV cache's freed heap back to the OS once the engine
         idles (`common.memory.IdleTrim`); False where the process's other user of the heap
         reuses it (a trainer in the same process, `cluster.one_process`). `lean_decode`: decode
         Llama-layout models with `models.lean_decode.LeanDecoder` (False: the model's own
-        forward for every family, `HFDecoder`)."""
+        forward for every family, `HFDecoder`). `lend_cores`: the engine's threads are a part of
+        its process's cores that it lends while idle and that grows by idle parts while it
+        samples (`common.core_shares`; a one-process run whose sides overlap)."""
         import_now(torch, transformers, sampling, lean_head, decoders)  # before the `imports` mark
 
         self.startup = StartupMarks("engine")  # its process start, its imports done
@@ -107,6 +111,8 @@ class HFRolloutEngine:
         self.model.requires_grad_(False)
         self.cache_kw = cache_kwarg(self.model)
         self.lean_decode = lean_decode
+        threads = num_threads or os.cpu_count() or 1
+        self.cores = core_shares().join(threads) if lend_cores else None
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.model_version = 0
@@ -130,6 +136,15 @@ class HFRolloutEngine:
     def _busy(self) -> Any:
         """Marks a call's work for the idle trim (a plain context without one)."""
         return self.idle_trim.busy() if self.idle_trim is not None else contextlib.nullcontext()
+
+    def _sampling(self) -> Any:
+        """Marks a batch's sampling as the use of this engine's cores (`lend_cores`)."""
+        return self.cores.active() if self.cores is not None else contextlib.nullcontext()
+
+    def _follow(self) -> None:
+        """Take the threads this engine may use now (`lend_cores`)."""
+        if self.cores is not None:
+            self.cores.follow()
 
     def startup_marks(self) -> dict[str, float]:
         """When this engine's process started, its imports ended and its model was loaded
@@ -170,7 +185,7 @@ class HFRolloutEngine:
         ]
         fits = [i for i, p in enumerate(prompts) if self._budget(len(p), params.max_tokens) > 0]
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
-        with self._busy():
+        with self._busy(), self._sampling():
             for start in range(0, len(fits), per_chunk):
                 chunk = fits[start : start + per_chunk]
                 got = self._generate_batch(
@@ -225,6 +240,7 @@ class HFRolloutEngine:
         )
         # 2.  # logits [B, V] -> [B*n, V]
         n = params.n
+        self._follow()
         dec = decoders.decoder_for(self.model, self.cache_kw, max_new, lean=self.lean_decode)
         logits = dec.prefill(input_ids, attention, positions, n)
         rows = len(prompts) * n
@@ -262,6 +278,7 @@ class HFRolloutEngine:
                 alive, tok = alive[keep], tok[keep]
             if t + 1 == max_new:
                 break
+            self._follow()
             logits = dec.step(tok)
         # 4.
         tokens, logprobs = tokens.cpu(), logprobs.cpu()

@@ -99,6 +99,8 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     # team, common.compute); otherwise each side computes on its own thread with its part
     kwargs["trim_when_idle"] = not cfg.cluster.one_process
     lane = compute_lane() if cfg.cluster.one_process and in_lockstep(cfg) else None
+    # overlapping sides of one process lend each other their idle cores (common.core_shares)
+    kwargs["lend_cores"] = cfg.cluster.one_process and lane is None
     replica_seeds = [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)]
     return [
         InThread(

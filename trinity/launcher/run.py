@@ -22,6 +22,7 @@ from rich.console import Console
 
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import storage_class
+from trinity.common.core_shares import REPRODUCIBLE_MKL
 from trinity.common.memory import GB, TreePssSampler
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import node_resources, on_node, run_nodes
@@ -180,6 +181,8 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     t0 = time.perf_counter()
     startup = StartupMarks()  # the start-up timeline (common.startup), from this process's start
     startup.mark("config")  # the CLI loaded and checked the config before calling this
+    if lends_cores(config):  # a local Ray's workers inherit it (common.core_shares)
+        os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_MKL)
     joined = init_ray(config.cluster.ray_address, run_namespace(config))
     startup.mark("ray")
     pss = TreePssSampler(os.getpid()).start()
@@ -263,6 +266,16 @@ def run(config: Any, console: Console | None = None) -> RunResult:
     write_summary(result, run_dir / summary_name, joined)
     print_summary(result, console, joined)
     return result
+
+
+def lends_cores(config: Any) -> bool:
+    """Whether a stage of this run has an explorer and a trainer computing at once in one
+    process, which lend each other their idle cores (`common.core_shares`); only such a run
+    asks MKL for results independent of the thread count (in lockstep each side computes
+    alone, with MKL's default code paths, bit for bit as a run of several processes)."""
+    return config.cluster.one_process and any(
+        not in_lockstep(stage) for stage in stage_configs(config)
+    )
 
 
 def _task_events_flush_s() -> float:

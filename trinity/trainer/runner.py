@@ -10,9 +10,10 @@ import ray
 
 from trinity.buffer.storage import BufferClosed
 from trinity.common.compute import compute_lane
+from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
-from trinity.config.resolved import resolve
+from trinity.config.resolved import in_lockstep, resolve
 from trinity.models.loading import BUILD_LOCK, distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
@@ -58,6 +59,7 @@ class TrainerRunner:
         # the trainer's torch work runs on one thread, whichever of the actor's threads calls
         # (common.compute: one OpenMP team per process, and its thread count applies)
         self.lane = compute_lane()
+        self.cores: CorePart | None = None  # lent cores (`_build`)
 
     def prepare(
         self, total_steps: int | None, use_dataset: bool, started_at: float | None = None
@@ -83,11 +85,27 @@ class TrainerRunner:
         return {"dataset_size": size}
 
     def _build(self, total_steps: int | None) -> Trainer:
-        """The trainer (on the lane), while no other model of this process builds."""
+        """The trainer (on the lane), while no other model of this process builds. In a
+        one-process run whose sides overlap, its threads are a part of the process's cores
+        that it lends while it does not train (`common.core_shares`)."""
         with BUILD_LOCK:  # engines in this process (cluster.one_process) build one at a time
+            import torch
+
             from trinity.trainer.trainer import Trainer
 
-            return Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
+            trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
+        if self.cfg.cluster.one_process and not in_lockstep(self.cfg):
+            self.cores = core_shares().join(torch.get_num_threads())
+            follow_hooks(trainer.model, self.cores)
+        return trainer
+
+    def _train_step(self, exps: list[Any]) -> dict[str, float]:
+        """One train step (on the lane), its cores marked in use (`common.core_shares`)."""
+        if self.cores is None:
+            return self.trainer.train_step(exps)
+        with self.cores.active():
+            self.cores.follow()
+            return self.trainer.train_step(exps)
 
     def run(
         self,
@@ -165,7 +183,7 @@ class TrainerRunner:
                 # 2.
                 step += 1
                 versions = [e.model_version for e in exps]
-                metrics = self.lane.run(self.trainer.train_step, exps)
+                metrics = self.lane.run(self._train_step, exps)
                 if self.dataset is None:  # rollouts (a dataset's rows have no version)
                     metrics.update(staleness_metrics(versions, trained_with=step - 1))
                 metrics["timing/train_wait_buffer"] = wait
