@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,10 @@ def test_an_idle_part_lends_its_threads_to_the_active_ones():
     shares.leave(big)
     with engine.active():
         assert engine.now() == 2
+    del trainer  # its owner is gone (a finished stage's trainer): nothing left to lend
+    gc.collect()
+    with engine.active():
+        assert engine.now() == 1
 
 
 def test_without_lending_each_part_keeps_its_own():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -87,7 +88,9 @@ class CoreShares:
     def __init__(self, lend: bool | None = None) -> None:
         """`lend`: lend idle parts' threads (default: where `lending_is_reproducible`)."""
         self.lock = threading.Lock()
-        self.parts: list[CorePart] = []
+        # held weakly: a part ends with its owner (an engine or trainer of a finished stage),
+        # and must not lend threads nobody gave back
+        self.parts: weakref.WeakSet[CorePart] = weakref.WeakSet()
         self._lend = lend
 
     def lends(self) -> bool:
@@ -98,13 +101,12 @@ class CoreShares:
     def join(self, threads: int) -> CorePart:
         part = CorePart(self, threads)
         with self.lock:
-            self.parts.append(part)
+            self.parts.add(part)
         return part
 
     def leave(self, part: CorePart) -> None:
         with self.lock:
-            if part in self.parts:
-                self.parts.remove(part)
+            self.parts.discard(part)
 
     def threads_for(self, part: CorePart) -> int:
         if not self.lends():
