@@ -9,6 +9,7 @@ what the same run with an explorer and a trainer process trains, and never start
 from __future__ import annotations
 
 import pytest
+import torch
 from test_e2e import assert_same_on_policy_training
 from test_in_explorer_engine import memory_sync_runs
 
@@ -177,3 +178,21 @@ def test_only_a_run_whose_sides_overlap_in_one_process_lends_cores():
     assert lends_cores(_cfg(synchronizer={"sync_offset": 1}))
     assert not lends_cores(_cfg())  # on-policy lockstep: each side alone on the lane
     assert not lends_cores(_cfg(synchronizer={"sync_offset": 1}, cluster={"one_process": False}))
+
+
+@pytest.mark.slow  # two whole runs (about 50 s on 2 cores)
+def test_a_one_step_off_run_in_one_process_repeats_bit_for_bit(tmp_path, tiny_model_dir):
+    """Engine and trainer overlap, one thread each, and lend each other their cores while idle
+    (`common.core_shares`): which thread count an op runs with then depends on timing, and the
+    same run twice must still train the same (losses, rewards, versions, final weights)."""
+    off = [
+        "explorer.rollout_model.in_explorer_process=true",
+        "cluster.one_process=true",
+        "synchronizer.sync_offset=1",
+    ]
+    runs, _ = memory_sync_runs(tmp_path, tiny_model_dir, {"first": off, "second": off})
+    a, b = runs["first"], runs["second"]
+    assert [v for *_, v in a["steps"].values()] == [0, 0, 1]  # one step off
+    assert b["steps"] == a["steps"] and b["eval"] == a["eval"]
+    for k, w in a["weights"].items():
+        assert torch.equal(w, b["weights"][k]), k
