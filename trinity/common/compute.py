@@ -58,14 +58,20 @@ class ComputeLane:
         return self.submit(fn, *args, **kwargs).result()
 
 
-_lane: ComputeLane | None = None
-_made = threading.Lock()
+def per_process(make: Callable[[], T]) -> Callable[[], T]:
+    """A function returning the process's one `make()`, made on the first call (whichever
+    thread calls first; the others wait for it)."""
+    made: list[T] = []
+    lock = threading.Lock()
+
+    def get() -> T:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return get
 
 
-def compute_lane() -> ComputeLane:
-    """This process's compute lane (one per process: every model user in it shares it)."""
-    global _lane
-    with _made:
-        if _lane is None:
-            _lane = ComputeLane()
-        return _lane
+compute_lane = per_process(ComputeLane)
+"""This process's compute lane (one per process: every model user in it shares it)."""

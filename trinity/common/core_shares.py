@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from trinity.common.compute import per_process
+
 REPRODUCIBLE_MKL = "AUTO,STRICT"  # MKL_CBWR's value that makes results independent of threads
 
 
@@ -115,17 +117,8 @@ class CoreShares:
             return part.threads + sum(p.threads for p in self.parts if p is not part and not p.busy)
 
 
-_shares: CoreShares | None = None
-_made = threading.Lock()
-
-
-def core_shares() -> CoreShares:
-    """This process's core shares (one per process)."""
-    global _shares
-    with _made:
-        if _shares is None:
-            _shares = CoreShares()
-        return _shares
+core_shares = per_process(CoreShares)
+"""This process's core shares (one per process)."""
 
 
 def follow_hooks(model: Any, part: CorePart) -> list[Any]:

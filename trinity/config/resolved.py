@@ -108,6 +108,13 @@ def in_lockstep(cfg: TrinityConfig) -> bool:
     return r.sync_interval == 1 and r.sync_offset == 0
 
 
+def overlaps_in_one_process(cfg: TrinityConfig) -> bool:
+    """Whether the stage's trainer and rollout engines compute at once in one process
+    (`cluster.one_process`, not `in_lockstep`): each on a thread of its own, lending the other
+    its cores while idle (`common.core_shares`)."""
+    return cfg.cluster.one_process and not in_lockstep(cfg)
+
+
 def samples_per_task(cfg: TrinityConfig) -> list[int]:
     """The distinct group sizes (experiences per task) of the training tasksets, in order: each
     taskset's `rollout_args.n`, else its `repeat_times`, else `algorithm.repeat_times` (as the

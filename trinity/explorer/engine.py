@@ -103,7 +103,8 @@ class HFRolloutEngine:
 
         self.startup = StartupMarks("engine")  # its process start, its imports done
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        threads = num_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)
@@ -111,7 +112,6 @@ class HFRolloutEngine:
         self.model.requires_grad_(False)
         self.cache_kw = cache_kwarg(self.model)
         self.lean_decode = lean_decode
-        threads = num_threads or os.cpu_count() or 1
         self.cores = core_shares().join(threads) if lend_cores else None
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len

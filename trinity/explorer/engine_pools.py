@@ -22,7 +22,13 @@ from trinity.common.placement import on_node
 from trinity.common.resources import Share
 from trinity.common.rollout import engine_class
 from trinity.config import seeds
-from trinity.config.resolved import BEST_ENGINE, engines_in_explorer, in_lockstep, resolve
+from trinity.config.resolved import (
+    BEST_ENGINE,
+    engines_in_explorer,
+    in_lockstep,
+    overlaps_in_one_process,
+    resolve,
+)
 from trinity.explorer.auxiliary import auxiliary_limits, served_auxiliary
 from trinity.explorer.in_process import InThread
 from trinity.models.loading import BUILD_LOCK
@@ -100,7 +106,7 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     kwargs["trim_when_idle"] = not cfg.cluster.one_process
     lane = compute_lane() if cfg.cluster.one_process and in_lockstep(cfg) else None
     # overlapping sides of one process lend each other their idle cores (common.core_shares)
-    kwargs["lend_cores"] = cfg.cluster.one_process and lane is None
+    kwargs["lend_cores"] = overlaps_in_one_process(cfg)
     replica_seeds = [seeds.engine_seed(cfg, i) for i in range(rm.engine_num)]
     return [
         InThread(

@@ -32,7 +32,7 @@ from trinity.common.service_host import HOST_CONCURRENCY, ServiceHost, hosted
 from trinity.common.shared import RunName
 from trinity.common.startup import StartupMarks, process_started_at, timeline
 from trinity.config import format_batch_table, resolve, seeds, stage_configs
-from trinity.config.resolved import in_lockstep
+from trinity.config.resolved import in_lockstep, overlaps_in_one_process
 from trinity.config.run_folder import (
     fresh_name,
     has_content,
@@ -273,9 +273,7 @@ def lends_cores(config: Any) -> bool:
     process, which lend each other their idle cores (`common.core_shares`); only such a run
     asks MKL for results independent of the thread count (in lockstep each side computes
     alone, with MKL's default code paths, bit for bit as a run of several processes)."""
-    return config.cluster.one_process and any(
-        not in_lockstep(stage) for stage in stage_configs(config)
-    )
+    return any(overlaps_in_one_process(stage) for stage in stage_configs(config))
 
 
 def _task_events_flush_s() -> float:

@@ -178,7 +178,9 @@ class LeanDecoder:
 
     # -- the forward ------------------------------------------------------------------------------
 
-    def _attend(self, attn: Any, h: Tensor, cos: Tensor, sin: Tensor, layer: int, mask: Tensor):
+    def _attend(
+        self, attn: Any, h: Tensor, cos: Tensor, sin: Tensor, layer: int, mask: Tensor
+    ) -> Tensor:
         """Self-attention of h [b, t, D] at columns length-t..length, the cache updated."""
         b, t, _ = h.shape
         shape = (b, t, -1, attn.head_dim)

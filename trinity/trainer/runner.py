@@ -13,7 +13,7 @@ from trinity.common.compute import compute_lane
 from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
-from trinity.config.resolved import in_lockstep, resolve
+from trinity.config.resolved import overlaps_in_one_process, resolve
 from trinity.models.loading import BUILD_LOCK, distinct_tensors
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
@@ -94,7 +94,7 @@ class TrainerRunner:
             from trinity.trainer.trainer import Trainer
 
             trainer = Trainer(self.cfg, self.model_path, total_steps, self.num_threads)
-        if self.cfg.cluster.one_process and not in_lockstep(self.cfg):
+        if overlaps_in_one_process(self.cfg):
             self.cores = core_shares().join(torch.get_num_threads())
             follow_hooks(trainer.model, self.cores)
         return trainer
