@@ -13,6 +13,7 @@ import torch
 from trinity.models import lean_decode
 from trinity.models.forward import cache_kwarg
 from trinity.models.lean_decode import HFDecoder, LeanDecoder, decoder_for, lean_support
+from trinity.models.packed_weights import packed_layers
 
 SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=97)
 
@@ -69,15 +70,19 @@ def _run(dec, steps: int, n: int, drops: dict[int, list[int]]) -> list[torch.Ten
         ("qwen2", {}),
         ("llama", {}),
         ("llama", {"num_key_value_heads": 4}),  # no grouping
+        ("llama", {"attention_bias": True, "mlp_bias": True}),  # every projection biased
         ("qwen3", {"head_dim": 32}),  # q_norm / k_norm, head_dim != hidden / heads
     ],
 )
-def test_lean_logits_match_the_models_forward(family, extra):
+@pytest.mark.parametrize("packed", [False, True], ids=["modules", "packed"])
+def test_lean_logits_match_the_models_forward(family, extra, packed):
+    """Both step paths: through the model's modules, and from its packed weights."""
     model = _model(family, **extra)
     assert lean_support(model) is None
     drops = {2: [0, 2, 3, 5, 6, 8], 5: [1, 4, 5]}  # 9 rows (3 prompts x 3), then 6, then 3
     with torch.inference_mode():
-        lean = _run(LeanDecoder(model, room=12), 10, 3, drops)
+        packs = packed_layers(model) if packed else None
+        lean = _run(LeanDecoder(model, room=12, packs=packs), 10, 3, drops)
         ref = _run(HFDecoder(model, cache_kwarg(model)), 10, 3, drops)
     assert [t.shape for t in lean] == [t.shape for t in ref]
     assert [t.shape[0] for t in lean] == [9, 9, 9, 6, 6, 6, 3, 3, 3, 3, 3]
@@ -85,11 +90,12 @@ def test_lean_logits_match_the_models_forward(family, extra):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"step {step}")
 
 
-def test_the_cache_grows_past_its_first_block(monkeypatch):
+@pytest.mark.parametrize("packed", [False, True], ids=["modules", "packed"])
+def test_the_cache_grows_past_its_first_block(monkeypatch, packed):
     monkeypatch.setattr(lean_decode, "GROW", 3)  # capacity: prompt + 3, then + 3 at a time
     model = _model("qwen2")
     with torch.inference_mode():
-        dec = LeanDecoder(model, room=20)
+        dec = LeanDecoder(model, room=20, packs=packed_layers(model) if packed else None)
         lean = _run(dec, 11, 2, {4: [1, 2, 5]})
         ref = _run(HFDecoder(model, cache_kwarg(model)), 11, 2, {4: [1, 2, 5]})
     assert dec.mask.shape[1] == 7 + 12  # width 7, grown four times by 3 for 11 tokens

@@ -42,22 +42,24 @@ def test_split_by_hand():
     assert s.inverse.tolist() == [1, 1, 0, 2]
     assert s.prefix_ids.tolist() == [[0, 5, 6], [5, 6, 7], [0, 0, 9]]  # left-padded
     assert s.prefix_mask.tolist() == [[0, 1, 1], [1, 1, 1], [0, 0, 1]]
-    # suffix = the last prompt token, then the response; right-padded to the longest (4)
-    assert s.suffix_ids.tolist() == [[8, 20, 21, 0], [8, 22, 0, 0], [8, 23, 24, 25], [9, 0, 0, 0]]
-    assert s.suffix_mask.sum(dim=1).tolist() == [3, 2, 4, 1]
+    # suffix = the last prompt token, then the response but its last token (it predicts
+    # nothing); right-padded to the longest (3); row 3 has nothing to predict: all padding
+    assert s.suffix_ids.tolist() == [[8, 20, 0], [8, 0, 0], [8, 23, 24], [0, 0, 0]]
+    assert s.suffix_mask.sum(dim=1).tolist() == [2, 1, 3, 0]
     assert s.suffix_start.tolist() == [3, 3, 2, 1]  # the position of the last prompt token
-    assert s.positions == 3 * 3 + 4 * 4  # against one pass's 4 rows × 6 columns
+    assert s.positions == 3 * 3 + 4 * 3  # against one pass's 4 rows × 5 columns (all but last)
 
 
 def test_one_token_prompt_and_distinct_prompts_take_one_pass():
     batch = collate([exp([5], [6, 7]), exp([5], [8])], pad_id=0)
     assert split_prefixes(batch.input_ids, batch.attention_mask, batch.valid_mask.sum(1)) is None
-    # 4 distinct 6-token prompts, 3-token replies: 4·5 + 4·4 = 36 positions of one pass's 36
+    # 4 distinct 6-token prompts, 3-token replies: 4·5 + 4·3 = 32 positions of one pass's 32
+    # (4 rows × 8 columns, the last of 9 left out)
     rows = [exp([i] * 6, [1, 2, 3], task=i) for i in range(4)]
     batch = collate(rows, pad_id=0)
     split = split_prefixes(batch.input_ids, batch.attention_mask, batch.valid_mask.sum(1))
-    assert split is not None and split.positions == 36
-    assert not worth_sharing(split, batch.input_ids.numel())
+    assert split is not None and split.positions == 32
+    assert not worth_sharing(split, batch.input_ids[:, :-1].numel())
 
 
 def grpo_batch(vocab: int, seed: int = 0):

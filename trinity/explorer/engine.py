@@ -241,7 +241,9 @@ class HFRolloutEngine:
         # 2.  # logits [B, V] -> [B*n, V]
         n = params.n
         self._follow()
-        dec = decoders.decoder_for(self.model, self.cache_kw, max_new, lean=self.lean_decode)
+        dec = decoders.decoder_for(
+            self.model, self.cache_kw, max_new, lean=self.lean_decode, version=self.model_version
+        )
         logits = dec.prefill(input_ids, attention, positions, n)
         rows = len(prompts) * n
         alive = torch.arange(rows, device=self.device)  # original row of each live row

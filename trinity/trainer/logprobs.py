@@ -62,20 +62,16 @@ def response_states(
     backbone: torch.nn.Module, batch: Batch, share_prefix: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone's last hidden states and, for each response token, the column [B, R] whose
-    state predicts it: one pass over the batch, or the shared-prefix passes where they pay
+    state predicts it: one pass over the batch but its last column (a sequence's last token
+    predicts nothing, and no state attends to it), or the shared-prefix passes where they pay
     (not under gradient checkpointing, whose recomputing layers drop the KV cache)."""
+    ids, attention = batch.input_ids[:, :-1], batch.attention_mask[:, :-1]  # [B, T - 1]
     if share_prefix and not (torch.is_grad_enabled() and checkpointing(backbone)):
         split = split_prefixes(batch.input_ids, batch.attention_mask, batch.valid_mask.sum(dim=1))
-        cache = (
-            attention_only_cache(backbone)
-            if worth_sharing(split, batch.input_ids.numel())
-            else None
-        )
+        cache = attention_only_cache(backbone) if worth_sharing(split, ids.numel()) else None
         if split is not None and cache is not None:
             hidden = shared_prefix_forward(backbone, split, cache, cache_kwarg(backbone))
             cols = torch.arange(batch.valid_mask.shape[1], device=hidden.device)
             return hidden, cols.expand_as(batch.response_pos)  # response token r at suffix r
-    hidden = backbone(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-    ).last_hidden_state
+    hidden = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     return hidden, batch.response_pos

@@ -6,9 +6,11 @@ of every sample of a group is the same computation. The trainer's logprob passes
 update, the reference and old logprobs) split each row i (prompt length p_i, response length m_i)
 at its last prompt token:
 
-    prefix_i = tokens[: p_i - 1]            shared: one row per distinct prefix
-    suffix_i = tokens[p_i - 1 : p_i + m_i]  per row: the last prompt token predicts response
-                                            token 0, so every state the LM head reads is here
+    prefix_i = tokens[: p_i - 1]                shared: one row per distinct prefix
+    suffix_i = tokens[p_i - 1 : p_i + m_i - 1]  per row: the last prompt token predicts response
+                                                token 0, so every state the LM head reads is
+                                                here; the last response token predicts nothing
+                                                and, being last, feeds no other state: left out
 
 1. distinct prefixes (`torch.unique` over the rows), left-padded into [U, Lp]: one pass fills a
    KV cache; positions count real tokens, so a prefix's positions are 0 .. p_i - 2 as in one pass
@@ -17,11 +19,12 @@ at its last prompt token:
 3. the suffixes, right-padded into [B, Ls] at positions p_i - 1 .., attend to their prefix's
    cache and themselves: hidden [B, Ls, H], response token r of row i read at [i, r]
 
-The result equals one pass over [B, T] up to float rounding (other matmul shapes: 1e-6 relative
-on the tiny models, tests/test_prefix.py). It is how the rollout engine prefills (one prefill per
-prompt, its cache fanned out to the samples); here it also holds under gradients. The work falls
-from B·T positions to U·Lp + B·Ls: for GRPO's 16 prompts × 8 samples of `make bench` (16-token
-prompts, 32-token replies) from 6,144 to 4,464 positions. `trainer.share_prompt_prefix: false`
+The result equals one pass over [B, T - 1] (the last column, too, predicts nothing) up to float
+rounding (other matmul shapes: 1e-6 relative on the tiny models, tests/test_prefix.py). It is how
+the rollout engine prefills (one prefill per prompt, its cache fanned out to the samples); here
+it also holds under gradients. The work falls from B·(T - 1) positions to U·Lp + B·Ls: for
+GRPO's 16 prompts × 8 samples of `make bench` (16-token prompts, 32-token replies) from 6,016 to
+4,336 positions. `trainer.share_prompt_prefix: false`
 turns it off; it is also off under gradient checkpointing (a recomputing layer drops the cache)
 and where a prompt is one token long (nothing to share, and an all-padding prefix row).
 """
@@ -81,8 +84,8 @@ def split_prefixes(
     src = col[None, :width] - (width - plen[:, None])  # [U, Lp]: source column, < 0 on padding
     prefix_mask = (src >= 0).long()
     prefix_ids = distinct.gather(1, src.clamp(min=0)) * prefix_mask
-    # 3. suffixes: tokens cut_i .. lengths_i - 1, right-padded
-    slen = lengths - cut  # [B] = m_i + 1
+    # 3. suffixes: tokens cut_i .. lengths_i - 2, right-padded
+    slen = lengths - cut - 1  # [B] = m_i
     ls = int(slen.max())
     offs = torch.arange(ls, device=input_ids.device)
     suffix_mask = (offs[None] < slen[:, None]).long()  # [B, Ls]
@@ -93,7 +96,7 @@ def split_prefixes(
 
 def worth_sharing(split: PrefixSplit | None, batch_positions: int) -> bool:
     """Whether a split pays: its passes' positions at most `MAX_SHARED_POSITIONS` of one pass's
-    (`batch_positions` = B·T)."""
+    (`batch_positions` = B·(T - 1))."""
     return split is not None and split.positions <= MAX_SHARED_POSITIONS * batch_positions
 
 
