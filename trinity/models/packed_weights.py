@@ -5,9 +5,10 @@
 
 A decode step multiplies a few dozen rows by every weight matrix. At that size the matrix's
 layout and the call count matter as much as the arithmetic: on the 10M-parameter benchmark model
-(32 rows, fp32, 2 CPU threads) an [out, in] `nn.Linear` weight, which BLAS reads transposed,
-took 14% longer a decode than the same numbers stored [in, out], and q, k and v (320, 64 and 64
-outputs) or gate and up as separate matmuls cost more than one matmul over their concatenation.
+(32 rows, fp32, 2 CPU threads) BLAS reads an [out, in] `nn.Linear` weight transposed, which
+cost 8-34% per matmul against the same numbers stored [in, out], and q, k and v (320, 64 and 64
+outputs) or gate and up as separate matmuls cost more than one matmul over their concatenation:
+an engine batch took 0.74 s from the modules and 0.66 s from packed weights, a repack included.
 So the lean decoder (`models.lean_decode`) multiplies by packed copies:
 
     qkv     [D, (H + 2·Hkv)·hd] = [W_q; W_k; W_v]ᵀ    (+ [b_q; b_k; b_v])
@@ -18,7 +19,7 @@ So the lean decoder (`models.lean_decode`) multiplies by packed copies:
 
 The arithmetic is the same dot products, so logits agree with the model's own modules to float
 rounding (tests/test_lean_decode.py). The cost is a second copy of the linear weights (the
-embedding excepted) while the engine exists, and a copy per weight update: 39 MB and about 10 ms
+embedding excepted) while the engine exists, and a copy per weight update: 39 MB and about 20 ms
 on that model. Packing is for CPU engines (a GPU's GEMMs do not care about the layout, and its
 memory is the scarcer) of at most `MAX_PACKED_BYTES`; larger models decode from their own
 weights.
