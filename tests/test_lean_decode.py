@@ -35,12 +35,16 @@ def _model(family: str, **extra):
     kw.update(extra)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cls(**kw), dtype=torch.float32)
+    with torch.no_grad():  # norm weights other than ones, so that folding them in is checked
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
     return model.eval()
 
 
-def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _prompts(lengths=(5, 2, 7)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Three prompts of 5, 2 and 7 tokens, left-padded with 0: ids, attention, positions."""
-    lengths, width = [5, 2, 7], 7
+    width = max(lengths)
     g = torch.Generator().manual_seed(1)
     ids = torch.zeros(3, width, dtype=torch.long)
     attention = torch.zeros(3, width, dtype=torch.long)
@@ -50,9 +54,9 @@ def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
 
 
-def _run(dec, steps: int, n: int, drops: dict[int, list[int]]) -> list[torch.Tensor]:
+def _run(dec, steps: int, n: int, drops: dict[int, list[int]], lengths=(5, 2, 7)) -> list:
     """Prefill, then `steps` greedy steps; at step t keep only the rows `drops[t]`."""
-    ids, attention, positions = _prompts()
+    ids, attention, positions = _prompts(lengths)
     out = [dec.prefill(ids, attention, positions, n)]
     for t in range(steps):
         tok = out[-1].argmax(-1)
@@ -88,6 +92,19 @@ def test_lean_logits_match_the_models_forward(family, extra, packed):
     assert [t.shape[0] for t in lean] == [9, 9, 9, 6, 6, 6, 3, 3, 3, 3, 3]
     for step, (a, b) in enumerate(zip(lean, ref, strict=True)):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["modules", "packed"])
+def test_prompts_of_one_length_need_no_mask(packed):
+    """No row has padding: the steps attend without a mask, to the same logits."""
+    model = _model("qwen2")
+    with torch.inference_mode():
+        dec = LeanDecoder(model, room=8, packs=packed_layers(model) if packed else None)
+        lean = _run(dec, 6, 2, {3: [0, 3, 4]}, lengths=(4, 4, 4))
+        ref = _run(HFDecoder(model, cache_kwarg(model)), 6, 2, {3: [0, 3, 4]}, lengths=(4, 4, 4))
+    assert not dec.padded
+    for a, b in zip(lean, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["modules", "packed"])

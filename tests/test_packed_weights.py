@@ -95,10 +95,40 @@ def test_large_models_decode_from_their_own_weights(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_matches_the_module(dtype):
-    model = _model()
-    norm = model.model.norm.to(dtype)
+def test_a_norm_in_front_is_folded_in_fp32_and_kept_otherwise(dtype):
+    """pack(q, k, norm=n)(x) = [q(n(x)), k(n(x))]: in fp32 the norm's weight is folded into the
+    packed rows and its 1/rms scales the output; other dtypes run the norm module first."""
+    model = _model().to(dtype)
+    layer = model.model.layers[0]
+    norm, q, k = layer.input_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
-    x = torch.randn(3, 64, dtype=dtype)
-    torch.testing.assert_close(packed_weights.rms_norm(norm, x), norm(x), atol=0, rtol=0)
+        p = pack(q, k, norm=norm)
+        x = 3 * torch.randn(5, 64, dtype=dtype)
+        want = torch.cat([q(norm(x)), k(norm(x))], dim=-1)
+    if dtype == torch.float32:
+        assert p.eps == norm.variance_epsilon and p.norm is None
+        torch.testing.assert_close(p.weight[:, :64], norm.weight[:, None] * q.weight.t())
+        torch.testing.assert_close(p(x), want, atol=1e-5, rtol=1e-5)
+    else:
+        assert p.eps is None and p.norm is norm
+        torch.testing.assert_close(p(x), want, atol=2e-2, rtol=2e-2)  # bf16 sums in any order
+
+
+def test_add_to_is_the_residual_plus_the_projection():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 4)
+    x, base = torch.randn(3, 6), torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(pack(lin).add_to(base, x), base + lin(x))
+
+
+def test_a_norm_weight_update_repacks():
+    """The folded norm weights are sources too: a step on them makes a new pack."""
+    model = _model()
+    first = packed_layers(model, version=0)
+    with torch.no_grad():
+        model.model.layers[0].post_attention_layernorm.weight.mul_(2.0)
+    second = packed_layers(model, version=0)
+    assert second is not first
+    torch.testing.assert_close(second.layers[0].gate_up.weight, 2 * first.layers[0].gate_up.weight)

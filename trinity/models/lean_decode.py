@@ -173,6 +173,7 @@ class LeanDecoder:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.mask = torch.empty(0, dtype=torch.bool)
+        self.padded = True  # whether a row has padding columns to mask out
         self.length = 0
         self.next_pos = torch.empty(0)
 
@@ -241,32 +242,46 @@ class LeanDecoder:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.backbone.norm(x[:, -1:])
 
-    def _packed_step(self, tokens: Tensor, mask: Tensor) -> Tensor:
+    def _packed_step(self, tokens: Tensor, mask: Tensor | None) -> Tensor:
         """`_forward` of one token per row [b] from the packed weights, on [b, features]
-        tensors: the last hidden states [b, D]. The rotary embedding is the Llama layout's
-        (`apply_rotary_pos_emb`: x·cos + rotate_half(x)·sin), applied to q and k at once."""
+        tensors: the last hidden states [b, D], before the final norm (the head's pack holds
+        it). Few ops between the matmuls, each of which costs more than its arithmetic here
+        (`models.packed_weights`): the norms folded into the projections, the residuals added
+        by the matmuls, the rotary embedding applied to q and k at once as
+        v·cos + roll(v, hd/2)·sin' (rotate_half(v) = roll(v, hd/2) with the first half negated,
+        so sin' is sin with its first half negated, once per step), and each KV head's group of
+        query heads attending as that head's queries."""
         assert self.packs is not None
-        norm = packed_weights.rms_norm
         b, col = len(tokens), self.length - 1
         x = self.backbone.embed_tokens(tokens)  # [b, D]
         cos, sin = self.backbone.rotary_emb(x, self.next_pos)  # [b, 1, hd]: one for all heads
+        half = cos.shape[-1] // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         for i, (layer, packed) in enumerate(zip(self.layers, self.packs.layers, strict=True)):
             attn, mlp = layer.self_attn, layer.mlp
             hd = attn.head_dim
             heads, qk_out = attn.q_proj.out_features // hd, packed.qk_out
-            qkv = packed.qkv(norm(layer.input_layernorm, x))  # [b, (H + 2·Hkv)·hd]
+            qkv = packed.qkv(x)  # [b, (H + 2·Hkv)·hd]
             qk = qkv[:, :qk_out].view(b, -1, hd)  # [b, H + Hkv, hd]
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
                 qk = torch.cat([attn.q_norm(qk[:, :heads]), attn.k_norm(qk[:, heads:])], dim=1)
-            half = hd // 2
-            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)
             self.keys[i][:, :, col] = qk[:, heads:]
             self.values[i][:, :, col] = qkv[:, qk_out:].view(b, -1, hd)
-            out = self._sdpa(attn, qk[:, :heads, None], i, mask)  # [b, H, 1, hd]
-            x = x + packed.o(out.view(b, -1))
-            gate_up = packed.gate_up(norm(layer.post_attention_layernorm, x))  # [b, 2·I]
-            x = x + packed.down(mlp.act_fn(gate_up[:, : packed.inner]) * gate_up[:, packed.inner :])
-        return norm(self.backbone.norm, x)
+            kv_heads = self.keys[i].shape[1]
+            q = qk[:, :heads].view(b, kv_heads, heads // kv_heads, hd)  # [b, Hkv, H/Hkv, hd]
+            out = F.scaled_dot_product_attention(
+                q,
+                self.keys[i][:, :, : self.length],
+                self.values[i][:, :, : self.length],
+                attn_mask=mask,
+                scale=attn.scaling,
+            )
+            x = packed.o.add_to(x, out.view(b, -1))
+            gate_up = packed.gate_up(x)  # [b, 2·I]
+            act = mlp.act_fn(gate_up[:, : packed.inner]).mul_(gate_up[:, packed.inner :])
+            x = packed.down.add_to(x, act)
+        return x
 
     def prefill(self, input_ids: Tensor, attention: Tensor, positions: Tensor, n: int) -> Tensor:
         rows, width = input_ids.shape
@@ -282,6 +297,7 @@ class LeanDecoder:
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.mask = torch.zeros(rows, cap, dtype=torch.bool, device=device)
         self.mask[:, :width] = attention.bool()
+        self.padded = not bool(self.mask[:, :width].all())  # else every row sees every column
         self.length = width
         # causal over the real tokens; a padding query sees itself only (a query that sees
         # nothing would give NaN, and NaN values leak through a zero attention weight)
@@ -303,7 +319,7 @@ class LeanDecoder:
         self.length += 1
         mask = self.mask[:, None, None, : self.length]  # [b, 1, 1, length]
         if self.packs is not None:
-            logits = self.packs.head(self._packed_step(tokens, mask))
+            logits = self.packs.head(self._packed_step(tokens, mask if self.padded else None))
         else:
             logits = self.model.lm_head(self._forward(tokens[:, None], self.next_pos, mask))[:, -1]
         self.next_pos = self.next_pos + 1

@@ -1,7 +1,8 @@
 """The decode steps' weights, packed: each layer's projections as [in, out] blocks, fused.
 
     packs = packed_layers(model, version)   # per decoder layer, rebuilt when the weights change
-    qkv = packs[l].qkv(h)                   # one matmul for q, k and v: [.., (H + 2·Hkv)·hd]
+    qkv = packs[l].qkv(x)                   # input_layernorm, then q, k and v in one matmul
+    x = packs[l].o.add_to(x, attn)          # the residual added by the matmul itself
 
 A decode step multiplies a few dozen rows by every weight matrix. At that size the matrix's
 layout and the call count matter as much as the arithmetic: on the 10M-parameter benchmark model
@@ -11,22 +12,30 @@ outputs) or gate and up as separate matmuls cost more than one matmul over their
 an engine batch took 0.74 s from the modules and 0.66 s from packed weights, a repack included.
 So the lean decoder (`models.lean_decode`) multiplies by packed copies:
 
-    qkv     [D, (H + 2·Hkv)·hd] = [W_q; W_k; W_v]ᵀ    (+ [b_q; b_k; b_v])
+    qkv     [D, (H + 2·Hkv)·hd] = diag(w_in)·[W_q; W_k; W_v]ᵀ    (+ [b_q; b_k; b_v])
     o       [H·hd, D]          = W_oᵀ
-    gate_up [D, 2·I]           = [W_gate; W_up]ᵀ
+    gate_up [D, 2·I]           = diag(w_post)·[W_gate; W_up]ᵀ
     down    [I, D]             = W_downᵀ
-    head    [D, V]             = W_lm_headᵀ
+    head    [D, V]             = diag(w_final)·W_lm_headᵀ
 
-The arithmetic is the same dot products, so logits agree with the model's own modules to float
-rounding (tests/test_lean_decode.py). The cost is a second copy of the linear weights (the
-embedding excepted) while the engine exists, and a copy per weight update: 39 MB and about 20 ms
-on that model. Packing is for CPU engines (a GPU's GEMMs do not care about the layout, and its
-memory is the scarcer) of at most `MAX_PACKED_BYTES`; larger models decode from their own
-weights.
+Every op between two matmuls costs far more than its arithmetic: a matmul streams megabytes of
+weights through the core's cache, and the small op that follows finds its code and data gone (an
+RMSNorm of [32, 320] took 18 µs in a loop, 80-100 µs right after a matmul). So the packs take
+ops out: each RMSNorm before a projection is folded into it. With s = 1 / sqrt(mean(x²) + eps)
+per row, RMSNorm(x)·W = s ⊙ (x·diag(w)·W): the norm's weight w scales the packed rows once, and
+the step scales each output row by s (`inv_rms`), one small op in place of the norm's five. That
+is only the same arithmetic to float rounding in fp32 (elsewhere the module rounds to its dtype
+before scaling), so other dtypes keep the norm module in front of the matmul (`Packed.norm`).
+
+The logits agree with the model's own modules to float rounding (tests/test_lean_decode.py). The
+cost is a second copy of the linear weights (the embedding excepted) while the engine exists, and
+a copy per weight update: 39 MB and about 20 ms on that model. Packing is for CPU engines (a
+GPU's GEMMs do not care about the layout, and its memory is the scarcer) of at most
+`MAX_PACKED_BYTES`; larger models decode from their own weights.
 
 The packs are kept per model and rebuilt when any source weight changes: a stamp of each source
-tensor's storage address and in-place version counter, plus the engine's weights version (a sync
-that maps the same memory, where neither moves, still bumps it).
+tensor's storage address and in-place version counter (the projections' and the norms'), plus the
+engine's weights version (a sync that maps the same memory, where neither moves, still bumps it).
 """
 
 from __future__ import annotations
@@ -37,27 +46,49 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 # pack only models whose packed copy stays under this: the copy is the memory price of the gain
 MAX_PACKED_BYTES = 512 * 1024**2
 
 
+def inv_rms(x: Tensor, eps: float) -> Tensor:
+    """[rows, 1]: 1 / sqrt(mean(x²) + eps) of each row of x [rows, D] (RMSNorm's scale)."""
+    return x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+
+
 @dataclass(frozen=True)
 class Packed:
-    """y = x @ weight (+ bias): weight [in, out], contiguous."""
+    """y = N(x) @ weight (+ bias), weight [in, out] contiguous, where N is the RMSNorm in front
+    of the projection: folded in when `eps` is set (`weight`'s rows already scaled by the
+    norm's weight, so y = inv_rms(x) ⊙ (x @ weight) + bias), the `norm` module when set, else
+    none."""
 
     weight: Tensor
     bias: Tensor | None
+    eps: float | None = None
+    norm: Any = None
 
     def __call__(self, x: Tensor) -> Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        y = (
-            torch.addmm(self.bias, flat, self.weight)
-            if self.bias is not None
-            else flat @ self.weight
-        )
+        if self.eps is not None:
+            y = flat @ self.weight
+            scale = inv_rms(flat, self.eps)
+            y = torch.addcmul(self.bias, y, scale) if self.bias is not None else y.mul_(scale)
+        else:
+            if self.norm is not None:
+                flat = self.norm(flat)
+            y = (
+                torch.addmm(self.bias, flat, self.weight)
+                if self.bias is not None
+                else flat @ self.weight
+            )
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+    def add_to(self, base: Tensor, x: Tensor) -> Tensor:
+        """base + self(x) for 2-D x and base, the addition done by the matmul (no norm)."""
+        assert self.eps is None and self.norm is None, "add_to is for projections without a norm"
+        y = torch.addmm(base, x, self.weight)
+        return y.add_(self.bias) if self.bias is not None else y
 
 
 @dataclass(frozen=True)
@@ -80,8 +111,10 @@ class PackedModel:
 _PACKS: weakref.WeakKeyDictionary[Any, PackedModel] = weakref.WeakKeyDictionary()
 
 
-def pack(*linears: Any) -> Packed:
-    """The [in, Σ out] weight (and bias) of `linears` applied side by side."""
+def pack(*linears: Any, norm: Any = None) -> Packed:
+    """The [in, Σ out] weight (and bias) of `linears` applied side by side, after the RMSNorm
+    module `norm` (the Llama layout's: `weight`, `variance_epsilon`) when given: folded into the
+    weight in fp32, kept as a module otherwise."""
     first = linears[0].weight
     outs = [m.weight.shape[0] for m in linears]
     weight = first.new_empty(first.shape[1], sum(outs))
@@ -98,7 +131,23 @@ def pack(*linears: Any) -> Packed:
                 for b, m in zip(biases, linears, strict=True)
             ]
         )
-    return Packed(weight, bias)
+    if norm is None:
+        return Packed(weight, bias)
+    if _foldable(norm, weight):
+        weight.mul_(norm.weight[:, None])
+        return Packed(weight, bias, eps=float(norm.variance_epsilon))
+    return Packed(weight, bias, norm=norm)
+
+
+def _foldable(norm: Any, weight: Tensor) -> bool:
+    eps = getattr(norm, "variance_epsilon", None)
+    w = getattr(norm, "weight", None)
+    return (
+        eps is not None
+        and isinstance(w, Tensor)
+        and w.shape == weight.shape[:1]
+        and weight.dtype == w.dtype == torch.float32
+    )
 
 
 def _sources(model: Any) -> list[Any]:
@@ -107,6 +156,13 @@ def _sources(model: Any) -> list[Any]:
         a, m = layer.self_attn, layer.mlp
         mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     return mods
+
+
+def _norms(model: Any) -> list[Any]:
+    norms = [model.model.norm]
+    for layer in model.model.layers:
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    return norms
 
 
 def _stamp(t: Tensor | None) -> tuple[int, int]:
@@ -134,8 +190,10 @@ def packable(model: Any) -> bool:
 def packed_layers(model: Any, version: int = 0) -> PackedModel:
     """`model`'s packed weights for weights `version`: the cached ones while no source weight
     changed, else packed anew (the old copy freed first)."""
-    mods = _sources(model)
-    stamp = (version, *(s for m in mods for s in (_stamp(m.weight), _stamp(m.bias))))
+    tensors = [
+        t for m in _sources(model) + _norms(model) for t in (m.weight, getattr(m, "bias", None))
+    ]
+    stamp = (version, *(_stamp(t) for t in tensors))
     cached = _PACKS.get(model)
     if cached is not None and cached.stamp == stamp:
         return cached
@@ -143,25 +201,22 @@ def packed_layers(model: Any, version: int = 0) -> PackedModel:
     with torch.no_grad():
         layers = [
             PackedLayer(
-                qkv=pack(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                qkv=pack(
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                    norm=layer.input_layernorm,
+                ),
                 o=pack(layer.self_attn.o_proj),
-                gate_up=pack(layer.mlp.gate_proj, layer.mlp.up_proj),
+                gate_up=pack(
+                    layer.mlp.gate_proj, layer.mlp.up_proj, norm=layer.post_attention_layernorm
+                ),
                 down=pack(layer.mlp.down_proj),
                 qk_out=layer.self_attn.q_proj.out_features + layer.self_attn.k_proj.out_features,
                 inner=layer.mlp.gate_proj.out_features,
             )
             for layer in model.model.layers
         ]
-        packed = PackedModel(stamp, layers, pack(model.lm_head))
+        packed = PackedModel(stamp, layers, pack(model.lm_head, norm=model.model.norm))
     _PACKS[model] = packed
     return packed
-
-
-def rms_norm(norm: Any, x: Tensor) -> Tensor:
-    """`norm(x)` for the Llama layout's RMSNorm, as one call in fp32 (`F.rms_norm`: the same
-    weight · x / sqrt(mean(x²) + eps)); the module itself for other dtypes, whose rounding
-    order (upcast, normalise, downcast, then scale) `F.rms_norm` does not promise."""
-    eps = getattr(norm, "variance_epsilon", None)
-    if x.dtype != torch.float32 or eps is None:
-        return norm(x)
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
