@@ -279,7 +279,7 @@ class LeanDecoder:
                 attn_mask=mask,
                 scale=attn.scaling,
             )
-            x = packed.o.add_to(x, out.view(b, -1))
+            x = packed.o.add_to(x, out.reshape(b, -1))  # heads in order: Hkv, then group
             gate_up = packed.gate_up(x)  # [b, 2·I]
             act = mlp.act_fn(gate_up[:, : packed.inner]).mul_(gate_up[:, packed.inner :])
             x = packed.down.add_to(x, act)
