@@ -24,8 +24,8 @@ ops out: each RMSNorm before a projection is folded into it. With s = 1 / sqrt(m
 per row, RMSNorm(x)·W = s ⊙ (x·diag(w)·W): the norm's weight w scales the packed rows once, and
 the step scales each output row by s (`inv_rms`, computed on [rows, 1] but for x²'s mean), so
 no normalised copy of x is made and the weight's multiply is gone. That is only the same
-arithmetic to float rounding in fp32 (elsewhere the module rounds to its dtype
-before scaling), so other dtypes keep the norm module in front of the matmul (`Packed.norm`).
+arithmetic to float rounding in fp32 (elsewhere the module rounds to its dtype before
+scaling), so other dtypes keep the norm module in front of the matmul (`Packed.norm`).
 An engine batch of that model (4 prompts × 8 rows × 64 tokens, a repack before each batch, the
 two paths alternating in one process, medians of 20) took 0.63 s from the packs and 0.75 s from
 the modules; of the 50M-parameter preset, 2.46 s and 2.98 s (medians of 8).
