@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/vs_trl.py [--model tiny://10m] [--steps 10] [--repeats 2]
     .venv/bin/python benchmarks/vs_trl.py --model tiny://1m --steps 3 --repeats 1   # a short check
 
-Modes (`--modes`, default: the first three), each run a fresh subprocess, interleaved
-(A B C A B C ...) `--repeats` times:
+Modes (`--modes`, default: trinity sync, trinity one-step-off, trl, trl defaults), each run a
+fresh subprocess, interleaved (A B C A B C ...) `--repeats` times:
   trinity sync          `trinity run`, sync_interval 1, sync_offset 0 (on-policy lockstep)
   trinity one-step-off  the same with sync_offset 1 (the explorer samples step s+1 while the
                         trainer trains step s)
@@ -16,7 +16,15 @@ Modes (`--modes`, default: the first three), each run a fresh subprocess, interl
                         the same with `cluster.one_process`: explorer, engine, trainer and the
                         run's services are objects of one Ray worker process
   trl                   TRL's GRPOTrainer (use_cpu, no vLLM: transformers' `generate`), in
-                        `benchmarks/vs_trl.py --worker trl`, torch threads `--threads`
+                        `benchmarks/vs_trl.py --worker trl`, torch threads `--threads`,
+                        settings matched to trinity's (below)
+  trl defaults          the same with TRL's own defaults where they differ from trinity's,
+                        but fp32: gradient checkpointing on, linear lr decay (what a TRL user
+                        meets; TRL's bf16 default on CPU is left out: bf16 trains many times
+                        slower than fp32 on CPUs without native bf16 arithmetic)
+With no layout key, `trinity sync` and `trinity one-step-off` run the layout the plan chooses
+(one process on one CPU machine); `... processes` keep a process per part
+(`cluster.one_process: false`). Each trinity run's layout line is printed and kept in the JSON.
 Every mode does the same work per step: 4 prompts x 8 samples, up to 64 response tokens each,
 GRPO advantages (group mean / std), beta 0 (no KL, no reference model), one optimizer update per
 step (AdamW, `--lr` constant, no warm-up, weight decay 0, gradient clip 1.0), fp32, sampling at
@@ -89,17 +97,22 @@ TASKSET_ARGS: dict[str, Any] = {
 SYNC, OFF = {"sync_interval": 1, "sync_offset": 0}, {"sync_interval": 1, "sync_offset": 1}
 LEAN = {"explorer": {"rollout_model": {"in_explorer_process": True}}}
 ONE = {"cluster": {"one_process": True}}
+PROCESSES = {"cluster": {"one_process": False}}
 TRINITY_MODES = {  # mode -> (synchronizer keys, config keys over `trinity_config`'s)
     "trinity sync": (SYNC, {}),
     "trinity one-step-off": (OFF, {}),
+    "trinity sync processes": (SYNC, PROCESSES),
+    "trinity one-step-off processes": (OFF, PROCESSES),
     "trinity sync lean": (SYNC, LEAN),
     "trinity one-step-off lean": (OFF, LEAN),
     "trinity sync one-process": (SYNC, ONE),
     "trinity one-step-off one-process": (OFF, ONE),
 }
 TRL_MODE = "trl"
-ALL_MODES = [*TRINITY_MODES, TRL_MODE]
-DEFAULT_MODES = ["trinity sync", "trinity one-step-off", TRL_MODE]
+TRL_DEFAULTS_MODE = "trl defaults"
+TRL_MODES = (TRL_MODE, TRL_DEFAULTS_MODE)
+ALL_MODES = [*TRINITY_MODES, *TRL_MODES]
+DEFAULT_MODES = ["trinity sync", "trinity one-step-off", TRL_MODE, TRL_DEFAULTS_MODE]
 INSTALL_HINT = "TRL is not installed: .venv/bin/pip install -e '.[bench-trl]'"
 MB = 1024**2
 
@@ -238,7 +251,8 @@ def trl_worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         bf16=False,  # TRL's default is bf16 on CPU; fp32 as trinity
         fp16=False,
-        gradient_checkpointing=False,  # TRL's default is on; trinity's is off
+        # TRL's default is on; trinity's is off (`--trl-defaults`: TRL's own)
+        gradient_checkpointing=args.trl_defaults,
         model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=TASKS * SAMPLES,  # completions: 4 prompts x 8
         gradient_accumulation_steps=1,
@@ -248,7 +262,7 @@ def trl_worker(args: argparse.Namespace) -> int:
         beta=0.0,
         num_iterations=1,
         learning_rate=args.lr,
-        lr_scheduler_type="constant",
+        lr_scheduler_type="linear" if args.trl_defaults else "constant",  # TRL's: linear
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=1.0,
@@ -376,6 +390,7 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
                "--model-dir", model_dir, "--steps", str(args.steps), "--lr", str(args.lr),
                "--threads", str(args.threads), "--log", str(metrics), "--seed", str(args.seed),
                "--out-dir", str(tmp / "trl_out")]  # fmt: skip
+        cmd += ["--trl-defaults"] if mode == TRL_DEFAULTS_MODE else []
     try:
         with open(tmp / "run.log", "w+") as out:
             t0 = time.perf_counter()
@@ -383,8 +398,11 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
                                     start_new_session=True)  # fmt: skip
             r = watch(proc, t0, metrics, parse, args.interval, args.timeout)
             out.seek(0)
+            log = out.read()
             if proc.returncode != 0:
-                raise RuntimeError(f"{mode} exited {proc.returncode}:\n{out.read()[-4000:]}")
+                raise RuntimeError(f"{mode} exited {proc.returncode}:\n{log[-4000:]}")
+        if mode in TRINITY_MODES:  # the layout the run's plan chose and printed
+            r["layout"] = next((x for x in log.splitlines() if x.startswith("layout: ")), None)
         if r["steps"] != args.steps:
             raise RuntimeError(f"{mode}: {r['steps']} step records, expected {args.steps}")
         return {"mode": mode, **r}
@@ -456,10 +474,11 @@ def summarize(runs: list[dict[str, Any]], modes: list[str]) -> list[dict[str, An
     for mode in modes:
         rows = [r for r in runs if r["mode"] == mode]
         out.append({"mode": mode, "runs": len(rows), **{k: median(rows, k) for k in keys}})
-    trl = next((m for m in out if m["mode"] == TRL_MODE), None)
-    for m in out:
-        if trl is not None and m["mode"] != TRL_MODE:
-            m["vs_trl"] = {k: ratio(m[k], trl[k]) for k in keys}
+    for base, key in ((TRL_MODE, "vs_trl"), (TRL_DEFAULTS_MODE, "vs_trl_defaults")):
+        trl = next((m for m in out if m["mode"] == base), None)
+        for m in out:
+            if trl is not None and m["mode"] not in TRL_MODES:
+                m[key] = {k: ratio(m[k], trl[k]) for k in keys}
     return out
 
 
@@ -473,18 +492,28 @@ def print_tables(runs: list[dict[str, Any]], medians: list[dict[str, Any]]) -> N
               f"{fmt(r['tokens_per_s'], '.0f')} | {r['response_tokens_per_step']:.0f} | "
               f"{r['first_step_s']:.1f} | {r['peak_pss_mb']:.0f} | "
               f"{r['wall_s']:.1f} |")  # fmt: skip
-    print("\n## Medians (ratios: trinity / TRL; steps/s and tokens/s above 1 = trinity faster, "
-          "first step and PSS above 1 = trinity slower / larger)")  # fmt: skip
-    print("| mode | runs | steps/s | tokens/s | first step (s) | peak PSS (MB) "
-          "| steps/s ratio | tokens/s ratio | first step ratio | PSS ratio |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for m in medians:
-        v = m.get("vs_trl", {})
-        keys = ("steps_per_s", "tokens_per_s", "first_step_s", "peak_pss_mb")
-        cells = [f"{v[k]:.2f}x" if v.get(k) is not None else "" for k in keys]
-        print(f"| {m['mode']} | {m['runs']} | {fmt(m['steps_per_s'], '.3f')} | "
-              f"{fmt(m['tokens_per_s'], '.0f')} | {fmt(m['first_step_s'], '.1f')} | "
-              f"{fmt(m['peak_pss_mb'], '.0f')} | {' | '.join(cells)} |")  # fmt: skip
+    for key, against in (
+        ("vs_trl", "TRL, settings matched"),
+        ("vs_trl_defaults", "TRL with its defaults"),
+    ):
+        if not any(key in m for m in medians):
+            continue
+        print(
+            f"\n## Medians (ratios: trinity / {against}; steps/s and tokens/s above 1 = "
+            "trinity faster, first step and PSS above 1 = trinity slower / larger)"
+        )
+        print(
+            "| mode | runs | steps/s | tokens/s | first step (s) | peak PSS (MB) "
+            "| steps/s ratio | tokens/s ratio | first step ratio | PSS ratio |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for m in medians:
+            v = m.get(key, {})
+            keys = ("steps_per_s", "tokens_per_s", "first_step_s", "peak_pss_mb")
+            cells = [f"{v[k]:.2f}x" if v.get(k) is not None else "" for k in keys]
+            print(f"| {m['mode']} | {m['runs']} | {fmt(m['steps_per_s'], '.3f')} | "
+                  f"{fmt(m['tokens_per_s'], '.0f')} | {fmt(m['first_step_s'], '.1f')} | "
+                  f"{fmt(m['peak_pss_mb'], '.0f')} | {' | '.join(cells)} |")  # fmt: skip
 
 
 def print_floor(medians: list[dict[str, Any]], floors: list[float]) -> float:
@@ -499,7 +528,7 @@ def print_floor(medians: list[dict[str, Any]], floors: list[float]) -> float:
     print("|---|---:|---:|")
     for m in medians:
         first = m["first_step_s"]
-        rest = "" if m["mode"] == TRL_MODE or first is None else f"{first - floor:.1f}"
+        rest = "" if m["mode"] in TRL_MODES or first is None else f"{first - floor:.1f}"
         print(f"| {m['mode']} | {fmt(first, '.1f')} | {rest} |")
     return floor
 
@@ -544,6 +573,7 @@ def main() -> int:
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--log", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--trl-defaults", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "trl":
         return trl_worker(args)
@@ -552,7 +582,7 @@ def main() -> int:
     if bad := [e for e in args.env if "=" not in e]:
         ap.error(f"--env takes KEY=VALUE, got {bad}")
     args.env = dict(e.split("=", 1) for e in args.env)
-    if TRL_MODE in args.modes:
+    if set(TRL_MODES) & set(args.modes):
         check_trl()
     from trinity.models.loading import resolve_model_path
 
@@ -569,7 +599,8 @@ def main() -> int:
             print(f"{mode:25} repeat {rep}: {fmt(r['steps_per_s'], '.3f')} steps/s, "
                   f"{fmt(r['tokens_per_s'], '.0f')} tokens/s, "
                   f"first step {r['first_step_s']:.1f} s, "
-                  f"peak PSS {r['peak_pss_mb']:.0f} MB", flush=True)  # fmt: skip
+                  f"peak PSS {r['peak_pss_mb']:.0f} MB"
+                  + (f" ({r['layout']})" if r.get("layout") else ""), flush=True)  # fmt: skip
     medians = summarize(runs, args.modes)
     print_tables(runs, medians)
     print_startup(runs)

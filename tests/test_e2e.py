@@ -143,7 +143,9 @@ def test_a_run_survives_a_crashed_engine_and_keeps_its_weights(tmp_path, tiny_mo
     import time
 
     cfg = grpo_config(tmp_path, tiny_model_dir)
-    sets = ["buffer.total_steps=10", "explorer.eval_interval=0"]
+    # engines in processes of their own (the one-process layout has none to restart: a crash
+    # ends that run, with the command that continues it, tests/test_stop.py)
+    sets = ["buffer.total_steps=10", "explorer.eval_interval=0", "cluster.one_process=false"]
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
     p = subprocess.Popen(
@@ -248,8 +250,10 @@ def test_grpo_end_to_end(grpo_run, tiny_model_dir):
     losses = [(m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "train/loss")]
     assert losses == [(s, by_step[s]["train/loss"]) for s in (1, 2, 3)]
     timeline = json.loads((run_dir / "timeline.json").read_text())
-    # Ray's events of the actors' calls: category task::<Class>.<method>
-    assert any(str(event.get("cat")).startswith("task::TrainerRunner.") for event in timeline)
+    # Ray's events of the actors' calls: category task::<Class>.<method>; with no layout key set,
+    # this machine's run is one process, whose explorer and trainer the ServiceHost serves
+    assert "layout: one process (chosen" in r.stdout
+    assert any(str(event.get("cat")).startswith("task::ServiceHost.call") for event in timeline)
     assert "(metrics.jsonl, tensorboard/, wandb/, mlruns/, summary.json)" in r.stdout.replace(
         "\n", ""
     )

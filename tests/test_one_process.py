@@ -119,7 +119,10 @@ def test_one_process_trains_what_an_explorer_and_a_trainer_process_train(tmp_pat
     runs, titles = memory_sync_runs(
         tmp_path,
         tiny_model_dir,
-        {"processes": [engines], "one_process": [engines, "cluster.one_process=true"]},
+        {
+            "processes": [engines, "cluster.one_process=false"],
+            "one_process": [engines, "cluster.one_process=true"],
+        },
     )
     assert_same_on_policy_training(runs["processes"], runs["one_process"])
     own = ("ray::Explorer", "ray::TrainerRunner")

@@ -93,12 +93,12 @@ def test_gpu_shared_when_trainer_and_engines_hold_fractions():
 def test_nccl_on_a_shared_gpu_sends_by_memory_with_a_note():
     from trinity.config import resolve
     from trinity.config.schema import TrinityConfig
-    from trinity.launcher.run import _sync_by_memory
+    from trinity.launcher.placement import sync_by_memory
 
     cfg = TrinityConfig.model_validate({"synchronizer": {"sync_method": "nccl"}})
     assert resolve(cfg).sync_method == "nccl"
     plan = plan_resources(16, 1, trainer=True, engines=1, lockstep=True)
-    switched, note = _sync_by_memory(cfg, plan)
+    switched, note = sync_by_memory(cfg, plan)
     assert resolve(switched).sync_method == "memory"
     assert cfg.synchronizer.sync_method == "nccl"  # the user's config is not touched
     assert "NCCL cannot put two ranks on one device" in note and "0.5 GPU each" in note

@@ -16,7 +16,8 @@ Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is print
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -151,20 +152,21 @@ def check(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt
 
 @app.command()
 def validate(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
-    """Check a config without running it: print the resolved config and the batch table.
+    """Check a config without running it: print the resolved config and the run's plan.
 
     Checks everything `run` checks before it starts: the schema, registry names and their
     arguments, model folders, and every row of every dataset the run reads. Reports every
-    problem at once with its key path; exits 2 if there is any.
+    problem at once with its key path; exits 2 if there is any. The plan is the one `run`
+    prints and follows: the layout (one process or a process per part, and why), then each
+    stage's parts and batch table, every number with its unit.
     """
-    from trinity.config import dump_config, format_batch_table, resolve, stage_configs
+    from trinity.config import dump_config
+    from trinity.launcher.plan import plan_run
 
     cfg = _check(config, overrides, plugin_dirs)
     typer.echo(dump_config(cfg))
-    for stage in stage_configs(cfg):
-        title = f"stage {stage.stage_name}" if stage.stage_name else "batch table"
-        typer.echo(f"--- {title} ---")
-        typer.echo(format_batch_table(resolve(stage)))
+    typer.echo("--- plan ---")
+    typer.echo(plan_run(cfg).describe())
 
 
 @app.command()
@@ -184,7 +186,11 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
     cfg = load_config(config, overrides or [])
 
     try:
-        run_config(cfg, console)
+        with _stops_as_interrupts():
+            run_config(cfg, console)
+    except KeyboardInterrupt as e:  # the run printed where it stood and how to continue
+        err.print(f"[yellow]stopped ({e or 'Ctrl-C'})[/]")
+        raise typer.Exit(130) from None
     except ConfigError as e:
         raise _config_error(str(e)) from None
     except (NotImplementedError, FileNotFoundError, ConnectionError) as e:
@@ -194,6 +200,23 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
         err.print("[red]run failed[/]")
         sys.stderr.write(f"{e}\n")
         raise typer.Exit(1) from None
+
+
+@contextmanager
+def _stops_as_interrupts() -> Iterator[None]:
+    """SIGTERM (and SIGHUP) stop a run as Ctrl-C does: its parts are let go and it prints where
+    it stood and how to continue (`launcher.run`)."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()

@@ -29,17 +29,11 @@ ENTROPY_LOSS_FN: Registry = Registry("entropy_loss_fn")
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last dim, numerically stable.
+    """Entropy of softmax(logits) over the last dim (`trinity.common.logits`, where the
+    models' lean LM head computes it too); torch is imported on first use."""
+    from trinity.common.logits import entropy_from_logits as entropy
 
-        H = -Σ_v p_v log p_v = logsumexp(z) - Σ_v p_v z_v,   p = softmax(z)
-
-    Args:
-        logits: [..., V].
-    Returns:
-        [...] entropy in nats.
-    """
-    p = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+    return entropy(logits)
 
 
 @ENTROPY_LOSS_FN.register("default")

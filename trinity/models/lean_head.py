@@ -32,6 +32,8 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from trinity.common.logits import entropy_from_logits
+
 
 def upcast(x: Tensor) -> Tensor:
     """fp16/bf16 to fp32 (the softmax's precision); fp32 and fp64 unchanged."""
@@ -169,8 +171,6 @@ def _head_chunk(
 ) -> tuple[Tensor, Tensor]:
     """Plain autograd: log_softmax and entropy of one chunk's logits (the entropy outside
     autograd unless `entropy_grad`)."""
-    from trinity.algorithm.entropy import entropy_from_logits
-
     logits = upcast(head(h))  # [n, V]
     lp = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None]).squeeze(-1)
     if not with_entropy:

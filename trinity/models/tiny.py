@@ -102,19 +102,14 @@ _CHAT = [
 
 
 def tokenizer_corpus() -> list[str]:
-    """The fixed training text of the tokenizer (deterministic: no seed involved)."""
+    """The fixed training text of the tokenizer (deterministic: no seed involved).
+
+    Task-shaped lines (arithmetic with 1-3 digits, countdown puzzles) are frozen data,
+    `tokenizer_tasks.json`: drawn once from the synthetic generators (seed 0), kept as text so
+    the tokenizer depends on no task code and a generator's change never changes it."""
     import random
 
-    from trinity.tasks.synthetic import GENERATORS
-
-    lines: list[str] = []
-    for digits in (1, 2, 3):
-        for split in ("train", "test"):
-            rows = GENERATORS.get("arithmetic")(split, 0, 30, digits=digits, ops="+-*")
-            lines += [r["question"] + r["answer"] for r in rows]
-    for split in ("train", "test"):
-        rows = GENERATORS.get("countdown")(split, 0, 150)
-        lines += [f"{r['question']}\n{r['answer']}" for r in rows]
+    lines: list[str] = json.loads((Path(__file__).parent / "tokenizer_tasks.json").read_text())
     rng = random.Random(0)
     for k in range(600):
         n, m = rng.sample(_NAMES, 2)

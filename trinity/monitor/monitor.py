@@ -89,6 +89,9 @@ class Monitor:
         self.last_step = -1
         self.stage = ""
         self.history: list[dict[str, Any]] = []
+        self.last_steps: dict[str, int] = {}
+        """The newest step each source ("trainer", "explorer", ...) reported: where a stopped
+        run stood (`launcher.summary.stop_lines`)."""
         self._t_last = time.perf_counter()
 
     def begin_stage(
@@ -138,6 +141,7 @@ class Monitor:
         the step already holds it (module docstring)."""
         if replay and set(metrics) <= self._recorded_keys(step):
             return
+        self.last_steps[source] = max(step, self.last_steps.get(source, step))
         self._pending.setdefault(step, {}).update(metrics)
         self._sources.setdefault(step, set()).add(source)
         expected = self.last_expected if step == self.last_step else self.expected

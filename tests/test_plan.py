@@ -1,0 +1,141 @@
+"""The run's plan (`trinity.launcher.plan`): the layout chosen when `cluster.one_process` is unset,
+each stage's roles, and the name a relaunched run agrees on, decided once from the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_e2e import ROOT
+
+from trinity.config import load_config
+from trinity.config.schema import TrinityConfig
+from trinity.launcher.plan import plan_run
+
+
+def _cfg(mode: str = "both", **over: dict) -> TrinityConfig:
+    base = {
+        "mode": mode,
+        "model": {"model_path": "m"},
+        "buffer": {
+            "total_steps": 1,
+            "explorer_input": {"taskset": {"path": "t", "storage_type": "file"}},
+            "trainer_input": {"experience_buffer": {"name": "exp", "storage_type": "queue"}},
+        },
+    }
+    for section, keys in over.items():
+        base[section] = {**base.get(section, {}), **keys} if isinstance(keys, dict) else keys
+    return TrinityConfig.model_validate(base)
+
+
+def test_one_cpu_node_runs_in_one_process_unless_told_otherwise():
+    plan = plan_run(_cfg(), gpus_here=False)
+    assert plan.layout.one_process and "chosen" in plan.layout.why
+    assert plan.cfg.cluster.one_process is True  # applied: every consumer reads a bool
+    assert [s.one_process for s in plan.stages] == [True]
+    assert plan.stages[0].cfg.cluster.one_process is True
+    kept = plan_run(_cfg(cluster={"one_process": False}), gpus_here=False)
+    assert not kept.layout.one_process
+    assert kept.layout.why == "cluster.one_process: False"
+    assert kept.stages[0].cfg.cluster.one_process is False
+
+
+@pytest.mark.parametrize(
+    ("over", "gpus", "reason"),
+    [
+        ({"cluster": {"node_num": 2}}, False, "spreads over 2 nodes"),
+        ({}, True, "has GPUs"),
+        ({"cluster": {"gpu_per_node": 1}}, False, "has GPUs"),
+        ({"synchronizer": {"sync_method": "nccl"}}, False, "nccl"),
+        ({"explorer": {"rollout_model": {"in_explorer_process": False}}}, False, "engine proc"),
+        ({"explorer": {"rollout_model": {"max_restarts": 2}}}, False, "max_restarts"),
+        ({"trainer": {"num_threads": 1}, "explorer": {"rollout_model": {"num_threads": 2}}},
+         False, "thread counts"),
+    ],
+)  # fmt: skip
+def test_what_needs_processes_keeps_a_process_per_part_and_says_why(over, gpus, reason):
+    plan = plan_run(_cfg(**over), gpus_here=gpus)
+    assert not plan.layout.one_process
+    assert reason in plan.layout.why
+    assert "a process per part" in plan.layout.describe()
+
+
+def test_gpus_the_run_is_told_not_to_use_do_not_rule_one_process_out():
+    assert plan_run(_cfg(cluster={"gpu_per_node": 0}), gpus_here=True).layout.one_process
+
+
+@pytest.mark.parametrize("mode", ["explore", "serve"])
+def test_a_part_of_a_split_run_is_a_process_of_its_own(mode):
+    plan = plan_run(_cfg(mode), gpus_here=False)
+    assert not plan.layout.one_process
+    assert f"mode {mode} is one process of a run split" in plan.layout.why
+    (stage,) = plan.stages
+    assert stage.shared and not stage.trains and stage.role == "explorer/explorer"
+
+
+def test_a_trainer_fed_by_explore_processes_is_split_and_one_from_a_dataset_is_not():
+    queue = plan_run(_cfg("train"), gpus_here=False)
+    assert not queue.layout.one_process
+    (stage,) = queue.stages
+    assert stage.reads_queue and stage.shared and stage.trains and stage.role == "trainer"
+    assert not stage.explores and not stage.has_explorer
+    sft = {"name": "sft", "storage_type": "file", "path": "d.jsonl"}
+    dataset = _cfg("train", buffer={"trainer_input": {"experience_buffer": sft}})
+    (alone,) = plan_run(dataset, gpus_here=False).stages
+    assert not alone.reads_queue and not alone.shared and alone.lockstep
+
+
+def test_one_stage_that_needs_processes_decides_for_the_run_naming_the_stage():
+    cfg = _cfg(
+        stages=[
+            {"stage_name": "warm", "synchronizer": {"sync_offset": 1}},
+            {"stage_name": "rl", "cluster": {"node_num": 2}},
+        ]
+    )  # fmt: skip
+    plan = plan_run(cfg, gpus_here=False)
+    assert not plan.layout.one_process
+    assert "stage rl: the run spreads over 2 nodes" in plan.layout.why
+    assert [s.one_process for s in plan.stages] == [False, False]
+
+
+def test_the_quickstart_plan_and_its_stages_under_a_fresh_name():
+    """Stages merge onto the config as written: renaming the run (`<name>_<timestamp>`) must
+    reach every stage's config and folder."""
+    cfg = load_config(ROOT / "examples" / "quickstart" / "quickstart.yaml")
+    plan = plan_run(cfg, gpus_here=False)
+    assert plan.layout.one_process
+    assert [(s.name, s.mode, s.trains, s.explores, s.evaluates) for s in plan.stages] == [
+        ("sft", "train", True, False, True),
+        ("grpo", "both", True, True, True),
+    ]
+    assert all(s.lockstep and not s.overlaps for s in plan.stages)  # on-policy: they take turns
+    assert not plan.lends_cores
+    renamed = plan.renamed("add2_20261128000000")
+    assert renamed.layout == plan.layout
+    run_dir = Path("./checkpoints/quickstart/add2_20261128000000")
+    assert renamed.run_dir == run_dir
+    for stage in renamed.stages:
+        assert stage.cfg.name == "add2_20261128000000"
+        assert stage.stage_dir == run_dir / stage.name
+        assert Path(stage.resolved.run_dir) == run_dir
+    text = renamed.describe()
+    assert text.splitlines()[0].startswith("layout: one process (chosen")
+    assert "stage grpo: mode both, starts explorer, trainer, buffer" in text
+    assert "experiences per train step" in text  # each stage's batch table
+
+
+def test_a_bench_of_a_staged_run_benches_its_last_stage_in_the_run_folder():
+    cfg = load_config(ROOT / "examples" / "quickstart" / "quickstart.yaml", ["mode=bench"])
+    (stage,) = plan_run(cfg, gpus_here=False).stages
+    assert (stage.name, stage.mode, stage.stage_dir) == (
+        "bench",
+        "bench",
+        Path("./checkpoints/quickstart/add2"),
+    )
+
+
+def test_overlapping_sides_in_one_process_lend_cores():
+    assert plan_run(_cfg(synchronizer={"sync_offset": 1}), gpus_here=False).lends_cores
+    assert not plan_run(
+        _cfg(synchronizer={"sync_offset": 1}, cluster={"one_process": False}), gpus_here=False
+    ).lends_cores

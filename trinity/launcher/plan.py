@@ -1,0 +1,237 @@
+"""The run's plan: every decision `trinity run` makes from the config, made once.
+
+    plan = plan_run(cfg)              # pure but for one probe: does this machine have a GPU?
+    print(plan.describe())            # what `trinity validate` shows and `trinity run` prints
+    for stage in plan.stages: ...     # each stage's effective config, derived numbers and roles
+
+A stage's config enters the launcher once, as a `StagePlan`: its effective config (the layout and
+the run's agreed name applied), its derived numbers (`ResolvedConfig`), its run folder, and the
+mode flags that decide which parts start (explorer, trainer, buffer, endpoint) and how they meet
+(shared by name with other processes, or held by this run alone). Nothing downstream re-derives
+them. What the plan cannot know comes at run time: the name a split run agrees on (`renamed`),
+the cores and GPUs Ray has free (`common.resources`), the newest checkpoint to resume from.
+
+The layout: with `cluster.one_process` unset, a run whose every stage can be one process (one
+CPU-only node, mode both / train from a dataset / bench, no collective weight sync, no process
+of it started elsewhere) runs its explorer, engines and trainer as objects of one worker process
+(`common.service_host`): torch, transformers and Ray's worker runtime load once, and the sides
+lend each other their cores. As Trinity-RFT colocates explorer and trainer by itself on a
+one-GPU cluster, this is the fastest safe plan for a laptop; `cluster.one_process: false` keeps
+a process per part (an engine that crashes is then restarted by Ray; in one process a crash
+ends the run, and the run says how to resume it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trinity.config import format_batch_table, resolve, stage_configs
+from trinity.config.resolved import ResolvedConfig, in_lockstep
+from trinity.config.run_folder import trains_from_queue
+from trinity.config.schema import TrinityConfig
+
+ONE_PROCESS_MODES = ("both", "train", "bench")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Whether the run's compute parts share one worker process, and why."""
+
+    one_process: bool
+    why: str
+
+    def describe(self) -> str:
+        what = "one process" if self.one_process else "a process per part"
+        return f"layout: {what} ({self.why})"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage, decided: who starts, who is shared, and the stage's derived numbers."""
+
+    index: int
+    name: str  # "main" for a run of one stage, else `stage_name` or `stage<i>`
+    cfg: TrinityConfig  # effective: layout and agreed name applied
+    resolved: ResolvedConfig
+    stage_dir: Path  # the run folder, or `<run folder>/<name>` in a staged run
+    explores: bool  # runs explore steps (mode both / explore)
+    serves: bool  # the endpoint for outside agents (mode serve)
+    trains: bool  # mode both / train
+    evaluates: bool  # has eval tasksets
+    reads_queue: bool  # mode train fed by `mode: explore` processes of the run
+    shared: bool  # buffer and synchronizer are named actors other processes of the run share
+    lockstep: bool  # trainer and engines never compute at once (`in_lockstep`)
+    one_process: bool  # explorer and trainer are objects of the run's ServiceHost
+    role: str  # this process in a split run: `trainer` or `explorer/<name>`
+
+    @property
+    def mode(self) -> str:
+        return self.cfg.mode
+
+    @property
+    def overlaps(self) -> bool:
+        """Explorer and trainer compute at once in one process, lending each other cores."""
+        return self.one_process and not self.lockstep
+
+    @property
+    def has_explorer(self) -> bool:
+        return self.explores or self.serves or self.evaluates
+
+    def describe(self) -> str:
+        parts = [p for p, on in self._parts() if on]
+        head = f"stage {self.name}: mode {self.mode}, starts {', '.join(parts) or 'nothing'}"
+        if self.shared:
+            head += "; buffer and synchronizer shared by name with the run's other processes"
+        if self.trains and (self.explores or self.evaluates):
+            head += "; trainer and engines " + (
+                "take turns (on-policy)" if self.lockstep else "compute at once"
+            )
+        return head + "\n" + format_batch_table(self.resolved)
+
+    def _parts(self) -> list[tuple[str, bool]]:
+        return [
+            ("explorer", self.explores),
+            ("endpoint", self.serves),
+            ("evaluator", self.evaluates and not (self.explores or self.serves)),
+            ("trainer", self.trains),
+            ("buffer", self.explores or self.serves or self.reads_queue),
+        ]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The whole run: its layout, its folder and one `StagePlan` per stage, in order."""
+
+    cfg: TrinityConfig  # the base config, layout applied
+    layout: Layout
+    stages: tuple[StagePlan, ...]
+    gpus_here: bool
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(resolve(self.cfg).run_dir)
+
+    @property
+    def lends_cores(self) -> bool:
+        """A stage has explorer and trainer computing at once in one process
+        (`common.core_shares`)."""
+        return any(s.overlaps for s in self.stages)
+
+    def renamed(self, name: str) -> RunPlan:
+        """The same plan under the run name the launcher agreed on (`<name>_<timestamp>`)."""
+        if name == self.cfg.name:
+            return self
+        return plan_run(self.cfg.model_copy(update={"name": name}), self.gpus_here, self.layout)
+
+    def describe(self) -> str:
+        return "\n".join([self.layout.describe(), *(s.describe() for s in self.stages)])
+
+
+def plan_run(
+    cfg: TrinityConfig, gpus_here: bool | None = None, layout: Layout | None = None
+) -> RunPlan:
+    """The plan of `cfg` (from `load_config`, past pre-flight). `gpus_here`: whether this
+    machine has a GPU that Ray would hand the run (probed when None). `layout`: keep a layout
+    already chosen (a renamed plan)."""
+    gpus = gpu_here() if gpus_here is None else gpus_here
+    stages = [_named(c, cfg.name) for c in stage_configs(cfg)]
+    if cfg.mode == "bench" and cfg.stages:  # bench the checkpoints the run's stages wrote
+        stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
+    layout = layout or choose_layout(cfg, stages, gpus)
+    base = _with_layout(cfg, layout.one_process)
+    run_dir = Path(resolve(base).run_dir)
+    plans = tuple(
+        _stage_plan(i, _with_layout(c, layout.one_process), len(stages), run_dir)
+        for i, c in enumerate(stages)
+    )
+    return RunPlan(cfg=base, layout=layout, stages=plans, gpus_here=gpus)
+
+
+def choose_layout(cfg: TrinityConfig, stages: list[TrinityConfig], gpus_here: bool) -> Layout:
+    """`cluster.one_process` as set, else one process where every stage can be one (module
+    docstring), else a process per part, naming the first reason."""
+    if cfg.cluster.one_process is not None:
+        return Layout(cfg.cluster.one_process, f"cluster.one_process: {cfg.cluster.one_process}")
+    for c in stages:
+        if (why := _needs_processes(c, gpus_here)) is not None:
+            where = f"stage {c.stage_name}: " if c.stage_name else ""
+            return Layout(False, f"chosen: {where}{why}")
+    return Layout(
+        True,
+        "chosen: one CPU-only node, and every stage runs whole in this run; "
+        "cluster.one_process: false keeps a process per part",
+    )
+
+
+def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
+    """Why this stage cannot run in one process, or None."""
+    rm = cfg.explorer.rollout_model
+    if cfg.mode not in ONE_PROCESS_MODES or trains_from_queue(cfg):
+        return f"mode {cfg.mode} is one process of a run split over processes"
+    if (cfg.cluster.node_num or 1) > 1:
+        return f"the run spreads over {cfg.cluster.node_num} nodes"
+    if cfg.cluster.gpu_per_node or (cfg.cluster.gpu_per_node is None and gpus_here):
+        return "the run has GPUs (one process is built for CPUs)"
+    if cfg.synchronizer.sync_method == "nccl":
+        return "synchronizer.sync_method nccl is a collective between processes"
+    if "in_explorer_process" in rm.model_fields_set and not rm.in_explorer_process:
+        return "explorer.rollout_model.in_explorer_process: false asks for engine processes"
+    if "max_restarts" in rm.model_fields_set and rm.max_restarts:
+        return "explorer.rollout_model.max_restarts asks Ray to restart engine processes"
+    threads = (cfg.trainer.num_threads, rm.num_threads)
+    if None not in threads and threads[0] != threads[1]:
+        return "trainer and engines ask for different thread counts"
+    return None
+
+
+def gpu_here() -> bool:
+    """Whether torch sees a GPU here (asked only where a GPU driver is present)."""
+    from trinity.config.preflight import gpu_driver_present
+
+    if not gpu_driver_present():
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _stage_plan(i: int, cfg: TrinityConfig, count: int, run_dir: Path) -> StagePlan:
+    name = cfg.stage_name or ("main" if count == 1 else f"stage{i}")
+    mode, reads_queue = cfg.mode, trains_from_queue(cfg)
+    return StagePlan(
+        index=i,
+        name=name,
+        cfg=cfg,
+        resolved=resolve(cfg),
+        stage_dir=run_dir if count == 1 else run_dir / name,
+        explores=mode in ("both", "explore"),
+        serves=mode == "serve",
+        trains=mode in ("both", "train"),
+        evaluates=bool(cfg.buffer.explorer_input.eval_tasksets),
+        reads_queue=reads_queue,
+        shared=mode in ("explore", "serve") or reads_queue,
+        lockstep=in_lockstep(cfg),
+        one_process=bool(cfg.cluster.one_process),
+        role=process_role(cfg),
+    )
+
+
+def process_role(cfg: Any) -> str:
+    """Who this process is in a split run: a process started again under its role (after a
+    crash) takes its own place (`common.shared.RefCounted`)."""
+    return f"explorer/{cfg.explorer.name}" if cfg.mode in ("explore", "serve") else "trainer"
+
+
+def _named(cfg: TrinityConfig, name: str) -> TrinityConfig:
+    """A stage config under the run's name (stages merge onto the config as written, which
+    holds the name before the launcher agreed on one)."""
+    return cfg if cfg.name == name else cfg.model_copy(update={"name": name})
+
+
+def _with_layout(cfg: TrinityConfig, one_process: bool) -> TrinityConfig:
+    if cfg.cluster.one_process is one_process:
+        return cfg
+    cluster = cfg.cluster.model_copy(update={"one_process": one_process})
+    return cfg.model_copy(update={"cluster": cluster})

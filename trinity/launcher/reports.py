@@ -1,0 +1,59 @@
+"""Waiting on the run's actors while their metric reports reach the monitor as they come."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from trinity.monitor.monitor import Monitor
+
+REPORTS_WAIT_S = 5.0  # the longest one `MetricsHub.reports` call waits (the driver calls again)
+
+
+def accuracies(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
+
+
+def _merge(reports: list[Any], monitor: Monitor) -> None:
+    for source, step, metrics, replay in reports:
+        monitor.add(source, step, metrics, replay)
+
+
+def _pump(hub: Any, monitor: Monitor) -> None:
+    _merge(ray.get(hub.drain.remote()), monitor)
+
+
+def wait(ref: Any, hub: Any, monitor: Monitor) -> Any:
+    return wait_all([ref], hub, monitor)[0]
+
+
+def wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
+    """Wait for all refs while merging the hub's reports as they come (`MetricsHub.reports`).
+    The first failure is raised at once, after what the other actors reported is kept."""
+    pending = list(refs)
+    news = hub.reports.remote(REPORTS_WAIT_S)
+    try:
+        while pending:
+            done, _ = ray.wait([*pending, news], num_returns=1)
+            if done[0] == news:
+                _merge(ray.get(news), monitor)
+                news = hub.reports.remote(REPORTS_WAIT_S)
+                continue
+            pending.remove(done[0])
+            ray.get(done[0])  # raises the actor's exception, with its traceback
+    except BaseException as err:
+        try:
+            _settle(hub, news, monitor)
+        except Exception as lost:
+            err.add_note(f"the reports made before this failure were not merged: {lost!r}")
+        raise
+    _settle(hub, news, monitor)
+    return ray.get(refs)
+
+
+def _settle(hub: Any, news: Any, monitor: Monitor) -> None:
+    """Merge the waiting `reports` call's reports (ended now) and any left in the hub."""
+    hub.wake.remote()
+    _merge(ray.get(news), monitor)
+    _pump(hub, monitor)

@@ -1,0 +1,127 @@
+"""What a run returns, writes to `summary.json` and prints at its end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from trinity.common.startup import timeline
+
+
+@dataclass
+class StageResult:
+    name: str
+    mode: str
+    steps: int
+    checkpoint: str | None
+    eval_start: dict[str, float] = field(default_factory=dict)
+    eval_end: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    stages: list[StageResult]
+    seconds: float
+    metrics_file: str = "metrics.jsonl"
+    outputs: list[str] = field(default_factory=lambda: ["metrics.jsonl"])
+    peak_pss_gb: float | None = None
+    """Peak PSS of this process and its descendants during the run (sampled every 2 s): with a
+    Ray instance this process started, that is the driver, Ray's own processes and every actor."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """The start-up timeline (`startup/<mark>_s`, seconds since the driver's process start) of
+    the run's first step, when this process ran it (`common.startup`)."""
+
+
+def write_summary(result: RunResult, path: Path, joined: bool) -> None:
+    """What the closing summary prints, as JSON beside the metrics (replaced atomically): each
+    stage's steps, seconds, evals and checkpoint, the wall time and the peak PSS with its scope
+    (`tree`: driver, Ray and every actor; `driver`: this process only, in a cluster it joined)."""
+    record = {
+        "wall_seconds": result.seconds,
+        "peak_pss_gb": result.peak_pss_gb,
+        "peak_pss_scope": "driver" if joined else "tree",
+        "startup_seconds": {k.removeprefix("startup/"): v for k, v in result.startup.items()},
+        "stages": [dataclasses.asdict(s) for s in result.stages],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def print_summary(result: RunResult, console: Console, joined: bool = False) -> None:
+    console.rule("[bold]summary")
+    first = result.stages[0] if result.stages else None
+    if first and first.eval_start:
+        for k, v in first.eval_start.items():
+            console.print(f"eval at start      {k:<32} {v:.3f}")
+    for s in result.stages:
+        for k, v in s.eval_end.items():
+            console.print(f"eval after {s.name:<8} {k:<32} {v:.3f}")
+        console.print(f"stage {s.name:<12} {s.mode:<6} {s.steps:>5} steps  {s.seconds:7.1f} s")
+        if s.checkpoint:
+            console.print(f"  checkpoint: {s.checkpoint}")
+    console.print(f"wall time {result.seconds:.1f} s")
+    if line := timeline(result.startup):
+        console.print(f"start-up  {line} (since the driver's start)", soft_wrap=True)
+    if result.peak_pss_gb is not None:
+        whose = (
+            "this process only: the Ray cluster it joined is not its child"
+            if joined
+            else "driver, Ray and every actor"
+        )
+        console.print(f"peak PSS  {result.peak_pss_gb:.2f} GB ({whose}; sampled every 2 s)")
+    console.print(f"outputs   {result.run_dir} ({', '.join(result.outputs)})", soft_wrap=True)
+    console.print(f"plots     trinity report {result.run_dir}", soft_wrap=True)
+
+
+def stop_lines(
+    progress: dict, last_steps: dict[str, int], mode: str, continuing: bool, rename: str | None
+) -> list[str]:
+    """What a run that stopped before its end (Ctrl-C, a signal, a crash) prints: where it
+    stood, its newest checkpoint, and the command that continues it.
+
+    `progress`: where the run was (`launcher.stage.RunContext.progress`: stage, offset, planned
+    total, stage folder); `last_steps`: the newest step each source reported
+    (`Monitor.last_steps`); `continuing`: the run already had `continue_from_checkpoint: true`;
+    `rename`: the run's name when the launcher chose it (`<name>_<timestamp>`), which the
+    command must name to find the folder again.
+    """
+    from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
+
+    if not progress:
+        return ["stopped before its first stage began: nothing to continue; run it again"]
+    stage, total = progress["stage"], progress.get("total")
+    source = "trainer" if "trainer" in last_steps else "explorer"
+    kind = "train" if source == "trainer" else "explore"
+    at = last_steps.get(source)
+    of = f" of {progress['offset'] + total}" if total else ""
+    where = (
+        f"stopped in stage {stage} at {kind} step {at}{of}"
+        if at is not None
+        else (f"stopped in stage {stage} before its first step")
+    )
+    sets = [f"name={rename}"] if rename else []
+    if mode == "bench":
+        return [where, "bench keeps no state between runs: run the same command again"]
+    if mode in ("explore", "serve"):
+        again = "the explorer continues after its cursor in the buffer"
+        return [where, f"run the same command{_with(sets)} to continue ({again})"]
+    ckpt = latest_resumable(progress["stage_dir"])
+    if ckpt is None:
+        said = f"no checkpoint of stage {stage} yet: the stage starts again from its beginning"
+    else:
+        said = f"the last checkpoint is step {checkpoint_step(ckpt)} ({ckpt})"
+    if not continuing:
+        sets.append("continue_from_checkpoint=true")
+    return [where, said, f"run the same command{_with(sets)} to continue"]
+
+
+def _with(sets: list[str]) -> str:
+    return (" with " + " ".join(f"--set {s}" for s in sets)) if sets else ""
