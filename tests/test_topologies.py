@@ -376,11 +376,12 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     assert named_actors(cluster, "trinity:topo/kill_explorer") == []
 
 
-def test_the_readme_s_two_process_example_runs_as_printed(tmp_path, cluster):
-    # the README's block, command for command; `ray start --head` / `ray stop` are the private
-    # cluster here, which `ray_address: auto` joins through RAY_ADDRESS as it would the default
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("Fully asynchronous RFT in two processes")[1].split("```bash\n")[1]
+def test_the_docs_two_process_example_runs_as_printed(tmp_path, cluster):
+    # docs/running.md's block, command for command; `ray start --head` / `ray stop` are the
+    # private cluster here, which `ray_address: auto` joins through RAY_ADDRESS as it would the
+    # default
+    guide = (ROOT / "docs" / "running.md").read_text()
+    block = guide.split("Fully asynchronous RFT in two processes")[1].split("```bash\n")[1]
     lines = block.split("```")[0].strip().splitlines()
     assert lines[0] == "ray start --head" and lines[-2:] == ["wait", "ray stop"], lines
     env = {

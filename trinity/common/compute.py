@@ -9,7 +9,8 @@ libgomp gives each thread that starts a parallel region a team of worker threads
 which it keeps for that thread's life. Once a process's OpenMP threads outnumber the cores it
 may use, libgomp's barriers stop spin-waiting and sleep instead (its "throttled" spin). Then
 every small kernel pays a futex wake-up per barrier. A second team is enough to cross that line,
-even when it is idle: the 10M model's decode took 1.07 s a batch instead of 0.65 s on 2 cores.
+even when it is idle, and a small model's decode, made of small kernels, then runs markedly
+slower (docs/benchmarks.md, "One OpenMP team per process").
 Two teams arose wherever two threads of one process each ran model code:
 - a trainer actor, whose `prepare` and `run` came on different threads of its pool;
 - a `cluster.one_process` run, whose engines and trainer ran on threads of their own.

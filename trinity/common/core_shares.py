@@ -8,9 +8,9 @@
 
 Where a `cluster.one_process` run's explorer and trainer overlap (one-step-off, async), each
 computes on a thread of its own with its part of the cores (one torch thread each on 2 cores,
-`common.compute`). The two sides' work is unequal: on the 10M benchmark model an engine batch
-takes about 0.9 s on one thread and a train step 1.3 s, so the engine's core idled a third of
-every step. A part that is not `active` lends its threads to the active ones: the trainer runs
+`common.compute`). The two sides' work is unequal: an engine batch ends well before a train
+step, so without lending the engine's core idles for the rest of every step. A part that is not
+`active` lends its threads to the active ones: the trainer runs
 its remaining layers on two threads once the engine's batch is done, and the engine its first
 batch on two while the trainer waits for data. A thread follows its count at its own safe points
 (each decode step; each decoder layer's forward and backward), so for at most one layer the
@@ -22,8 +22,8 @@ the thread count: on the 10M model 57 of 98 parameter gradients differed in thei
 between one and two threads. Under MKL's strict conditional numerical reproducibility
 (`MKL_CBWR=AUTO,STRICT`, which a one-process run's driver sets for its Ray instance unless the
 environment already sets MKL_CBWR) all 98 were bitwise equal, the logits too, at the same speed
-(forward + backward 0.69–0.70 s either way). Without it (another BLAS, a cluster started
-elsewhere) each part keeps its own threads.
+(docs/benchmarks.md, "Lean decode, reports as they come, lent cores"). Without it (another
+BLAS, a cluster started elsewhere) each part keeps its own threads.
 """
 
 from __future__ import annotations

@@ -207,9 +207,10 @@ def set_mmap_threshold(nbytes: int) -> None:
     glibc starts the threshold at 128 KiB and raises it to the size of each mmapped block that is
     freed, up to 32 MiB, so after a train step's first activations and gradients are freed, every
     later tensor below 32 MiB comes from the heap, whose freed holes do not fit the next pattern
-    of sizes: a step's peak RSS grows past what its tensors need. With a fixed 1 MiB threshold
-    one SmolLM2 micro-batch step peaked at 2.12 instead of 2.46 GB (docs/real_model.md); each large
-    allocation then costs its page faults again (steps measured 10-15% longer on CPU)."""
+    of sizes: a step's peak RSS grows past what its tensors need. A fixed threshold (1 MiB in
+    the SmolLM2 example) keeps the step's peak near what its tensors need, and each large
+    allocation then costs its page faults again, so steps run longer (both measured in
+    docs/real_model.md)."""
     libc = _glibc()
     if libc is None:
         raise RuntimeError("the mmap threshold is glibc's (Linux); this C library has none")
@@ -225,13 +226,14 @@ class IdleTrim:
 
     For the rollout engine: its decode loop grows the KV cache by one token per step
     (`DynamicCache` concatenates), so every step allocates new blocks and frees the old ones,
-    and glibc keeps the freed heap. Measured on a cache shaped like the SmolLM2 example's
-    (64 rows × 30 layers, 40 → 104 tokens): RSS 222 → 956 MB after the second batch, back to
-    222 MB after one trim of 84 ms. Trimming after every call would put 84 ms on each; an idle
+    and glibc keeps the freed heap: on a cache shaped like the SmolLM2 example's the engine's
+    resident memory grew several-fold within two batches, and one trim gave all of it back. A
+    trim of that heap is not free, so trimming after every call would put its cost on each; an idle
     engine (while the trainer steps, in an on-policy run) gives that memory back once instead.
     The trainer likewise, after its steps' transients: a trainer that waits for its next batch
     (while the engines generate) gives them back; one whose batches are ready steps on without
-    trim and page faults (tiny 1m model, back-to-back steps: 0.13 s of a 0.57 s step).
+    the trim and the page faults that would follow it, a sizeable part of a tiny model's step
+    (docs/benchmarks.md, "Measurements moved out of module docstrings").
     `malloc_trim` is thread-safe (it takes the arena locks), so the trim may overlap a call that
     starts meanwhile."""
 

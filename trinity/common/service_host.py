@@ -6,9 +6,9 @@
 
 A run whose services no other process shares (`mode: both`, a train stage from a dataset,
 `bench`) used to start each of them as a Ray actor: three Python processes that each held Ray's
-worker runtime (about 65 MB of PSS apiece on a tiny model's run) and took their turn in the
-raylet's worker start-up queue, which starts as many workers at once as the machine has cores,
-ahead of the explorer and the trainer. `ServiceHost` holds them all in one actor instead.
+worker runtime (docs/benchmarks.md, "The run's small services in one process") and took their
+turn in the raylet's worker start-up queue, which starts as many workers at once as the machine
+has cores, ahead of the explorer and the trainer. `ServiceHost` holds them all in one actor instead.
 
 `hosted(...)` returns a `Hosted` handle with the shape of a Ray actor handle
 (`handle.method.remote(*args, **kwargs)` returns an ObjectRef), so the explorer, the trainer and

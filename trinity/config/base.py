@@ -43,7 +43,8 @@ class ConfigSection(BaseModel):
     description (`field_description`)."""
 
     # no `use_attribute_docstrings`: pydantic would read every section's source as the class
-    # is made, 0.27 s of each process's import of `trinity.config` once torch is loaded
+    # is made, in every process that imports `trinity.config`, and finding a class's source is
+    # slow once torch's many modules are loaded; descriptions are read when asked instead
     model_config = ConfigDict(
         extra="forbid",
         coerce_numbers_to_str=True,

@@ -55,7 +55,8 @@ def _text_prototype(max_length: int) -> spaces.Text:
 def text_space(max_length: int = 4096) -> spaces.Text:
     """A text space over printable characters. A fresh space per call (its own random
     generator, seeded on first use), sharing the read-only character tables of one built
-    prototype: building them (about 12k characters) cost 12 ms per space, per environment."""
+    prototype: building them (about 12k characters) for every space would be paid again by
+    every environment."""
     return copy.copy(_text_prototype(max_length))
 
 

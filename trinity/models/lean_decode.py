@@ -14,9 +14,9 @@ Two implementations of one small interface (`Decoder`):
   model's own submodules, weights and rotary embedding, with a KV cache that grows in blocks.
   A decode step of a small model is mostly per-call overhead: transformers builds a 4-D mask,
   concatenates every layer's cache (`DynamicCache` copies the whole cache each step) and walks its
-  output dataclasses and kwargs for every token. On the 10M-parameter benchmark model (32 rows,
-  64 tokens, fp32, 2 CPU threads) the lean loop decodes in 0.48–0.50 s against 0.56–0.60 s, with
-  the same greedy tokens. What it calls is what transformers' layers call (their projections,
+  output dataclasses and kwargs for every token; the lean loop skips all three and decodes the
+  same greedy tokens (its speed-up: docs/benchmarks.md, "Lean decode, reports as they come, lent
+  cores"). What it calls is what transformers' layers call (their projections,
   norms, MLP, rotary module and `apply_rotary_pos_emb`), so logits agree to float rounding
   (`tests/test_lean_decode.py` checks logits, greedy tokens and sampled logprobs against
   `HFDecoder`, with left padding, fan-out and rows leaving the batch).
@@ -25,9 +25,9 @@ On CPU the decode steps of a model of up to `packed_weights.MAX_PACKED_BYTES` ru
 copies of its weights (`models.packed_weights`: q, k and v as one [in, out] matrix, gate and up
 as another, each RMSNorm folded into the projection after it), in [rows, features] tensors with
 as few ops as possible between the matmuls (the rotary embedding applied to q and k at once, the
-residuals added by the matmuls): an engine batch of that benchmark took 0.63 s against 0.75 s
-from the modules (16% less), the copy's refresh after each weight update included. The prefill always runs
-through the model's own modules.
+residuals added by the matmuls), which is faster than the modules even with the copy's
+refresh after each weight update (docs/benchmarks.md, "Fewer ops between the decode step's
+matmuls"). The prefill always runs through the model's own modules.
 
 `lean_support(model)` says why a model must take the portable path (None when it need not): an
 unknown family, a sliding window, a missing submodule, or hooks that move weights at call time.

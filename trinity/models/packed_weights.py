@@ -5,10 +5,10 @@
     x = packs[l].o.add_to(x, attn)          # the residual added by the matmul itself
 
 A decode step multiplies a few dozen rows by every weight matrix. At that size the matrix's
-layout and the call count matter as much as the arithmetic: on the 10M-parameter benchmark model
-(32 rows, fp32, 2 CPU threads) BLAS reads an [out, in] `nn.Linear` weight transposed, which
-cost 8-34% per matmul against the same numbers stored [in, out], and q, k and v (320, 64 and 64
-outputs) or gate and up as separate matmuls cost more than one matmul over their concatenation.
+layout and the call count matter as much as the arithmetic: BLAS reads an [out, in] `nn.Linear`
+weight transposed, which costs more per matmul than the same numbers stored [in, out], and q, k
+and v (on a small model 320, 64 and 64 outputs) or gate and up as separate matmuls cost more
+than one matmul over their concatenation (docs/benchmarks.md, "Packed decode weights").
 So the lean decoder (`models.lean_decode`) multiplies by packed copies:
 
     qkv     [D, (H + 2·Hkv)·hd] = diag(w_in)·[W_q; W_k; W_v]ᵀ    (+ [b_q; b_k; b_v])
@@ -19,22 +19,21 @@ So the lean decoder (`models.lean_decode`) multiplies by packed copies:
 
 Every op between two matmuls costs far more than its arithmetic: a matmul streams megabytes of
 weights through the core's cache, and the small op that follows finds its code and data gone (an
-RMSNorm of [32, 320] took 18 µs in a loop, 80-100 µs right after a matmul). So the packs take
+RMSNorm takes several times as long right after a matmul as in a loop). So the packs take
 ops out: each RMSNorm before a projection is folded into it. With s = 1 / sqrt(mean(x²) + eps)
 per row, RMSNorm(x)·W = s ⊙ (x·diag(w)·W): the norm's weight w scales the packed rows once, and
 the step scales each output row by s (`inv_rms`, computed on [rows, 1] but for x²'s mean), so
 no normalised copy of x is made and the weight's multiply is gone. That is only the same
 arithmetic to float rounding in fp32 (elsewhere the module rounds to its dtype before
 scaling), so other dtypes keep the norm module in front of the matmul (`Packed.norm`).
-An engine batch of that model (4 prompts × 8 rows × 64 tokens, a repack before each batch, the
-two paths alternating in one process, medians of 20) took 0.63 s from the packs and 0.75 s from
-the modules; of the 50M-parameter preset, 2.46 s and 2.98 s (medians of 8).
+An engine batch decodes faster from the packs than from the modules, a repack before each
+batch included (docs/benchmarks.md, "Fewer ops between the decode step's matmuls").
 
 The logits agree with the model's own modules to float rounding (tests/test_lean_decode.py). The
 cost is a second copy of the linear weights (the embedding excepted) while the engine exists, and
-a copy per weight update: 39 MB and about 20 ms on that model. Packing is for CPU engines (a
-GPU's GEMMs do not care about the layout, and its memory is the scarcer) of at most
-`MAX_PACKED_BYTES`; larger models decode from their own weights.
+a copy per weight update (a transposing copy, straight into each block's columns). Packing is for
+CPU engines (a GPU's GEMMs do not care about the layout, and its memory is the scarcer) of at
+most `MAX_PACKED_BYTES`; larger models decode from their own weights.
 
 The packs are kept per model and rebuilt when any source weight changes: a stamp of each source
 tensor's storage address and in-place version counter (the projections' and the norms'), plus the

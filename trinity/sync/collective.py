@@ -26,8 +26,8 @@ How a sync goes (the trainer never waits for the explorer, and no weight bytes p
 Buffers are reused on the CPU: the trainer packs the next snapshot into the last discarded one of
 the same layout, and an engine receives into the buckets of its previous call (it has copied them
 into its weights since). Fresh CPU memory costs a page fault per page on first write, which made
-the two allocations most of a sync's time (3.1-3.5x a plain copy; on a GPU the caching allocator
-already reuses memory, so there is nothing to keep).
+the two allocations most of a sync's time (docs/benchmarks.md, "Async modes and weight sync"; on
+a GPU the caching allocator already reuses memory, so there is nothing to keep).
 
 Failures reach both sides at once instead of a 30-minute timeout. A failed group set-up or
 broadcast on the trainer's side posts `abort/<call>` with its traceback: the engines of that call

@@ -1,16 +1,16 @@
 """`sync_method: memory`: weights as numpy arrays in the Ray object store.
 
-numpy, not torch: a numpy array moves between processes ~10x cheaper (zero-copy read from shared
-memory) than a pickled torch tensor. A dtype numpy lacks (bfloat16, the float8 types) travels in
-its own bytes: as a view of the same bits as a signed integer of the same width, viewed back on
-receipt, so a bf16 model moves half the bytes of a float32 copy and arrives bit-exact. The object
-is freed when the synchronizer drops the last reference (`discard`) and no engine still holds it.
+numpy, not torch: a numpy array moves between processes far cheaper (a zero-copy read from
+shared memory) than a pickled torch tensor, which is copied out of the object store. A dtype
+numpy lacks (bfloat16, the float8 types) travels in its own bytes: as a view of the same bits as
+a signed integer of the same width, viewed back on receipt, so a bf16 model moves half the bytes
+of a float32 copy and arrives bit-exact. The object is freed when the synchronizer drops the
+last reference (`discard`) and no engine still holds it.
 
 `receive` hands out read-only views of the object-store arrays, not copies: an engine whose
 parameters have their dtype keeps the views as its parameters (`load_weights(take=True)`; the
 object stays pinned while it holds them), any other copies them, so a copy here would only move
-every byte twice (it made a sync 3.2-3.8x a plain memory copy instead of ~2x, see
-docs/benchmarks.md).
+every byte twice (docs/benchmarks.md, "Measurements moved out of module docstrings").
 """
 
 from __future__ import annotations

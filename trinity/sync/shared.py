@@ -21,7 +21,7 @@ strategy: a segment unlinked as soon as it is made, held open by the trainer). A
 it through the trainer's `/proc/<pid>/fd/<fd>` and maps it. No name is left in /dev/shm, so
 nothing can leak: the kernel frees the segment when the last process that maps it exits, a killed
 one included. (Named files, the `file_system` strategy, stayed in /dev/shm after every run whose
-actors Ray killed: 0.54 GB per SmolLM2 run.)
+actors Ray killed: a copy of the weights per run.)
 """
 
 from __future__ import annotations

@@ -57,9 +57,9 @@ def save_weights(model: Any, folder: Path) -> None:
     `generation_config.json`), what `save_pretrained` writes for a model in one file, read by
     `from_pretrained` unchanged: a tensor tied to an earlier one (the output embedding) is
     written once, under its first name. Tensors are written from where they are, without
-    `save_pretrained`'s copy of the whole model (+0.52 GB of peak memory for SmolLM2-135M in
-    fp32, measured); only a tensor that is not contiguous, or that shares its storage with
-    another one without being it, is copied."""
+    `save_pretrained`'s copy of the whole model (a second copy of the weights at the save's
+    peak; docs/real_model.md); only a tensor that is not contiguous, or that shares its
+    storage with another one without being it, is copied."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -66,9 +66,9 @@ def lr_factor(step: int, warmup: int, total: int, style: str, min_lr_ratio: floa
 def _implementation(params: list[torch.nn.Parameter]) -> dict[str, bool]:
     """AdamW's fused kernel where torch has one for these parameters (floating point, all on
     CPU or all on one accelerator type): one pass per parameter, in place. The multi-tensor
-    (`foreach`) form it replaces builds temporaries the size of every parameter together: on
-    SmolLM2-135M in fp32, +0.43 GB of peak memory and 0.51 s against 0.09 s per update on one
-    thread. Both compute the same update; they differ in rounding only (about 1e-7 after 50
+    (`foreach`) form it replaces builds temporaries the size of every parameter together, so
+    its update peaks higher and runs slower (measured on SmolLM2: docs/benchmarks.md, trainer
+    memory). Both compute the same update; they differ in rounding only (about 1e-7 after 50
     updates)."""
     devices = {p.device.type for p in params}
     fusable = len(devices) == 1 and devices <= {"cpu", "cuda", "xpu", "mps"}
