@@ -234,10 +234,15 @@ def test_sigkill_at_random_moments_loses_nothing_and_trains_nothing_twice(tmp_pa
     ray_tmp = Path(tempfile.mkdtemp(prefix="rk", dir="/tmp"))  # short: Ray's socket paths
     cfg = grpo_config(tmp_path, tiny_model_dir)
     steps = 100  # 10 trials train at most 8 steps each: every trial is killed mid-run
-    sets = [f"buffer.total_steps={steps}", "buffer.total_epochs=12", "trainer.save_interval=1",
-            "explorer.eval_interval=0",
-            "explorer.eval_on_startup=false", "continue_from_checkpoint=true",
-            "cluster.one_process=false"]  # fmt: skip  (trainer and explorer processes to kill)
+    sets = [
+        f"buffer.total_steps={steps}",
+        "buffer.total_epochs=12",
+        "trainer.save_interval=1",
+        "explorer.eval_interval=0",
+        "explorer.eval_on_startup=false",
+        "continue_from_checkpoint=true",
+        "cluster.one_process=false",
+    ]  # cluster.one_process=false: trainer and explorer processes to kill
     args = [a for s in sets for a in ("--set", s)]
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache"), "RAY_TMPDIR": str(ray_tmp)}
     cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg), *args]
