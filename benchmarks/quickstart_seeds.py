@@ -8,8 +8,9 @@
 Each seed runs `trinity run --config examples/quickstart/quickstart.yaml --set seed=S` as a
 subprocess with its own fresh `TRINITY_CACHE_DIR` (so the tiny model is built from scratch, as on
 a new machine) and its own checkpoint root, then reads what it wrote: held-out greedy and sampled
-accuracy at the start, after the SFT stage and after the GRPO stage, and the wall time from start
-to summary (model build included). Prints one row per seed, then mean, standard deviation and range,
+accuracy at the start, after the SFT stage and after the GRPO stage, the wall time from start
+to summary (model build included) and each stage's, the layout the run chose, and the machine's
+speed just before the run (`machine_speed.py`: a 1024² fp32 matmul's GFLOP/s on 2 threads). Prints one row per seed, then mean, standard deviation and range,
 and writes `benchmarks/results/quickstart_seeds.json` (`--out-name` renames it).
 
 Wall times are only comparable between runs that had the machine to themselves: with
@@ -44,6 +45,7 @@ def run_seed(seed: int, work: Path, threads: int | None, extra: list[str]) -> di
     }
     cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(CONFIG)]
     cmd += ["--set", f"seed={seed}"]
+    gflops = machine_gflops()  # the machine's speed just before this run (machine_speed.py)
     if threads:
         cmd += ["--set", f"trainer.num_threads={threads}"]
         cmd += ["--set", f"explorer.rollout_model.num_threads={threads}"]
@@ -71,7 +73,24 @@ def run_seed(seed: int, work: Path, threads: int | None, extra: list[str]) -> di
         "sampled_sft": last("sft", SAMPLED),
         "sampled_grpo": last("grpo", SAMPLED),
         "wall_s": wall,
+        "sft_s": summary_stage(run_dir, "sft"),
+        "grpo_s": summary_stage(run_dir, "grpo"),
+        "machine_gflops": gflops,
+        "layout": next((x for x in proc.stdout.splitlines() if x.startswith("layout: ")), ""),
     }
+
+
+def summary_stage(run_dir: Path, name: str) -> float:
+    """Seconds the run's summary.json gives stage `name`."""
+    stages = json.loads((run_dir / "summary.json").read_text())["stages"]
+    return next(s["seconds"] for s in stages if s["name"] == name)
+
+
+def machine_gflops() -> float:
+    """`benchmarks/machine_speed.py`'s yardstick (1024² fp32 matmul, 2 threads), in a child."""
+    script = Path(__file__).with_name("machine_speed.py")
+    out = subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True)
+    return float(json.loads(out.stdout)["gflops"])
 
 
 def summary(rows: list[dict], key: str) -> dict:
@@ -98,7 +117,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="quickstart_seeds_"))
     with ThreadPoolExecutor(args.parallel) as pool:
         rows = list(pool.map(lambda s: run_seed(s, work, args.threads, args.extra), args.seeds))
-    keys = [k for k in rows[0] if k != "seed"]
+    keys = [k for k in rows[0] if k not in ("seed", "layout")]
+    print(f"layout: {rows[0]['layout']}")
     header = f"{'seed':>5} " + " ".join(f"{k:>14}" for k in keys)
     print(header)
     for r in rows:

@@ -16,8 +16,7 @@ Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is print
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -186,8 +185,7 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
     cfg = load_config(config, overrides or [])
 
     try:
-        with _stops_as_interrupts():
-            run_config(cfg, console)
+        run_config(cfg, console)
     except KeyboardInterrupt as e:  # the run printed where it stood and how to continue
         err.print(f"[yellow]stopped ({e or 'Ctrl-C'})[/]")
         raise typer.Exit(130) from None
@@ -200,23 +198,6 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
         err.print("[red]run failed[/]")
         sys.stderr.write(f"{e}\n")
         raise typer.Exit(1) from None
-
-
-@contextmanager
-def _stops_as_interrupts() -> Iterator[None]:
-    """SIGTERM (and SIGHUP) stop a run as Ctrl-C does: its parts are let go and it prints where
-    it stood and how to continue (`launcher.run`)."""
-    import signal
-
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @app.command()

@@ -102,6 +102,7 @@ class Explorer:
         self.startup = StartupMarks("explorer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
+        self.sync_method = resolve(config).sync_method  # the stage's weight transport, derived once
         self.engine_share = engine_share
         self.run_shares = run_shares
         self._held: int | None = None  # this explorer's part of a split run's cores
@@ -149,7 +150,7 @@ class Explorer:
         self.greedy_baseline = lookup_algorithm(config.algorithm.algorithm_type).greedy_baseline
         # the engines hold the trainer's live weights (sync_method shared): a step's evaluation
         # runs before its experiences are written, while the trainer still waits for them
-        self.live_weights = sync_method(resolve(config).sync_method).live
+        self.live_weights = sync_method(self.sync_method).live
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -743,7 +744,7 @@ class Explorer:
         if found is None:
             return {}
         got, payload = found
-        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        await self.client.update_weights(self.sync_method, payload, got)
         return {"sync/load_s": time.perf_counter() - t0, "sync/pause_s": time.perf_counter() - t0}
 
     async def admit(self, oldest: int, newest: bool, ask: bool) -> dict[str, float]:
@@ -763,7 +764,7 @@ class Explorer:
             found = await self.synchronizer.latest.remote(got - 1, reader=self._name)
             got, payload = found or (got, payload)
         t1 = time.perf_counter()
-        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        await self.client.update_weights(self.sync_method, payload, got)
         t2 = time.perf_counter()
         return {"sync/admission_wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
 
@@ -785,7 +786,7 @@ class Explorer:
             return {"sync/pause_s": time.perf_counter() - t0}
         t1 = time.perf_counter()
         got, payload = found
-        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        await self.client.update_weights(self.sync_method, payload, got)
         t2 = time.perf_counter()
         return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
 
@@ -817,7 +818,7 @@ class Explorer:
             ),
         )
         t1 = time.perf_counter()
-        await self.client.update_weights(resolve(self.cfg).sync_method, payload, got)
+        await self.client.update_weights(self.sync_method, payload, got)
         t2 = time.perf_counter()
         return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
 

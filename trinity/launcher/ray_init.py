@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 import ray
@@ -101,3 +103,21 @@ def task_events_flush_s() -> float:
     """How long until every live worker has sent Ray the events of the calls it finished: its
     report interval (`RAY_task_events_report_interval_ms`, 1 s by default) and a margin."""
     return int(os.environ.get("RAY_task_events_report_interval_ms", "1000")) / 1000 + 0.5  # noqa: SIM112
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stops_as_interrupts() -> None:
+    """Make SIGTERM and SIGHUP stop this process as Ctrl-C does (a KeyboardInterrupt naming the
+    signal), so a run lets its parts go and says how to continue (`launcher.summary`). Called
+    again after `ray.init`, whose core worker installs its own handlers for them (which log the
+    signal and abort the process). The main thread only, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)

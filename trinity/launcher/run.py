@@ -32,7 +32,12 @@ from trinity.config import seeds
 from trinity.config.run_folder import joins_existing_run, trains_from_queue
 from trinity.launcher.naming import agree_on_name, fresh_folder_unless_continuing
 from trinity.launcher.plan import RunPlan, plan_run
-from trinity.launcher.ray_init import init_ray, run_namespace, task_events_flush_s
+from trinity.launcher.ray_init import (
+    init_ray,
+    run_namespace,
+    stops_as_interrupts,
+    task_events_flush_s,
+)
 from trinity.launcher.stage import RunContext, run_stage
 from trinity.launcher.summary import (
     RunResult,
@@ -69,7 +74,9 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
     if plan.lends_cores:  # a local Ray's workers inherit it (common.core_shares)
         os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_MKL)
     # 2.
+    stops_as_interrupts()
     joined = init_ray(config.cluster.ray_address, run_namespace(config))
+    stops_as_interrupts()  # Ray's core worker installs handlers of its own
     startup.mark("ray")
     pss = TreePssSampler(os.getpid()).start()
     asked = plan.cfg.name

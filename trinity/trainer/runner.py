@@ -43,6 +43,7 @@ class TrainerRunner:
         self.startup = StartupMarks("trainer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
+        self.resolved = resolve(config)  # the stage's derived numbers, once
         self.num_threads = num_threads
         self.model_path = model_path
         self.stage_dir = Path(stage_dir)
@@ -147,7 +148,7 @@ class TrainerRunner:
         if self.trainer is None:
             raise RuntimeError("TrainerRunner.prepare() must come before run()")
         self.lane.run(self.trainer.plan, total_steps)
-        resolved = resolve(cfg)
+        resolved = self.resolved
         n = resolved.train_batch_size  # experiences per train step
         save_every = resolved.save_interval_for(total_steps)  # 0 = only at the end
         step, last_saved = 0, None
@@ -305,7 +306,7 @@ class TrainerRunner:
         """Publish the weights of `step` with the configured sync method's trainer half."""
         assert self.trainer is not None
         t0 = time.perf_counter()
-        method = sync_method(resolve(self.cfg).sync_method)
+        method = sync_method(self.resolved.sync_method)
         state, payload = self.lane.run(self._send, method, step)
         ray.get(self.synchronizer.publish.remote(step, payload))
         return {
