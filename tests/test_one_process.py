@@ -31,7 +31,7 @@ def _cfg(mode: str = "both", **over: dict) -> TrinityConfig:
         "cluster": {"one_process": True},
     }
     for section, keys in over.items():
-        base[section] = {**base.get(section, {}), **keys}
+        base[section] = {**base.get(section, {}), **keys} if isinstance(keys, dict) else keys
     return TrinityConfig.model_validate(base)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from test_e2e import ROOT
+from test_one_process import _cfg as one_process_cfg
 
 from trinity.config import load_config
 from trinity.config.schema import TrinityConfig
@@ -14,18 +15,10 @@ from trinity.launcher.plan import plan_run
 
 
 def _cfg(mode: str = "both", **over: dict) -> TrinityConfig:
-    base = {
-        "mode": mode,
-        "model": {"model_path": "m"},
-        "buffer": {
-            "total_steps": 1,
-            "explorer_input": {"taskset": {"path": "t", "storage_type": "file"}},
-            "trainer_input": {"experience_buffer": {"name": "exp", "storage_type": "queue"}},
-        },
-    }
-    for section, keys in over.items():
-        base[section] = {**base.get(section, {}), **keys} if isinstance(keys, dict) else keys
-    return TrinityConfig.model_validate(base)
+    """test_one_process's small config, its layout key unset unless `cluster` sets it."""
+    return one_process_cfg(
+        mode, **{**over, "cluster": {"one_process": None, **over.get("cluster", {})}}
+    )
 
 
 def test_one_cpu_node_runs_in_one_process_unless_told_otherwise():

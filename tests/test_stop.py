@@ -63,16 +63,15 @@ def test_explorers_continue_after_their_cursor_and_bench_starts_over(tmp_path):
     assert "run the same command again" in stop_lines(progress, {}, "bench", False, None)[1]
 
 
-@pytest.mark.slow  # two runs: one interrupted at its fourth step, then its continuation
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_model_dir, sig):
-    """The signal reaches the driver mid-stage (train steps 3+ of 10, a checkpoint every 2):
-    the run ends with exit 130 and the resume line; that line, run as printed, finishes the run
-    with every experience trained exactly once."""
-    cfg = grpo_config(tmp_path, tiny_model_dir)
-    sets = ["buffer.total_steps=10", "trainer.save_interval=2", "explorer.eval_interval=0"]
+SETS = ["buffer.total_steps=10", "trainer.save_interval=2", "explorer.eval_interval=0"]
+
+
+def _started_past_a_checkpoint(tmp_path: Path, model_dir: Path) -> tuple[Path, subprocess.Popen]:
+    """test_e2e's GRPO run of 10 steps (a checkpoint every 2) as a subprocess, returned once its
+    checkpoint of step 2 exists: mid-stage, with something to continue from."""
+    cfg = grpo_config(tmp_path, model_dir)
     args = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
-    args += [a for s in sets for a in ("--set", s)]
+    args += [a for s in SETS for a in ("--set", s)]
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
     proc = subprocess.Popen(
@@ -82,6 +81,17 @@ def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_
     while not list(run_dir.glob("global_step_2")) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         time.sleep(0.2)
+    return cfg, proc
+
+
+@pytest.mark.slow  # two runs: one interrupted at its fourth step, then its continuation
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_model_dir, sig):
+    """The signal reaches the driver mid-stage (train steps 3+ of 10, a checkpoint every 2):
+    the run ends with exit 130 and the resume line; that line, run as printed, finishes the run
+    with every experience trained exactly once."""
+    cfg, proc = _started_past_a_checkpoint(tmp_path, tiny_model_dir)
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
     proc.send_signal(sig)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out[-3000:]
@@ -96,7 +106,7 @@ def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_
     more = command.group(1).split()[1::2]
     assert more == ["continue_from_checkpoint=true"]
 
-    resumed = run_trinity(cfg, overrides=[*sets, *more])
+    resumed = run_trinity(cfg, overrides=[*SETS, *more])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"global_step_{ckpt.group(1)}" in " ".join(resumed.stdout.split())
     assert (run_dir / "global_step_10").is_dir()
@@ -113,19 +123,8 @@ def test_a_crash_of_the_one_process_ends_the_run_with_the_command_that_continues
     which finishes the run."""
     from test_e2e import descendants
 
-    cfg = grpo_config(tmp_path, tiny_model_dir)
-    sets = ["buffer.total_steps=10", "trainer.save_interval=2", "explorer.eval_interval=0"]
-    args = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
-    args += [a for s in sets for a in ("--set", s)]
-    env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
+    cfg, proc = _started_past_a_checkpoint(tmp_path, tiny_model_dir)
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + 180
-    while not list(run_dir.glob("global_step_2")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        time.sleep(0.2)
     hosts = [pid for pid, a in descendants(proc.pid).items() if "ServiceHost" in a]
     assert len(hosts) == 1, descendants(proc.pid)
     os.kill(hosts[0], signal.SIGKILL)
@@ -135,7 +134,7 @@ def test_a_crash_of_the_one_process_ends_the_run_with_the_command_that_continues
     assert "the run's one process ended" in flat and "cluster.one_process: false" in flat
     command = re.search(r"run the same command with ((?:--set \S+ ?)+)to continue", flat)
     assert command, out[-3000:]
-    resumed = run_trinity(cfg, overrides=[*sets, *command.group(1).split()[1::2]])
+    resumed = run_trinity(cfg, overrides=[*SETS, *command.group(1).split()[1::2]])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "global_step_10").is_dir()
     assert buffer_counts(cfg)["trained_twice"] == 0
