@@ -94,7 +94,7 @@ class StagePlan:
         return [
             ("explorer", self.explores),
             ("endpoint", self.serves),
-            ("evaluator", self.evaluates and not (self.explores or self.serves)),
+            ("explorer (evaluation only)", self.evaluates and not (self.explores or self.serves)),
             ("trainer", self.trains),
             ("buffer", self.explores or self.serves or self.reads_queue),
         ]
