@@ -29,7 +29,7 @@ def test_one_cpu_node_runs_in_one_process_unless_told_otherwise():
     assert plan.stages[0].cfg.cluster.one_process is True
     kept = plan_run(_cfg(cluster={"one_process": False}), gpus_here=False)
     assert not kept.layout.one_process
-    assert kept.layout.why == "cluster.one_process: False"
+    assert kept.layout.why == "cluster.one_process: false"
     assert kept.stages[0].cfg.cluster.one_process is False
 
 

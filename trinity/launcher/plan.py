@@ -153,7 +153,8 @@ def choose_layout(cfg: TrinityConfig, stages: list[TrinityConfig], gpus_here: bo
     """`cluster.one_process` as set, else one process where every stage can be one (module
     docstring), else a process per part, naming the first reason."""
     if cfg.cluster.one_process is not None:
-        return Layout(cfg.cluster.one_process, f"cluster.one_process: {cfg.cluster.one_process}")
+        said = str(cfg.cluster.one_process).lower()  # as YAML spells it
+        return Layout(cfg.cluster.one_process, f"cluster.one_process: {said}")
     for c in stages:
         if (why := _needs_processes(c, gpus_here)) is not None:
             where = f"stage {c.stage_name}: " if c.stage_name else ""
