@@ -161,6 +161,22 @@ def test_skip_bad_rows_with_nothing_left_is_a_problem(tmp_path, no_ray):
     assert "no tasks to run: every row is bad" in r.output
 
 
+def test_a_format_key_no_row_has_is_said_once_without_advice_to_skip(tmp_path, no_ray):
+    """Every row lacking the same key is the config's mistake (here `format.prompt_key` left at
+    its default `prompt`): one problem naming the key and the keys the rows do have, not one per
+    row with advice to skip them all."""
+    rows = [json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) for i in range(16)]
+    cfg = skip_config(tmp_path, rows, False)
+    cfg.write_text(cfg.read_text().replace("prompt_key: question, ", ""))
+    r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
+    assert r.exit_code == 2
+    out = " ".join(r.output.split())
+    assert out.count("row has no key 'prompt' (format.prompt_key)") == 1, out
+    assert "every row (16) is bad the same way: " in out
+    assert "the row's keys are ['answer', 'question']" in out
+    assert "skip_bad_rows" not in out
+
+
 # -- the real entry point --------------------------------------------------------------------------
 
 

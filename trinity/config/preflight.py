@@ -489,6 +489,11 @@ def _check_data(
         return
     if bad and storage.skip_bad_rows:
         skipped.append(f"{path}: {_rows(len(bad))} will be skipped; the first: {bad[0]}")
+    elif bad and n_tasks == 0 and len({row.split(": ", 1)[-1] for row in bad}) == 1:
+        # one mistake of the config (a format key), not of the data: said once, and skipping
+        # would leave nothing to run
+        problems.append(Problem(path, f"every row ({len(bad)}) is bad the same way: {bad[0]}"))
+        return
     elif bad:
         problems += [Problem(path, row) for row in bad[:MAX_ROWS_SHOWN]]
         if len(bad) > MAX_ROWS_SHOWN:
