@@ -1,7 +1,9 @@
-"""The configuration reference in docs/configuration.md is generated from the schema and current."""
+"""The generated parts of the docs are current: the key reference in docs/configuration.md (from
+the schema) and the built-in pieces in docs/plugins.md (from the registries)."""
 
 from pathlib import Path
 
+from trinity.config.catalog import catalog_markdown
 from trinity.config.reference import reference_markdown
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -46,3 +48,29 @@ def test_every_key_has_one_row() -> None:
     assert len(rows) == len(_cells())  # no key twice
     assert {"seed", "synchronizer.sync_style", "explorer.auxiliary_models[*].name"} <= set(rows)
     assert set(rows) <= set(schema_paths())
+
+
+PLUGINS = DOC.with_name("plugins.md")
+
+
+def test_the_docs_list_of_built_in_pieces_is_current() -> None:
+    text = PLUGINS.read_text(encoding="utf-8")
+    block = text.split("<!-- builtins:start -->\n", 1)[1].split("<!-- builtins:end -->", 1)[0]
+    assert block == catalog_markdown(), (
+        "docs/plugins.md is stale: run `python scripts/config_reference.py`"
+    )
+
+
+def test_the_list_names_each_piece_with_its_docstring_and_aliases_as_such() -> None:
+    from trinity.rewards import REWARD_FN
+
+    rows = {
+        line.split(" | ")[0].strip("| `"): line.split(" | ")[1].rstrip(" |")
+        for line in catalog_markdown().splitlines()
+        if line.startswith("| `")
+    }
+    assert set(REWARD_FN.names()) <= set(rows)
+    # arithmetic_reward's docstring starts '{"accuracy": 1.0} when the last number ...'
+    assert rows["arithmetic_reward"].startswith('{"accuracy": 1.0} when the last number')
+    # as_react_workflow is Trinity-RFT's name for agentscope_react_workflow (one class)
+    assert rows["as_react_workflow"] == "the same as `agentscope_react_workflow`"

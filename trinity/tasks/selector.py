@@ -58,12 +58,16 @@ class TaskSelector:
 
 @SELECTORS.register("sequential")
 class SequentialSelector(TaskSelector):
+    """Tasks in file order, every epoch."""
+
     def epoch_order(self, n: int, epoch: int) -> list[int]:
         return list(range(n))
 
 
 @SELECTORS.register("shuffle")
 class ShuffleSelector(TaskSelector):
+    """A new permutation of the tasks each epoch, drawn from the seed and the epoch."""
+
     def epoch_order(self, n: int, epoch: int) -> list[int]:
         order = list(range(n))
         random.Random(f"shuffle:{self.seed}:{epoch}").shuffle(order)
@@ -72,6 +76,8 @@ class ShuffleSelector(TaskSelector):
 
 @SELECTORS.register("random")
 class RandomSelector(TaskSelector):
+    """Tasks drawn at random with replacement, from the seed and the epoch."""
+
     def epoch_order(self, n: int, epoch: int) -> list[int]:
         rng = random.Random(f"random:{self.seed}:{epoch}")
         return [rng.randrange(n) for _ in range(n)]
