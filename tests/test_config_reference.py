@@ -74,3 +74,16 @@ def test_the_list_names_each_piece_with_its_docstring_and_aliases_as_such() -> N
     assert rows["arithmetic_reward"].startswith('{"accuracy": 1.0} when the last number')
     # as_react_workflow is Trinity-RFT's name for agentscope_react_workflow (one class)
     assert rows["as_react_workflow"] == "the same as `agentscope_react_workflow`"
+
+
+def test_a_plugin_registered_in_this_process_is_not_listed_as_built_in() -> None:
+    from trinity.rewards import REWARD_FN
+
+    name = "catalog_test_plugin_reward"
+    plugin = type(lambda: None)((lambda r, t: {}).__code__, {}, name)
+    plugin.__module__ = "my_plugins.rewards"
+    REWARD_FN.register(name)(plugin)
+    try:
+        assert name not in catalog_markdown()
+    finally:
+        REWARD_FN._items.pop(name)

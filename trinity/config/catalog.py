@@ -34,6 +34,8 @@ def catalog_markdown() -> str:
     for title, key, module, attr in SECTIONS:
         registry = getattr(importlib.import_module(module), attr)
         pieces = {name: registry.get(name) for name in registry.names()}
+        # built-in only: a user's plugin (or a test's) registered in this process is not listed
+        pieces = {n: p for n, p in pieces.items() if _module(p).startswith("trinity.")}
         first = {}  # a piece -> the first name it was listed under
         out += [f"### {title}", "", f"Named by {key}.", "", "| name | what it is |", "|---|---|"]
         for name, piece in pieces.items():
@@ -44,10 +46,14 @@ def catalog_markdown() -> str:
     return "\n".join(out)
 
 
+def _module(piece: Any) -> str:
+    return str(getattr(piece, "__module__", "") or "")
+
+
 def _summary(piece: Any) -> str:
     """The first line of the piece's own docstring, else of its module's."""
     doc = piece.__dict__.get("__doc__") if inspect.isclass(piece) else piece.__doc__
     if not doc:
-        doc = getattr(sys.modules.get(getattr(piece, "__module__", "")), "__doc__", None)
+        doc = getattr(sys.modules.get(_module(piece)), "__doc__", None)
     line = (doc or "").strip().split("\n")[0].strip()
     return line.replace("|", "\\|")
