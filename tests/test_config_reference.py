@@ -79,11 +79,15 @@ def test_the_list_names_each_piece_with_its_docstring_and_aliases_as_such() -> N
 def test_a_plugin_registered_in_this_process_is_not_listed_as_built_in() -> None:
     from trinity.rewards import REWARD_FN
 
-    name = "catalog_test_plugin_reward"
-    plugin = type(lambda: None)((lambda r, t: {}).__code__, {}, name)
-    plugin.__module__ = "my_plugins.rewards"
-    REWARD_FN.register(name)(plugin)
-    try:
-        assert name not in catalog_markdown()
-    finally:
-        REWARD_FN._items.pop(name)
+    # an installed package's piece, and a plugin directory's (imported under trinity.common.plugins)
+    for name, module in [
+        ("catalog_test_package_reward", "my_package.rewards"),
+        ("catalog_test_plugin_reward", "trinity.common.plugins.my_plugins_0123456789.rewards"),
+    ]:
+        plugin = type(lambda: None)((lambda r, t: {}).__code__, {}, name)
+        plugin.__module__ = module
+        REWARD_FN.register(name)(plugin)
+        try:
+            assert name not in catalog_markdown()
+        finally:
+            REWARD_FN._items.pop(name)

@@ -35,7 +35,7 @@ def catalog_markdown() -> str:
         registry = getattr(importlib.import_module(module), attr)
         pieces = {name: registry.get(name) for name in registry.names()}
         # built-in only: a user's plugin (or a test's) registered in this process is not listed
-        pieces = {n: p for n, p in pieces.items() if _module(p).startswith("trinity.")}
+        pieces = {n: p for n, p in pieces.items() if _built_in(_module(p))}
         first = {}  # a piece -> the first name it was listed under
         out += [f"### {title}", "", f"Named by {key}.", "", "| name | what it is |", "|---|---|"]
         for name, piece in pieces.items():
@@ -44,6 +44,14 @@ def catalog_markdown() -> str:
             out.append(f"| `{name}` | {about} |")
         out.append("")
     return "\n".join(out)
+
+
+def _built_in(module: str) -> bool:
+    """A module of the package, not a plugin directory (imported as a package under
+    `trinity.common.plugins`)."""
+    from trinity.common.plugins import __name__ as plugins
+
+    return module.startswith("trinity.") and not module.startswith(plugins + ".")
 
 
 def _module(piece: Any) -> str:
