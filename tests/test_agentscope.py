@@ -66,12 +66,15 @@ class ByTurn(FakeEngine):
     def __init__(self, tokenizer: Any, script: list[str], header: str) -> None:
         super().__init__(tokenizer, seed=0, split_rate=0.5)
         self.script, self.header = script, header
-        self._lock = asyncio.Lock()
+        # one lock per event loop: a test runs its episodes under several `asyncio.run`s, and a
+        # lock that once had waiters is bound to the loop it had them on
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
     ) -> list:
-        async with self._lock:  # one call at a time: `plan` is this call's
+        lock = self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:  # one call at a time: `plan` is this call's
             turn = self.tokenizer.decode(prompt_ids).count(self.header) - 1
             self.plan = [(self.script[turn], "stop")] * params.n
             return await super().generate(prompt_ids, params, key)
