@@ -20,10 +20,14 @@ def _rows() -> dict[str, list[str]]:
     return {cells[0].strip("`"): cells[1:] for cells in _cells()}
 
 
+def _block(page: Path, marker: str) -> str:
+    """The generated part of `page` between its `<!-- marker:start/end -->` lines."""
+    text = page.read_text(encoding="utf-8")
+    return text.split(f"<!-- {marker}:start -->\n", 1)[1].split(f"<!-- {marker}:end -->", 1)[0]
+
+
 def test_the_docs_reference_is_current() -> None:
-    text = DOC.read_text(encoding="utf-8")
-    block = text.split("<!-- reference:start -->\n", 1)[1].split("<!-- reference:end -->", 1)[0]
-    assert block == reference_markdown(), (
+    assert _block(DOC, "reference") == reference_markdown(), (
         "docs/configuration.md is stale: run `python scripts/config_reference.py`"
     )
 
@@ -54,9 +58,7 @@ PLUGINS = DOC.with_name("plugins.md")
 
 
 def test_the_docs_list_of_built_in_pieces_is_current() -> None:
-    text = PLUGINS.read_text(encoding="utf-8")
-    block = text.split("<!-- builtins:start -->\n", 1)[1].split("<!-- builtins:end -->", 1)[0]
-    assert block == catalog_markdown(), (
+    assert _block(PLUGINS, "builtins") == catalog_markdown(), (
         "docs/plugins.md is stale: run `python scripts/config_reference.py`"
     )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_e2e import ROOT, buffer_counts, grpo_config, run_trinity
 
-from trinity.launcher.summary import stop_lines
+from trinity.launcher.summary import Progress, stop_lines
 from trinity.trainer.checkpoint import MANIFEST, TRAINER_STATE
 
 
@@ -30,7 +30,7 @@ def _sealed(folder: Path) -> Path:
 def test_a_stopped_training_run_names_its_step_its_checkpoint_and_the_command(tmp_path):
     stage_dir = tmp_path / "grpo"
     _sealed(stage_dir / "global_step_1220")
-    progress = {"stage": "grpo", "offset": 1200, "total": 300, "stage_dir": stage_dir}
+    progress = Progress("grpo", offset=1200, total=300, stage_dir=stage_dir)
     lines = stop_lines(progress, {"explorer": 1231, "trainer": 1230}, "both", False, None)
     assert lines == [
         "stopped in stage grpo at train step 1230 of 1500",  # 1200 + 300, run-wide
@@ -43,18 +43,18 @@ def test_a_stopped_training_run_names_its_step_its_checkpoint_and_the_command(tm
 
 
 def test_a_stop_before_any_checkpoint_or_step_says_the_stage_starts_again(tmp_path):
-    progress = {"stage": "main", "offset": 0, "total": 5, "stage_dir": tmp_path}
+    progress = Progress("main", offset=0, total=5, stage_dir=tmp_path)
     assert stop_lines(progress, {}, "both", False, None)[:2] == [
         "stopped in stage main before its first step",
         "no checkpoint of stage main yet: the stage starts again from its beginning",
     ]
-    assert stop_lines({}, {}, "both", False, None) == [
+    assert stop_lines(None, {}, "both", False, None) == [
         "stopped before its first stage began: nothing to continue; run it again"
     ]
 
 
 def test_explorers_continue_after_their_cursor_and_bench_starts_over(tmp_path):
-    progress = {"stage": "main", "offset": 0, "total": None, "stage_dir": tmp_path}
+    progress = Progress("main", offset=0, total=None, stage_dir=tmp_path)
     explore = stop_lines(progress, {"explorer": 7}, "explore", False, None)
     assert explore[0] == "stopped in stage main at explore step 7"
     assert (

@@ -31,7 +31,7 @@ from trinity.common.startup import StartupMarks
 from trinity.config import seeds
 from trinity.config.run_folder import joins_existing_run, trains_from_queue
 from trinity.launcher.naming import agree_on_name, fresh_folder_unless_continuing
-from trinity.launcher.plan import RunPlan, plan_run
+from trinity.launcher.plan import RunPlan, plan_run, process_role
 from trinity.launcher.ray_init import (
     init_ray,
     run_namespace,
@@ -126,7 +126,7 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
                 filename=str(run_dir / (f"timeline.{part}.json" if part else "timeline.json"))
             )
         ray.kill(host)
-        role = plan.stages[0].role
+        role = process_role(plan.cfg)  # as `agree_on_name` attached it
         if name_actor is not None and ray.get(name_actor.detach.remote(role)) == 0:
             ray.kill(name_actor)
     # 5.

@@ -34,7 +34,7 @@ from trinity.launcher.placement import engine_count, resource_plan, sync_by_memo
 from trinity.launcher.plan import StagePlan
 from trinity.launcher.ray_init import run_namespace, task_events_flush_s
 from trinity.launcher.reports import accuracies, wait, wait_all
-from trinity.launcher.summary import StageResult
+from trinity.launcher.summary import Progress, StageResult
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import explorer_sync, versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
@@ -52,8 +52,8 @@ class RunContext:
     nodes: list[str]  # the Ray nodes the run spreads over (empty: one node)
     run_shares: Any  # a split run's `RunName` actor, whose ledger divides the cores; or None
     continuing: bool  # continue_from_checkpoint: explorers continue after their cursors
-    progress: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Where the run is (stage, first step, planned steps): what a stop reports."""
+    progress: Progress | None = None
+    """Where the run is: what a stop reports."""
 
 
 class StageParts:
@@ -288,7 +288,7 @@ def _prepare(
     for d in ray.get(prep):
         sizes.update(d)
     total = None if stage.serves else plan_steps(stage.cfg, stage.explores, sizes)
-    ctx.progress.update(stage=stage.name, offset=offset, total=total, stage_dir=stage.stage_dir)
+    ctx.progress = Progress(stage.name, offset, total, stage.stage_dir)
     sources = ({"explorer"} if stage.explores or stage.serves else set()) | (
         {"trainer"} if stage.trains else set()
     )
@@ -395,7 +395,7 @@ def run_bench(stage: StagePlan, model_path: str, ctx: RunContext) -> StageResult
     try:
         ray.get(explorer.prepare.remote(with_train_tasks=False))
         ray.get(hub.begin_stage.remote(stage.name))
-        ctx.progress.update(stage=stage.name, offset=0, total=None, stage_dir=stage.stage_dir)
+        ctx.progress = Progress(stage.name, 0, None, stage.stage_dir)
         monitor.begin_stage(stage.name, {"bench"}, points[-1].step, first_step=0)
         rows = []
         for i, p in enumerate(points):

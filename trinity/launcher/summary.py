@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from trinity.common.startup import timeline
+from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
 
 
 @dataclass
@@ -81,27 +82,39 @@ def print_summary(result: RunResult, console: Console, joined: bool = False) -> 
     console.print(f"plots     trinity report {result.run_dir}", soft_wrap=True)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is: the stage running, the run-wide step it started after, its planned
+    steps (None: open-ended) and its folder. Set by the stage as it starts its loops."""
+
+    stage: str
+    offset: int
+    total: int | None
+    stage_dir: Path
+
+
 def stop_lines(
-    progress: dict, last_steps: dict[str, int], mode: str, continuing: bool, rename: str | None
+    progress: Progress | None,
+    last_steps: dict[str, int],
+    mode: str,
+    continuing: bool,
+    rename: str | None,
 ) -> list[str]:
     """What a run that stopped before its end (Ctrl-C, a signal, a crash) prints: where it
     stood, its newest checkpoint, and the command that continues it.
 
-    `progress`: where the run was (`launcher.stage.RunContext.progress`: stage, offset, planned
-    total, stage folder); `last_steps`: the newest step each source reported
+    `progress`: where the run was (None: no stage had begun); `last_steps`: the newest step each source reported
     (`Monitor.last_steps`); `continuing`: the run already had `continue_from_checkpoint: true`;
     `rename`: the run's name when the launcher chose it (`<name>_<timestamp>`), which the
     command must name to find the folder again.
     """
-    from trinity.trainer.checkpoint import checkpoint_step, latest_resumable
-
-    if not progress:
+    if progress is None:
         return ["stopped before its first stage began: nothing to continue; run it again"]
-    stage, total = progress["stage"], progress.get("total")
+    stage, total = progress.stage, progress.total
     source = "trainer" if "trainer" in last_steps else "explorer"
     kind = "train" if source == "trainer" else "explore"
     at = last_steps.get(source)
-    of = f" of {progress['offset'] + total}" if total else ""
+    of = f" of {progress.offset + total}" if total else ""
     where = (
         f"stopped in stage {stage} at {kind} step {at}{of}"
         if at is not None
@@ -113,7 +126,7 @@ def stop_lines(
     if mode in ("explore", "serve"):
         again = "the explorer continues after its cursor in the buffer"
         return [where, f"run the same command{_with(sets)} to continue ({again})"]
-    ckpt = latest_resumable(progress["stage_dir"])
+    ckpt = latest_resumable(progress.stage_dir)
     if ckpt is None:
         said = f"no checkpoint of stage {stage} yet: the stage starts again from its beginning"
     else:
