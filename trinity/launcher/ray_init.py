@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 import ray
@@ -121,3 +122,24 @@ def stops_as_interrupts() -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
+
+
+def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> None:
+    """Kill `actors` and return once Ray reports each dead (or after `timeout_s`).
+
+    `ray.kill` only asks: until the actor is gone, a trainer in it goes on training and can seal
+    a checkpoint. A stopped run names its newest checkpoint as the one to continue from, so it
+    must look only after its compute is gone.
+    """
+    for actor in actors:
+        ray.kill(actor)
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 0))
+            except ray.exceptions.RayActorError:
+                break
+            except ray.exceptions.GetTimeoutError:
+                return
+            time.sleep(0.05)

@@ -34,6 +34,7 @@ from trinity.launcher.naming import agree_on_name, fresh_folder_unless_continuin
 from trinity.launcher.plan import RunPlan, plan_run, process_role
 from trinity.launcher.ray_init import (
     init_ray,
+    kill_and_wait,
     run_namespace,
     stops_as_interrupts,
     task_events_flush_s,
@@ -112,7 +113,9 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
         # 4.
         results = _run_stages(plan, ctx, startup)
     except BaseException as stop:
-        # 5. (a stop): where the run stood and the command that continues it
+        # 5. (a stop): where the run stood and the command that continues it, once the run's
+        # compute is gone (a trainer left running could seal a newer checkpoint than the one named)
+        kill_and_wait([host])
         rename = config.name if config.name != asked else None
         for line in _stop_lines(stop, plan, ctx, config.continue_from_checkpoint, rename):
             console.print(f"[yellow]{line}[/]", soft_wrap=True)

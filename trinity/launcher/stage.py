@@ -32,7 +32,7 @@ from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
 from trinity.launcher.placement import engine_count, resource_plan, sync_by_memory
 from trinity.launcher.plan import StagePlan
-from trinity.launcher.ray_init import run_namespace, task_events_flush_s
+from trinity.launcher.ray_init import kill_and_wait, run_namespace, task_events_flush_s
 from trinity.launcher.reports import accuracies, wait, wait_all
 from trinity.launcher.summary import Progress, StageResult
 from trinity.monitor.monitor import Monitor
@@ -100,8 +100,7 @@ class StageParts:
     def release(self) -> None:
         if self.actors and self.stage.cfg.monitor.enable_ray_timeline:
             time.sleep(task_events_flush_s())  # their calls' events reach Ray before they go
-        for a in self.actors:
-            ray.kill(a)
+        kill_and_wait(self.actors)  # gone before the run names its newest checkpoint
         # a dead host took its services with it (and the stage's own error is the one to raise)
         with contextlib.suppress(ray.exceptions.RayActorError):
             ray.get([self.ctx.host.remove.remote(n) for n in self.in_host])
