@@ -53,6 +53,30 @@ def test_what_needs_processes_keeps_a_process_per_part_and_says_why(over, gpus, 
     assert "a process per part" in plan.layout.describe()
 
 
+def test_a_one_process_run_needs_no_ray_unless_something_in_it_is_a_ray_actor(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # no cluster announced here
+    plan = plan_run(_cfg(), gpus_here=False)
+    assert not plan.layout.ray
+    assert "without Ray: nothing in the run spans processes" in plan.layout.describe()
+    assert plan_run(_cfg(cluster={"one_process": False}), gpus_here=False).layout.ray
+    told = plan_run(_cfg(cluster={"ray_address": "local"}), gpus_here=False)
+    assert told.layout.one_process and told.layout.ray
+    assert "on Ray: cluster.ray_address: local" in told.layout.describe()
+    timeline = plan_run(_cfg(monitor={"enable_ray_timeline": True}), gpus_here=False)
+    assert timeline.layout.ray and "enable_ray_timeline" in timeline.layout.ray_why
+
+
+def test_a_one_process_run_joins_a_cluster_that_answers(monkeypatch):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as gcs:  # something answers there
+        address = f"127.0.0.1:{gcs.getsockname()[1]}"
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        plan = plan_run(_cfg(), gpus_here=False)
+    assert plan.layout.one_process and plan.layout.ray
+    assert f"a Ray cluster answers at {address}" in plan.layout.ray_why
+
+
 def test_gpus_the_run_is_told_not_to_use_do_not_rule_one_process_out():
     assert plan_run(_cfg(cluster={"gpu_per_node": 0}), gpus_here=True).layout.one_process
 

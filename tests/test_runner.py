@@ -5,11 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import ray
 
+from trinity.common import refs
 from trinity.config import load_config
-from trinity.sync import memory as memory_module
-from trinity.trainer import runner as runner_module
 from trinity.trainer.runner import TrainerRunner
 
 
@@ -25,9 +23,10 @@ class FakeActor:
 
 @pytest.fixture
 def fake_ray(monkeypatch):
-    fake = SimpleNamespace(get=lambda x: x, put=lambda x: "object-ref", exceptions=ray.exceptions)
-    monkeypatch.setattr(runner_module, "ray", fake)
-    monkeypatch.setattr(memory_module, "ray", fake)  # the memory sync method's ray.put
+    """`refs.get` is the identity (a fake's call returns its value) and the memory sync
+    method's `refs.put` a stand-in ref."""
+    monkeypatch.setattr(refs, "get", lambda x, timeout=None: x)
+    monkeypatch.setattr(refs, "put", lambda x, local: "object-ref")
 
 
 def sft_config(tmp_path, model_dir):

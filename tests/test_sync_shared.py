@@ -16,30 +16,21 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from test_e2e import assert_same_on_policy_training, grpo_config, grpo_outcome, run_trinity
 
 from trinity.config.checks import check_config
 from trinity.config.resolved import resolve
 from trinity.config.schema import TrinityConfig
+from trinity.sync import shared
 from trinity.sync.method import SYNC_METHOD
 from trinity.sync.shared import SharedSync
 
-
-class _Node:
-    def __init__(self, node: str) -> None:
-        self.node = node
-
-    def get_node_id(self) -> str:
-        return self.node
-
-
 ENGINE = textwrap.dedent("""
     import json, pickle, sys
-    import ray
-    ray.get_runtime_context = lambda: type("C", (), {"get_node_id": lambda self: "node-a"})()
+    from trinity.sync import shared
     from trinity.sync.shared import SharedSync
+    shared._node = lambda: "node-a"
     got = SharedSync().receive(pickle.loads(bytes.fromhex(sys.argv[1])))
     print(json.dumps(got["weight"].tolist()), flush=True)
     input()  # the trainer has stepped
@@ -48,7 +39,7 @@ ENGINE = textwrap.dedent("""
 
 
 def test_sending_moves_the_parameters_into_shared_memory_once(monkeypatch):
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: _Node("node-a"))
+    monkeypatch.setattr(shared, "_node", lambda: "node-a")
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     weight, before = model.weight, model.weight.detach().clone()
@@ -65,7 +56,7 @@ def test_sending_moves_the_parameters_into_shared_memory_once(monkeypatch):
 
 
 def test_an_engine_process_reads_each_update_without_a_second_send(monkeypatch):
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: _Node("node-a"))
+    monkeypatch.setattr(shared, "_node", lambda: "node-a")
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -86,9 +77,9 @@ def test_an_engine_process_reads_each_update_without_a_second_send(monkeypatch):
 
 
 def test_an_engine_on_another_node_is_told_why(monkeypatch):
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: _Node("node-a"))
+    monkeypatch.setattr(shared, "_node", lambda: "node-a")
     payload = SharedSync().send(torch.nn.Linear(2, 2).state_dict(), 1, None)
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: _Node("node-b"))
+    monkeypatch.setattr(shared, "_node", lambda: "node-b")
     with pytest.raises(RuntimeError, match="trainer runs on node node-a and this engine on node"):
         SharedSync().receive(payload)
 

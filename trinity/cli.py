@@ -15,6 +15,7 @@ Exit codes: 0 success, 1 the run failed (an actor raised; its traceback is print
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -188,16 +189,28 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
         run_config(cfg, console)
     except KeyboardInterrupt as e:  # the run printed where it stood and how to continue
         err.print(f"[yellow]stopped ({e or 'Ctrl-C'})[/]")
-        raise typer.Exit(130) from None
+        _exit(130)
     except ConfigError as e:
         raise _config_error(str(e)) from None
     except (NotImplementedError, FileNotFoundError, ConnectionError) as e:
         err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _exit(2)
     except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
         err.print("[red]run failed[/]")
         sys.stderr.write(f"{e}\n")
-        raise typer.Exit(1) from None
+        _exit(1)
+
+
+def _exit(code: int) -> None:
+    """End a run that stopped: at once where its parts' threads may still run in this process
+    (`common.local_host.stranded`: Python's exit would wait for them), else as usual."""
+    from trinity.common.local_host import stranded
+
+    if stranded():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code) from None
 
 
 @app.command()

@@ -46,7 +46,7 @@ def resource_plan(
     explorer's part of the other half) and of half the GPUs. Over several `nodes`, shares of
     one node: the smallest, holding the trainer and the engines placed beside it (engine i goes
     to node i mod N)."""
-    have = _settled_resources(split)
+    have = _settled_resources(split) if ray.is_initialized() else local_resources()
     rm = cfg.explorer.rollout_model
     engines = engine_count(cfg) if has_engines else 0
     if nodes:
@@ -84,6 +84,14 @@ def engine_count(cfg: Any) -> int:
     from trinity.explorer.auxiliary import auxiliary_engines
 
     return cfg.explorer.rollout_model.engine_num + auxiliary_engines(cfg)
+
+
+def local_resources() -> dict[str, float]:
+    """This machine's cores, as a local Ray instance would count them, for a run without Ray
+    (`common.local_host`, CPU-only by its plan)."""
+    from ray._private.utils import get_num_cpus  # affinity and cgroup quotas, as Ray counts
+
+    return {"CPU": float(get_num_cpus())}
 
 
 def _settled_resources(split: bool, timeout: float = 10.0) -> dict[str, float]:

@@ -23,6 +23,7 @@ ends the run, and the run says how to resume it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,22 @@ ONE_PROCESS_MODES = ("both", "train", "bench")
 
 @dataclass(frozen=True)
 class Layout:
-    """Whether the run's compute parts share one worker process, and why."""
+    """Whether the run's compute parts share one worker process, and why; whether the run
+    starts (or joins) a Ray instance, and why."""
 
     one_process: bool
     why: str
+    ray: bool = True
+    ray_why: str = ""
 
     def describe(self) -> str:
         what = "one process" if self.one_process else "a process per part"
-        return f"layout: {what} ({self.why})"
+        line = f"layout: {what} ({self.why})"
+        if self.one_process:
+            line += "\n" + (
+                f"on Ray: {self.ray_why}" if self.ray else f"without Ray: {self.ray_why}"
+            )
+        return line
 
 
 @dataclass(frozen=True)
@@ -139,7 +148,7 @@ def plan_run(
     stages = [_named(c, cfg.name) for c in stage_configs(cfg)]
     if cfg.mode == "bench" and cfg.stages:  # bench the checkpoints the run's stages wrote
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
-    layout = layout or choose_layout(cfg, stages, gpus)
+    layout = layout or with_ray_or_not(cfg, stages, choose_layout(cfg, stages, gpus))
     base = _with_layout(cfg, layout.one_process)
     run_dir = Path(resolve(base).run_dir)
     plans = tuple(
@@ -164,6 +173,40 @@ def choose_layout(cfg: TrinityConfig, stages: list[TrinityConfig], gpus_here: bo
         "chosen: one CPU-only node, and every stage runs whole in this run; "
         "cluster.one_process: false keeps a process per part",
     )
+
+
+def with_ray_or_not(cfg: TrinityConfig, stages: list[TrinityConfig], layout: Layout) -> Layout:
+    """`layout` with the run on Ray or not: a one-process run needs no Ray instance unless
+    something in it is a Ray actor or the run joins a cluster (`common.local_host`)."""
+    if not layout.one_process:
+        return layout
+    why = _needs_ray(cfg, stages)
+    if why is not None:
+        return dataclasses.replace(layout, ray=True, ray_why=why)
+    return dataclasses.replace(
+        layout,
+        ray=False,
+        ray_why="nothing in the run spans processes (cluster.ray_address: local starts a "
+        "private Ray instance for it)",
+    )
+
+
+def _needs_ray(cfg: TrinityConfig, stages: list[TrinityConfig]) -> str | None:
+    """Why a one-process run needs Ray, or None."""
+    from trinity.explorer.auxiliary import auxiliary_engines
+    from trinity.launcher.ray_init import announced_cluster
+
+    address = cfg.cluster.ray_address
+    if address != "auto":
+        return f"cluster.ray_address: {address}"
+    if (found := announced_cluster()) is not None:
+        return f"a Ray cluster answers at {found}, and the run joins it"
+    if cfg.monitor.enable_ray_timeline:
+        return "monitor.enable_ray_timeline records Ray's tasks"
+    for c in stages:
+        if auxiliary_engines(c):
+            return "explorer.auxiliary_models run as Ray actors"
+    return None
 
 
 def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:

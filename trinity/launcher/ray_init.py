@@ -76,6 +76,15 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
     return found is not None
 
 
+def announced_cluster() -> str | None:
+    """The address of the live cluster `init_ray("auto")` would join, or None (it would start a
+    local instance)."""
+    found, _ = _announced_address()
+    if found is not None and "://" not in found and not _answers(found):
+        return None
+    return found
+
+
 def _announced_address() -> tuple[str | None, str]:
     """The cluster `ray.init()` would join: RAY_ADDRESS, else `ray start`'s address file."""
     env = os.environ.get("RAY_ADDRESS")

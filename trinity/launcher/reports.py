@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
+from trinity.common import refs
 from trinity.monitor.monitor import Monitor
 
 REPORTS_WAIT_S = 5.0  # the longest one `MetricsHub.reports` call waits (the driver calls again)
@@ -21,27 +20,27 @@ def _merge(reports: list[Any], monitor: Monitor) -> None:
 
 
 def _pump(hub: Any, monitor: Monitor) -> None:
-    _merge(ray.get(hub.drain.remote()), monitor)
+    _merge(refs.get(hub.drain.remote()), monitor)
 
 
 def wait(ref: Any, hub: Any, monitor: Monitor) -> Any:
     return wait_all([ref], hub, monitor)[0]
 
 
-def wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
-    """Wait for all refs while merging the hub's reports as they come (`MetricsHub.reports`).
+def wait_all(calls: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
+    """Wait for all `calls` (their refs) while merging the hub's reports as they come (`MetricsHub.reports`).
     The first failure is raised at once, after what the other actors reported is kept."""
-    pending = list(refs)
+    pending = list(calls)
     news = hub.reports.remote(REPORTS_WAIT_S)
     try:
         while pending:
-            done, _ = ray.wait([*pending, news], num_returns=1)
+            done, _ = refs.wait([*pending, news], num_returns=1)
             if done[0] == news:
-                _merge(ray.get(news), monitor)
+                _merge(refs.get(news), monitor)
                 news = hub.reports.remote(REPORTS_WAIT_S)
                 continue
             pending.remove(done[0])
-            ray.get(done[0])  # raises the actor's exception, with its traceback
+            refs.get(done[0])  # raises the actor's exception, with its traceback
     except BaseException as err:
         try:
             _settle(hub, news, monitor)
@@ -49,11 +48,11 @@ def wait_all(refs: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
             err.add_note(f"the reports made before this failure were not merged: {lost!r}")
         raise
     _settle(hub, news, monitor)
-    return ray.get(refs)
+    return refs.get(calls)
 
 
 def _settle(hub: Any, news: Any, monitor: Monitor) -> None:
     """Merge the waiting `reports` call's reports (ended now) and any left in the hub."""
     hub.wake.remote()
-    _merge(ray.get(news), monitor)
+    _merge(refs.get(news), monitor)
     _pump(hub, monitor)

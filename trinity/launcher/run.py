@@ -24,8 +24,10 @@ import ray
 from rich.console import Console
 
 from trinity.common.core_shares import REPRODUCIBLE_MKL
+from trinity.common.local_host import LocalHost
 from trinity.common.memory import GB, TreePssSampler
 from trinity.common.placement import run_nodes
+from trinity.common.seals import allow_sealing
 from trinity.common.service_host import HOST_CONCURRENCY, ServiceHost, hosted
 from trinity.common.startup import StartupMarks
 from trinity.config import seeds
@@ -76,8 +78,12 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
         os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_MKL)
     # 2.
     stops_as_interrupts()
-    joined = init_ray(config.cluster.ray_address, run_namespace(config))
-    stops_as_interrupts()  # Ray's core worker installs handlers of its own
+    joined = False
+    if plan.layout.ray:
+        joined = init_ray(config.cluster.ray_address, run_namespace(config))
+        stops_as_interrupts()  # Ray's core worker installs handlers of its own
+    else:  # a run folder this process stopped sealing in (an earlier run of it) is new again
+        allow_sealing(plan.run_dir)
     startup.mark("ray")
     pss = TreePssSampler(os.getpid()).start()
     asked = plan.cfg.name
@@ -97,11 +103,7 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
     # one-process layout the explorer and the trainer join them there, and the host imports
     # their torch and transformers as it starts, while this process sets the first stage up
     preload = ONE_PROCESS_IMPORTS if plan.layout.one_process else ()
-    host = (
-        ray.remote(ServiceHost)
-        .options(num_cpus=0, max_concurrency=HOST_CONCURRENCY)
-        .remote(preload)
-    )
+    host = start_host(plan, preload)
     # reports from the explorer and trainer while the driver's `reports` call waits
     hub = hosted(host, "hub", MetricsHub, str(monitor.journal_path), max_concurrency=64)
     ctx = RunContext(
@@ -115,7 +117,7 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
     except BaseException as stop:
         # 5. (a stop): where the run stood and the command that continues it, once the run's
         # compute is gone (a trainer left running could seal a newer checkpoint than the one named)
-        kill_and_wait([host])
+        end_host(host, plan, stopped=True)
         rename = config.name if config.name != asked else None
         for line in _stop_lines(stop, plan, ctx, config.continue_from_checkpoint, rename):
             console.print(f"[yellow]{line}[/]", soft_wrap=True)
@@ -128,7 +130,7 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
             ray.timeline(
                 filename=str(run_dir / (f"timeline.{part}.json" if part else "timeline.json"))
             )
-        ray.kill(host)
+        end_host(host, plan, stopped=False)
         role = process_role(plan.cfg)  # as `agree_on_name` attached it
         if name_actor is not None and ray.get(name_actor.detach.remote(role)) == 0:
             ray.kill(name_actor)
@@ -138,6 +140,29 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
     write_summary(result, run_dir / summary_name, joined)
     print_summary(result, console, joined)
     return result
+
+
+def start_host(plan: RunPlan, preload: tuple[str, ...]) -> Any:
+    """The run's ServiceHost: a Ray actor, or, for a run without Ray, on a thread of this
+    process (`common.local_host`)."""
+    if not plan.layout.ray:
+        return LocalHost(preload)
+    options = {"num_cpus": 0, "max_concurrency": HOST_CONCURRENCY}
+    return ray.remote(ServiceHost).options(**options).remote(preload)
+
+
+def end_host(host: Any, plan: RunPlan, stopped: bool) -> None:
+    """Let the host go: at a stop, until no part of the run can seal a checkpoint any more
+    (Ray: the actor is dead; this process: sealing in the run's folder stopped)."""
+    if isinstance(host, LocalHost):
+        if stopped:
+            host.halt(plan.run_dir)
+        else:
+            host.close()
+    elif stopped:
+        kill_and_wait([host])
+    else:
+        ray.kill(host)
 
 
 def _stop_lines(

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from trinity.buffer.storage import storage_class
+from trinity.common import refs
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import on_node
 from trinity.common.service_host import hosted
@@ -90,7 +91,7 @@ class StageParts:
             options |= {"get_if_exists": True, "lifetime": "detached"}
         actor = ray.remote(cls).options(**options).remote(*args)
         if share:
-            if ray.get(actor.attach.remote(self.stage.role)) and not self.attached:
+            if refs.get(actor.attach.remote(self.stage.role)) and not self.attached:
                 self.joined_live_run = True
             self.attached.append(actor)
         else:
@@ -103,9 +104,9 @@ class StageParts:
         kill_and_wait(self.actors)  # gone before the run names its newest checkpoint
         # a dead host took its services with it (and the stage's own error is the one to raise)
         with contextlib.suppress(ray.exceptions.RayActorError):
-            ray.get([self.ctx.host.remove.remote(n) for n in self.in_host])
+            refs.get([self.ctx.host.remove.remote(n) for n in self.in_host])
         for a in self.attached:  # the last process of the run to let go ends a shared actor
-            if ray.get(a.detach.remote(self.stage.role)) == 0:
+            if refs.get(a.detach.remote(self.stage.role)) == 0:
                 ray.kill(a)
 
 
@@ -226,7 +227,7 @@ def _start_parts(
         if stage.trains and resume is None:
             resume = latest_resumable(stage.stage_dir)
         ctx.monitor.console.print(
-            f"joining the live run in {stage.stage_dir} (with {', '.join(ray.get(sync.users.remote()))})"
+            f"joining the live run in {stage.stage_dir} (with {', '.join(refs.get(sync.users.remote()))})"
             + (f"; the trainer resumes from {resume}" if stage.trains and resume else ""),
             soft_wrap=True,
         )
@@ -284,14 +285,14 @@ def _prepare(
     if got.trainer is not None:
         prep.append(got.trainer.prepare.remote(None, got.buffer is None, at))
     sizes: dict[str, int] = {}
-    for d in ray.get(prep):
+    for d in refs.get(prep):
         sizes.update(d)
     total = None if stage.serves else plan_steps(stage.cfg, stage.explores, sizes)
     ctx.progress = Progress(stage.name, offset, total, stage.stage_dir)
     sources = ({"explorer"} if stage.explores or stage.serves else set()) | (
         {"trainer"} if stage.trains else set()
     )
-    ray.get(ctx.hub.begin_stage.remote(stage.name))
+    refs.get(ctx.hub.begin_stage.remote(stage.name))
     ctx.monitor.begin_stage(
         stage.name,
         sources,
@@ -317,21 +318,21 @@ def _loops(
     startup_eval = not stage.explores and not stage.serves and cfg.explorer.eval_on_startup
     if explorer is not None and startup_eval and not resume:
         eval_start = accuracies(wait(explorer.evaluate.remote(0), hub, monitor))
-    refs = []
+    calls = []
     if stage.serves:
-        url = ray.get(explorer.start_serving.remote())
+        url = refs.get(explorer.start_serving.remote())
         monitor.console.print(
             f"serving {cfg.model.model_path} at {url} (chat/completions, completions; "
             f"POST {url.removesuffix('/v1')}/feedback and /commit)",
             soft_wrap=True,
         )
-        refs.append(explorer.serve.remote())
+        calls.append(explorer.serve.remote())
     if stage.explores:
         # mode both, fixed: the exact version the schedule names; explore or trainer_driven:
         # the newest, if any; explorer_driven: the trainer's current weights, on request
         weights = (str(resume), checkpoint_step(resume)) if resume and stage.trains else None
         how = explorer_sync(cfg.synchronizer.sync_style, trainer_in_run=stage.trains)
-        refs.append(explorer.run.remote(total, sync=how, resume=got.continuing, weights=weights))
+        calls.append(explorer.run.remote(total, sync=how, resume=got.continuing, weights=weights))
     if trainer is not None:
         # publish only for a consumer: an explorer that syncs (this process's or, reading a
         # queue, another's); the final evaluation. A split run's trainer with a step budget
@@ -343,8 +344,8 @@ def _loops(
             linger = eb.max_read_timeout if eb is not None else 1800.0
         consumer = stage.explores or stage.reads_queue
         ckpt = str(resume) if resume else None
-        refs.append(trainer.run.remote(total, consumer, stage.evaluates, ckpt, linger))
-    outs = wait_all(refs, hub, monitor)
+        calls.append(trainer.run.remote(total, consumer, stage.evaluates, ckpt, linger))
+    outs = wait_all(calls, hub, monitor)
     if stage.explores and cfg.explorer.eval_on_startup:
         first = next((r for r in monitor.history if r["step"] == offset), {})
         eval_start = {k: v for k, v in first.items() if k.endswith("/accuracy")}
@@ -392,14 +393,14 @@ def run_bench(stage: StagePlan, model_path: str, ctx: RunContext) -> StageResult
         Explorer, role, *args, compute=True, **explorer_reservation(cfg, plan.engine)
     )
     try:
-        ray.get(explorer.prepare.remote(with_train_tasks=False))
-        ray.get(hub.begin_stage.remote(stage.name))
+        refs.get(explorer.prepare.remote(with_train_tasks=False))
+        refs.get(hub.begin_stage.remote(stage.name))
         ctx.progress = Progress(stage.name, 0, None, stage.stage_dir)
         monitor.begin_stage(stage.name, {"bench"}, points[-1].step, first_step=0)
         rows = []
         for i, p in enumerate(points):
             if i > 0 or p.step > 0:  # the engines start with model.model_path loaded
-                ray.get(explorer.load_weights.remote(p.path, p.step))
+                refs.get(explorer.load_weights.remote(p.path, p.step))
             metrics = wait(explorer.evaluate.remote(p.step, source="bench"), hub, monitor)
             rows.append({"checkpoint": p.label, "step": p.step, **accuracies(metrics)})
         monitor.end_stage()

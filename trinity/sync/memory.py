@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from trinity.common import refs
 from trinity.sync.method import SYNC_METHOD, Peers
 
 if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only discards
@@ -34,19 +35,22 @@ class MemorySync:
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
         arrays, viewed = {}, {}
+        local = not ray.is_initialized()  # a run in this process (common.local_host)
         for k, v in state.items():
             # a view of the tensor, no copy: `ray.put` copies it into the object store, so the
-            # stored object is a snapshot the trainer may train past
+            # stored object is a snapshot the trainer may train past; in this process, a copy
             arrays[k], dtype = _as_numpy(v.detach().cpu())
+            if local:
+                arrays[k] = arrays[k].copy()
             if dtype is not None:
                 viewed[k] = dtype
         # in a list: Ray passes a nested reference on unresolved
-        return [ray.put({"arrays": arrays, "viewed": viewed})]
+        return [refs.put({"arrays": arrays, "viewed": viewed}, local)]
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
         import torch
 
-        got = ray.get(payload[0])
+        got = refs.get(payload[0])
         viewed = got["viewed"]
         with warnings.catch_warnings():  # torch warns that object-store arrays are read-only:
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")

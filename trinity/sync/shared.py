@@ -27,6 +27,7 @@ actors Ray killed: a copy of the weights per run.)
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,13 +69,13 @@ class SharedSync:
                 t.stride(),
                 t.storage_offset(),
             )
-        return [{"node": ray.get_runtime_context().get_node_id(), "handles": handles}]
+        return [{"node": _node(), "handles": handles}]
 
     def receive(self, payload: list[Any], peers: Peers | None = None) -> dict[str, torch.Tensor]:
         import torch
 
         sent = payload[0]
-        here = ray.get_runtime_context().get_node_id()
+        here = _node()
         if sent["node"] != here:
             raise RuntimeError(
                 f"synchronizer.sync_method shared: the trainer runs on node {sent['node']} and "
@@ -92,6 +93,13 @@ class SharedSync:
 
     def discard(self, payload: list[Any]) -> None:
         """Nothing to do: the segments live as long as the trainer's parameters."""
+
+
+def _node() -> str:
+    """This machine, as Ray names it (or by its host name, in a run without Ray)."""
+    if ray.is_initialized():
+        return ray.get_runtime_context().get_node_id()
+    return f"host {socket.gethostname()}"
 
 
 def _map(pid: int, fd: int, nbytes: int) -> Any:

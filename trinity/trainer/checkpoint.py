@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trinity.common.seals import sealing
 from trinity.models.loading import for_safetensors
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -112,14 +113,15 @@ def save_hf_checkpoint(
     _fsync_file(tmp / MANIFEST)
     _fsync_dir(tmp)
     # 3.
-    replaced = None
-    if final.exists():
-        replaced = root / f".global_step_{step}.old"
-        shutil.rmtree(replaced, ignore_errors=True)
-        final.rename(replaced)
+    with sealing(root):
+        replaced = None
+        if final.exists():
+            replaced = root / f".global_step_{step}.old"
+            shutil.rmtree(replaced, ignore_errors=True)
+            final.rename(replaced)
+            _fsync_dir(root)
+        tmp.rename(final)
         _fsync_dir(root)
-    tmp.rename(final)
-    _fsync_dir(root)
     # 4.
     if replaced is not None:
         shutil.rmtree(replaced)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from trinity.buffer.storage import BufferClosed
+from trinity.common import refs
 from trinity.common.compute import compute_lane
 from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
@@ -159,7 +160,7 @@ class TrainerRunner:
                 self.dataset.skip(step)  # one batch per train step
         if self.dataset is None and self.buffer is not None:
             settled = trained_leases(Path(resume_from) if resume_from else None)
-            started = ray.get(self.buffer.reader_started.remote(settled))
+            started = refs.get(self.buffer.reader_started.remote(settled))
             self._reader = started["reader"]
             if started["returned"]:
                 print(
@@ -167,7 +168,7 @@ class TrainerRunner:
                     "had read and not checkpointed go back to the buffer",
                     flush=True,
                 )
-        ray.get(self.synchronizer.trainer_started.remote(step))
+        refs.get(self.synchronizer.trainer_started.remote(step))
         if publish_steps and sync_method(resolved.sync_method).live:
             # the engines map these weights now and drop the copy they loaded, instead of
             # holding it through the first train step (sync_method shared)
@@ -193,24 +194,24 @@ class TrainerRunner:
                 # 3.
                 scheduled = trainer_publishes_after(step, cfg.synchronizer.sync_interval, style)
                 if (publish_steps and scheduled) or (
-                    self._on_request and ray.get(self.synchronizer.trained_step.remote(step))
+                    self._on_request and refs.get(self.synchronizer.trained_step.remote(step))
                 ):
                     metrics.update(self._publish(step))
                 self.startup.mark("first_update")
                 metrics.update(self.startup.as_metrics(self._started_at))  # first step only
                 # reported before the checkpoint: a step checkpointed is a step reported (the
                 # hub journals it), so a resumed run has the metrics of every step it skips
-                ray.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
+                refs.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
                 if save_every > 0 and step % save_every == 0:
                     last_saved = self._checkpoint(step)
             budget_reached = total_steps is not None and step >= total_steps
         except BaseException as e:
-            ray.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
+            refs.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
             raise
         # 4.
         dropped = 0
         if self.dataset is None and self.buffer is not None:
-            dropped = ray.get(self.buffer.finish.remote())
+            dropped = refs.get(self.buffer.finish.remote())
             if dropped:
                 print(
                     f"trainer: step budget {total_steps} reached; {dropped} experiences written "
@@ -223,7 +224,7 @@ class TrainerRunner:
         if publish_final:
             self._publish(step, final=True)
         self.lane.run(self.trainer.release_training_state)  # the final evaluation: weights only
-        ray.get(self.synchronizer.finish.remote(step))
+        refs.get(self.synchronizer.finish.remote(step))
         return {
             "train_steps": step,
             "checkpoint": str(final),
@@ -240,7 +241,7 @@ class TrainerRunner:
             self.trainer.save_checkpoint, self.stage_dir, step, leases=list(self.unacked)
         )
         if self.unacked:
-            ray.get(self.buffer.ack.remote(self.unacked))
+            refs.get(self.buffer.ack.remote(self.unacked))
             self.unacked = []
         return path
 
@@ -260,7 +261,7 @@ class TrainerRunner:
             left = deadline - time.monotonic()
             wait = min(1.0 if self._on_request else notice_s, max(1.0, left))
             try:
-                lease = ray.get(
+                lease = refs.get(
                     self.buffer.read.remote(n, wait, linger=linger, reader=self._reader)
                 )
                 self.unacked.append(lease.id)
@@ -276,13 +277,13 @@ class TrainerRunner:
                 # past the deadline, unless the buffer lingers for a late explorer: its linger
                 # (at most max_read_timeout) ends the wait
                 if time.monotonic() >= deadline and not (
-                    linger > 0 and ray.get(self.buffer.lingering.remote())
+                    linger > 0 and refs.get(self.buffer.lingering.remote())
                 ):
                     raise
             now = time.monotonic()
             if now - noticed >= notice_s:
                 noticed = now
-                state = ray.get(self.buffer.describe.remote())
+                state = refs.get(self.buffer.describe.remote())
                 print(
                     f"trainer: step {step + 1} waits for {n} experiences ({now - t0:.0f} s of "
                     f"buffer.trainer_input.experience_buffer.max_read_timeout={timeout:.0f} s; "
@@ -292,7 +293,7 @@ class TrainerRunner:
             if (
                 self._on_request
                 and step > 0
-                and ray.get(self.synchronizer.trained_step.remote(step))
+                and refs.get(self.synchronizer.trained_step.remote(step))
             ):
                 self._read_metrics = self._publish(step)
 
@@ -308,7 +309,7 @@ class TrainerRunner:
         t0 = time.perf_counter()
         method = sync_method(self.resolved.sync_method)
         state, payload = self.lane.run(self._send, method, step)
-        ray.get(self.synchronizer.publish.remote(step, payload))
+        refs.get(self.synchronizer.publish.remote(step, payload))
         return {
             "sync/publish_s": time.perf_counter() - t0,
             "sync/bytes": float(state_nbytes(state)),
