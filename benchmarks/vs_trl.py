@@ -14,7 +14,10 @@ fresh subprocess, interleaved (A B C A B C ...) `--repeats` times:
                         (`explorer.rollout_model.in_explorer_process`): one process fewer
   trinity sync one-process, trinity one-step-off one-process
                         the same with `cluster.one_process`: explorer, engine, trainer and the
-                        run's services are objects of one Ray worker process
+                        run's services are objects of one process (the default here)
+  trinity sync on ray, trinity one-step-off on ray
+                        one process on a private Ray instance (`cluster.ray_address: local`):
+                        the layout before a one-process run left Ray out
   trl                   TRL's GRPOTrainer (use_cpu, no vLLM: transformers' `generate`), in
                         `benchmarks/vs_trl.py --worker trl`, torch threads `--threads`,
                         settings matched to trinity's (below)
@@ -97,6 +100,7 @@ TASKSET_ARGS: dict[str, Any] = {
 SYNC, OFF = {"sync_interval": 1, "sync_offset": 0}, {"sync_interval": 1, "sync_offset": 1}
 LEAN = {"explorer": {"rollout_model": {"in_explorer_process": True}}}
 ONE = {"cluster": {"one_process": True}}
+ON_RAY = {"cluster": {"one_process": True, "ray_address": "local"}}
 PROCESSES = {"cluster": {"one_process": False}}
 TRINITY_MODES = {  # mode -> (synchronizer keys, config keys over `trinity_config`'s)
     "trinity sync": (SYNC, {}),
@@ -107,6 +111,8 @@ TRINITY_MODES = {  # mode -> (synchronizer keys, config keys over `trinity_confi
     "trinity one-step-off lean": (OFF, LEAN),
     "trinity sync one-process": (SYNC, ONE),
     "trinity one-step-off one-process": (OFF, ONE),
+    "trinity sync on ray": (SYNC, ON_RAY),
+    "trinity one-step-off on ray": (OFF, ON_RAY),
 }
 TRL_MODE = "trl"
 TRL_DEFAULTS_MODE = "trl defaults"
@@ -402,7 +408,11 @@ def run_once(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, A
             if proc.returncode != 0:
                 raise RuntimeError(f"{mode} exited {proc.returncode}:\n{log[-4000:]}")
         if mode in TRINITY_MODES:  # the layout the run's plan chose and printed
-            r["layout"] = next((x for x in log.splitlines() if x.startswith("layout: ")), None)
+            lines = log.splitlines()
+            at = next((i for i, x in enumerate(lines) if x.startswith("layout: ")), None)
+            ray_line = lines[at + 1] if at is not None and at + 1 < len(lines) else ""
+            r["layout"] = None if at is None else lines[at]
+            r["ray"] = ray_line if ray_line.startswith(("on Ray", "without Ray")) else None
         if r["steps"] != args.steps:
             raise RuntimeError(f"{mode}: {r['steps']} step records, expected {args.steps}")
         return {"mode": mode, **r}

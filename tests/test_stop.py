@@ -66,17 +66,20 @@ def test_explorers_continue_after_their_cursor_and_bench_starts_over(tmp_path):
 SETS = ["buffer.total_steps=10", "trainer.save_interval=2", "explorer.eval_interval=0"]
 
 
-def _started_past_a_checkpoint(tmp_path: Path, model_dir: Path) -> tuple[Path, subprocess.Popen]:
+def _started_past_a_checkpoint(
+    tmp_path: Path, model_dir: Path, more: list[str] = ()
+) -> tuple[Path, subprocess.Popen]:
     """test_e2e's GRPO run of 10 steps (a checkpoint every 2) as a subprocess, returned once its
-    checkpoint of step 2 exists: mid-stage, with something to continue from."""
+    checkpoint of step 2 exists: mid-stage, with something to continue from. `more`: `--set`s."""
     cfg = grpo_config(tmp_path, model_dir)
     args = [sys.executable, "-m", "trinity.cli", "run", "--config", str(cfg)]
-    args += [a for s in SETS for a in ("--set", s)]
+    args += [a for s in [*SETS, *more] for a in ("--set", s)]
     env = {**os.environ, "TRINITY_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
     proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
     deadline = time.monotonic() + 180
     while not list(run_dir.glob("global_step_2")) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -85,14 +88,24 @@ def _started_past_a_checkpoint(tmp_path: Path, model_dir: Path) -> tuple[Path, s
 
 
 @pytest.mark.slow  # two runs: one interrupted at its fourth step, then its continuation
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_model_dir, sig):
-    """The signal reaches the driver mid-stage (train steps 3+ of 10, a checkpoint every 2):
-    the run ends with exit 130 and the resume line; that line, run as printed, finishes the run
-    with every experience trained exactly once."""
+@pytest.mark.parametrize(
+    ("sig", "group"), [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["SIGINT", "SIGTERM", "Ctrl-C"],
+)  # fmt: skip
+def test_an_interrupted_run_prints_the_command_that_continues_it(
+    tmp_path, tiny_model_dir, sig, group
+):
+    """The signal reaches the run mid-stage (train steps 3+ of 10, a checkpoint every 2), sent
+    to the `trinity run` process or, as a terminal's Ctrl-C, to its whole process group (the
+    run's process then gets it twice: from the terminal and from its parent): the run ends with
+    exit 130 and the resume line; that line, run as printed, finishes the run with every
+    experience trained exactly once."""
     cfg, proc = _started_past_a_checkpoint(tmp_path, tiny_model_dir)
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
-    proc.send_signal(sig)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out[-3000:]
     flat = " ".join(out.split())
@@ -115,26 +128,38 @@ def test_an_interrupted_run_prints_the_command_that_continues_it(tmp_path, tiny_
 
 
 @pytest.mark.slow  # two runs: one whose one process is killed, then its continuation
+@pytest.mark.parametrize("on_ray", [False, True], ids=["without_ray", "on_ray"])
 def test_a_crash_of_the_one_process_ends_the_run_with_the_command_that_continues_it(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, on_ray
 ):
     """With no layout key set, explorer, engine and trainer are one process: SIGKILLed (as an
     out-of-memory kill would), it ends the run with exit 1, a word on why and the resume line,
-    which finishes the run."""
+    which finishes the run. Without Ray that process is the run itself, forked from the
+    `trinity run` process, which says it (`launcher.supervise`); on Ray it is the ServiceHost
+    actor, and the driver says it."""
     from test_e2e import descendants
 
-    cfg, proc = _started_past_a_checkpoint(tmp_path, tiny_model_dir)
+    more = ["cluster.ray_address=local"] if on_ray else []
+    cfg, proc = _started_past_a_checkpoint(tmp_path, tiny_model_dir, more)
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
-    hosts = [pid for pid, a in descendants(proc.pid).items() if "ServiceHost" in a]
-    assert len(hosts) == 1, descendants(proc.pid)
-    os.kill(hosts[0], signal.SIGKILL)
+    below = descendants(proc.pid)
+    what = "ServiceHost" if on_ray else "trinity.cli run"
+    victims = [pid for pid, a in below.items() if what in a]
+    assert len(victims) == 1, below
+    if not on_ray:
+        assert not any("raylet" in a for a in below.values()), below  # no Ray instance at all
+    os.kill(victims[0], signal.SIGKILL)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 1, out[-3000:]
     flat = " ".join(out.split())
     assert "the run's one process ended" in flat and "cluster.one_process: false" in flat
+    stopped = re.search(r"stopped in stage main at train step (\d+) of 10", flat)
+    assert stopped and int(stopped.group(1)) >= 2, out[-3000:]
+    ckpt = re.search(r"the last checkpoint is step (\d+)", flat)
+    assert ckpt and int(ckpt.group(1)) >= 2, out[-3000:]
     command = re.search(r"run the same command with ((?:--set \S+ ?)+)to continue", flat)
     assert command, out[-3000:]
-    resumed = run_trinity(cfg, overrides=[*SETS, *command.group(1).split()[1::2]])
+    resumed = run_trinity(cfg, overrides=[*SETS, *more, *command.group(1).split()[1::2]])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "global_step_10").is_dir()
     assert buffer_counts(cfg)["trained_twice"] == 0

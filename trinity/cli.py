@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -178,27 +178,44 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
     <checkpoint_root_dir>/<project>/<name>/ and ends with a summary.
     """
     verdict = _check_apart(config, overrides, plugin_dirs)
-    from trinity.config import ConfigError, load_config
-    from trinity.launcher.run import run as run_config
+    from trinity.config import load_config
+    from trinity.launcher.plan import plan_run
+    from trinity.launcher.run import run as run_config  # noqa: F401 (imported while the check runs)
+    from trinity.launcher.supervise import supervise
 
     verdict()
     _load_plugins(plugin_dirs, quiet=True)
     cfg = load_config(config, overrides or [])
+    plan = plan_run(cfg)
+    if plan.layout.ray:  # the driver outlives a crashed part and says so itself
+        code = _run_code(cfg, plan, None)
+    else:  # the whole run in one process: a parent that can speak if it is killed
+        code = supervise(lambda record: _run_code(cfg, plan, record), console)
+    if code:
+        _exit(code)
+
+
+def _run_code(cfg: Any, plan: Any, record: Path | None) -> int:
+    """Run `cfg` by `plan`; the exit code, after what a stopped or failed run prints."""
+    from trinity.config import ConfigError
+    from trinity.launcher.run import run as run_config
 
     try:
-        run_config(cfg, console)
+        run_config(cfg, console, plan=plan, record=record)
     except KeyboardInterrupt as e:  # the run printed where it stood and how to continue
         err.print(f"[yellow]stopped ({e or 'Ctrl-C'})[/]")
-        _exit(130)
+        return 130
     except ConfigError as e:
-        raise _config_error(str(e)) from None
+        _config_error(str(e))
+        return 2
     except (NotImplementedError, FileNotFoundError, ConnectionError) as e:
         err.print("[red]error:[/]", str(e), markup=False, soft_wrap=True)
-        _exit(2)
+        return 2
     except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
         err.print("[red]run failed[/]")
         sys.stderr.write(f"{e}\n")
-        _exit(1)
+        return 1
+    return 0
 
 
 def _exit(code: int) -> None:

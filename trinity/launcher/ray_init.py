@@ -115,18 +115,30 @@ def task_events_flush_s() -> float:
     return int(os.environ.get("RAY_task_events_report_interval_ms", "1000")) / 1000 + 0.5  # noqa: SIM112
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SAME_STOP_S = 1.0  # a stop signal this soon after another is the same stop, delivered twice
 
 
 def stops_as_interrupts() -> None:
     """Make SIGTERM and SIGHUP stop this process as Ctrl-C does (a KeyboardInterrupt naming the
     signal), so a run lets its parts go and says how to continue (`launcher.summary`). Called
     again after `ray.init`, whose core worker installs its own handlers for them (which log the
-    signal and abort the process). The main thread only, where Python delivers signals."""
+    signal and abort the process). The main thread only, where Python delivers signals.
+
+    A stop signal within `SAME_STOP_S` of another is the same stop arriving twice (a terminal's
+    Ctrl-C reaches the whole process group, and a supervising parent, `launcher.supervise`,
+    passes on what it gets): it is ignored, so it cannot break off the first one's way out."""
     if threading.current_thread() is not threading.main_thread():
         return
+    last: list[float] = []
 
     def stop(signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if last and now - last[-1] < SAME_STOP_S:
+            return
+        last.append(now)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for sig in STOP_SIGNALS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -45,6 +46,7 @@ from trinity.launcher.stage import RunContext, run_stage
 from trinity.launcher.summary import (
     RunResult,
     StageResult,
+    StopRecord,
     print_summary,
     stop_lines,
     write_summary,
@@ -65,9 +67,13 @@ ONE_PROCESS_IMPORTS = (
 """What the ServiceHost of a one-process run imports as it starts."""
 
 
-def run(config: Any, console: Console | None = None, plan: RunPlan | None = None) -> RunResult:
+def run(
+    config: Any, console: Console | None = None, plan: RunPlan | None = None,
+    record: Path | None = None,
+) -> RunResult:  # fmt: skip
     """Run every stage of `config` in order (module docstring). `plan`: `plan_run(config)`,
-    when the caller made it already."""
+    when the caller made it already; `record`: a file to keep the run's `StopRecord` in as it
+    goes (`launcher.supervise`)."""
     console = console or Console(highlight=False)
     t0 = time.perf_counter()
     startup = StartupMarks()  # the start-up timeline (common.startup), from this process's start
@@ -89,6 +95,7 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
     asked = plan.cfg.name
     config, name_actor = _agree_on_name(plan.cfg, console)
     plan = plan.renamed(config.name)
+    rename = config.name if config.name != asked else None  # to name in the resume command
     console.print(plan.layout.describe(), soft_wrap=True)
     # 3.
     run_dir, part = plan.run_dir, _run_part(plan.cfg)
@@ -110,6 +117,15 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
         hub, monitor, host, run_nodes(config.cluster.node_num, joined), name_actor,
         config.continue_from_checkpoint,
     )  # fmt: skip
+    if record is not None:
+        mode, continuing = plan.cfg.mode, config.continue_from_checkpoint
+
+        def keep() -> None:
+            last = dict(monitor.last_steps)
+            StopRecord(ctx.progress, last, mode, continuing, rename).write(record)
+
+        keep()
+        monitor.watchers.append(keep)
     results: list[StageResult] = []
     try:
         # 4.
@@ -118,7 +134,6 @@ def run(config: Any, console: Console | None = None, plan: RunPlan | None = None
         # 5. (a stop): where the run stood and the command that continues it, once the run's
         # compute is gone (a trainer left running could seal a newer checkpoint than the one named)
         end_host(host, plan, stopped=True)
-        rename = config.name if config.name != asked else None
         for line in _stop_lines(stop, plan, ctx, config.continue_from_checkpoint, rename):
             console.print(f"[yellow]{line}[/]", soft_wrap=True)
         raise

@@ -136,5 +136,42 @@ def stop_lines(
     return [where, said, f"run the same command{_with(sets)} to continue"]
 
 
+@dataclass(frozen=True)
+class StopRecord:
+    """What `stop_lines` needs, kept in a file while the run goes (`launcher.supervise`), so
+    that a parent process can say it for a run process killed before it could."""
+
+    progress: Progress | None
+    last_steps: dict[str, int]
+    mode: str
+    continuing: bool
+    rename: str | None
+
+    def lines(self) -> list[str]:
+        return stop_lines(
+            self.progress, self.last_steps, self.mode, self.continuing, self.rename
+        )
+
+    def write(self, path: Path) -> None:
+        """Replace `path` with this record (whole or not at all: a reader never sees half)."""
+        data = dataclasses.asdict(self)
+        if self.progress is not None:
+            data["progress"]["stage_dir"] = str(self.progress.stage_dir)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: Path) -> StopRecord | None:
+        """The record at `path`; None where the run wrote none (it stopped before it began)."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        p = data["progress"]
+        progress = None if p is None else Progress(**{**p, "stage_dir": Path(p["stage_dir"])})
+        return cls(progress, data["last_steps"], data["mode"], data["continuing"], data["rename"])
+
+
 def _with(sets: list[str]) -> str:
     return (" with " + " ".join(f"--set {s}" for s in sets)) if sets else ""

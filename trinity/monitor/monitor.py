@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,8 @@ class Monitor:
         self.last_steps: dict[str, int] = {}
         """The newest step each source ("trainer", "explorer", ...) reported: where a stopped
         run stood (`launcher.summary.stop_lines`)."""
+        self.watchers: list[Callable[[], None]] = []
+        """Called after each report and each stage's start (a run keeps its stop record)."""
         self._t_last = time.perf_counter()
 
     def begin_stage(
@@ -128,6 +131,11 @@ class Monitor:
                 stage or "run", total=last_step - first_step, metrics=""
             )
             self._bar.start()
+        self._tell_watchers()
+
+    def _tell_watchers(self) -> None:
+        for watcher in self.watchers:
+            watcher()
 
     def end_stage(self) -> None:
         """Write what is pending and close the stage's progress bar (if any)."""
@@ -148,6 +156,7 @@ class Monitor:
         if expected <= self._sources[step]:
             for s in sorted(k for k in self._pending if k <= step):
                 self._write(s)
+        self._tell_watchers()
 
     def _recorded_keys(self, step: int) -> set[str]:
         """The keys of the current stage's records of `step`: written (any process of this

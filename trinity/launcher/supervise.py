@@ -1,0 +1,82 @@
+"""A run without Ray, watched by a parent process that can still speak when the run is killed.
+
+    code = supervise(lambda record: run_and_exit_code(cfg, plan, record), console)
+
+A one-process run without Ray (`common.local_host`) is the whole run in one process: an
+out-of-memory kill, a segfault in a native kernel or a `kill -9` ends it before it can say where
+it stood. With Ray, the driver outlived a crashed worker and said so. Here the `trinity run`
+process forks before the run starts: the child runs it, keeping its `StopRecord` in a file as it
+goes (after each report and each stage's start); the parent waits. When the child ends by a
+signal, the parent prints what the child would have said (where it stood, its newest
+checkpoint, the command that continues it) and why it ended, and exits 1.
+
+Forked, not started afresh: the child has the parent's imports and loaded config already (no
+second start-up), and the pages they share count once. Signals: a terminal's Ctrl-C reaches both
+processes (one process group); the parent passes SIGINT, SIGTERM and SIGHUP on to the child, so a
+signal sent to the parent alone stops the run as well; the child takes a repeat of a stop within
+a second as the same stop (`ray_init.stops_as_interrupts`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from trinity.launcher.summary import StopRecord
+
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def supervise(run: Callable[[Path], int], console: Console) -> int:
+    """Run `run(record)` in a forked child and return its exit code; a child killed by a
+    signal is reported from its record (module doc) and returns 1."""
+    fd, name = tempfile.mkstemp(prefix="trinity-stop-", suffix=".json")
+    os.close(fd)
+    record = Path(name)
+    record.unlink()  # the child writes it once it has something to say
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: the run, then out without Python's exit (module doc)
+        code = 1
+        try:
+            code = run(record)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    before = {sig: signal.signal(sig, lambda s, _f: os.kill(pid, s)) for sig in PASSED_ON}
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    try:
+        if os.WIFSIGNALED(status):
+            _say_killed(StopRecord.read(record), os.WTERMSIG(status), console)
+            return 1
+        return os.waitstatus_to_exitcode(status)
+    finally:
+        record.unlink(missing_ok=True)
+
+
+def _say_killed(record: StopRecord | None, signum: int, console: Console) -> None:
+    name = signal.Signals(signum).name
+    why = " (an out-of-memory kill?)" if signum == signal.SIGKILL else ""
+    lines = (
+        record.lines()
+        if record is not None
+        else ["stopped before its first stage began: nothing to continue; run it again"]
+    )
+    lines.append(
+        f"the run's one process ended by {name}{why}; with cluster.one_process: false each "
+        "part has its own process, and Ray restarts a crashed engine's"
+    )
+    for line in lines:
+        console.print(f"[yellow]{line}[/]", soft_wrap=True)
