@@ -148,9 +148,7 @@ class StopRecord:
     rename: str | None
 
     def lines(self) -> list[str]:
-        return stop_lines(
-            self.progress, self.last_steps, self.mode, self.continuing, self.rename
-        )
+        return stop_lines(self.progress, self.last_steps, self.mode, self.continuing, self.rename)
 
     def write(self, path: Path) -> None:
         """Replace `path` with this record (whole or not at all: a reader never sees half)."""
