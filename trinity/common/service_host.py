@@ -36,7 +36,8 @@ the process's one compute lane (`trinity.common.compute`), so the process has on
 (a call from one hosted object to another is the host actor calling itself, which Ray serves
 concurrently). `remove` runs an object's `shutdown()` where it has one, since no process exit
 frees what it holds (an explorer's engine threads). Model builds in the one process take turns
-(`trinity.models.loading.BUILD_LOCK`).
+(`trinity.models.loading.BUILD_LOCK`). A one-process run with nothing else on Ray runs this same
+host on a thread of the driver instead of in an actor (`common.local_host`).
 """
 
 from __future__ import annotations

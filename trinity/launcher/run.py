@@ -3,7 +3,8 @@
     result = run(cfg)        # cfg from `load_config`, past pre-flight (as `trinity run` does)
 
 1. plan: every decision the config makes, once (`launcher.plan`: layout, stages, roles)
-2. join or start Ray; agree on the run's name (a fresh `<name>_<timestamp>` beside an earlier
+2. join or start Ray (a one-process run that needs none starts none: `common.local_host`);
+   agree on the run's name (a fresh `<name>_<timestamp>` beside an earlier
    run's folder, or the live run another process of a split run started)
 3. set up what the stages share: the monitor, the run's `ServiceHost` and its metrics hub
 4. run each stage (`launcher.stage.run_stage`), each from the previous stage's model
