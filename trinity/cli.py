@@ -171,7 +171,8 @@ def validate(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDir
 
 @app.command()
 def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt = None) -> None:
-    """Run a config: explorer, trainer, buffer and synchronizer on Ray (local if none is running).
+    """Run a config: explorer, trainer, buffer and synchronizer, in one process where the plan
+    allows it, else on Ray (a local instance if no cluster is running).
 
     Performs `validate`'s checks first and starts nothing if they find a problem (exit 2).
     Writes checkpoints, metrics.jsonl and TensorBoard files under
@@ -186,7 +187,12 @@ def run(config: ConfigOpt, overrides: SetOpt = None, plugin_dirs: PluginDirOpt =
     verdict()
     _load_plugins(plugin_dirs, quiet=True)
     cfg = load_config(config, overrides or [])
-    plan = plan_run(cfg)
+    try:
+        plan = plan_run(cfg)
+    except Exception as e:  # what the run would have raised as it started
+        err.print("[red]run failed[/]")
+        sys.stderr.write(f"{e}\n")
+        raise typer.Exit(1) from None
     if plan.layout.ray:  # the driver outlives a crashed part and says so itself
         code = _run_code(cfg, plan, None)
     else:  # the whole run in one process: a parent that can speak if it is killed

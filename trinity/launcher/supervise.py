@@ -19,6 +19,7 @@ a second as the same stop (`ray_init.stops_as_interrupts`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -51,7 +52,12 @@ def supervise(run: Callable[[Path], int], console: Console) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    before = {sig: signal.signal(sig, lambda s, _f: os.kill(pid, s)) for sig in PASSED_ON}
+
+    def pass_on(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: waitpid has it
+            os.kill(pid, signum)
+
+    before = {sig: signal.signal(sig, pass_on) for sig in PASSED_ON}
     try:
         _, status = os.waitpid(pid, 0)
     finally:
