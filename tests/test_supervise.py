@@ -66,3 +66,14 @@ def test_a_record_round_trips(tmp_path: Path):
     record.write(tmp_path / "stop.json")
     assert StopRecord.read(tmp_path / "stop.json") == record
     assert StopRecord.read(tmp_path / "missing.json") is None
+
+
+def test_the_forked_run_s_start_up_timeline_counts_from_the_command_s_start():
+    from trinity.common.startup import process_started_at
+
+    here = process_started_at()
+
+    def child(record: Path) -> int:  # its own start is now; the command began at the parent's
+        return 0 if abs(process_started_at() - here) < 0.05 else 3
+
+    assert supervise(child, _console()[0]) == 0

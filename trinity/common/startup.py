@@ -43,10 +43,23 @@ PHASES = (
 )
 
 
+_FORKED_AT: float | None = None  # a run's forked process: its parent's start (count_from_parent)
+
+
+def count_from_parent() -> None:
+    """In a process forked to do the run (`launcher.supervise`): `process_started_at()` is the
+    parent's start, where the command began, so the start-up timeline counts from there."""
+    global _FORKED_AT
+    _FORKED_AT = process_started_at(os.getppid())
+
+
 def process_started_at(pid: int | str = "self") -> float:
     """When a process started (epoch seconds): now minus its age, the time since boot
     (/proc/uptime, to 10 ms) less its start in clock ticks after boot (/proc/<pid>/stat; /proc/stat's
-    boot time is whole seconds, too coarse). Without /proc, now (a mark then counts from here)."""
+    boot time is whole seconds, too coarse). Without /proc, now (a mark then counts from here).
+    This process, forked to do a run: its parent's start (`count_from_parent`)."""
+    if pid == "self" and _FORKED_AT is not None:
+        return _FORKED_AT
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])

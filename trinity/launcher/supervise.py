@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from trinity.common.startup import count_from_parent
 from trinity.launcher.summary import StopRecord
 
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -47,6 +48,7 @@ def supervise(run: Callable[[Path], int], console: Console) -> int:
     if pid == 0:  # the child: the run, then out without Python's exit (module doc)
         code = 1
         try:
+            count_from_parent()  # its start-up timeline counts from the command's start
             code = run(record)
         finally:
             sys.stdout.flush()
