@@ -59,15 +59,18 @@ class Served:
     """An endpoint on a loop of its own thread."""
 
     def __init__(
-        self, engine: Any, tokenizer: Any, defaults: SamplingParams | None = None, **app_args: Any
-    ) -> None:
+        self, engine: Any, tokenizer: Any, defaults: SamplingParams | None = None,
+        max_prompt_tokens: int | None = None, **app_args: Any,
+    ) -> None:  # fmt: skip
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         defaults = defaults or SamplingParams(n=1, temperature=1.0, max_tokens=64)
 
         async def start() -> str:
             client = BatchingClient([InProcess(engine)])
-            self.sessions = EngineSessions(client, tokenizer, defaults, model_name="policy")
+            self.sessions = EngineSessions(
+                client, tokenizer, defaults, "policy", max_prompt_tokens=max_prompt_tokens
+            )
             self.server = EndpointServer(build_app(self.sessions, **app_args))
             return await self.server.start()
 
@@ -358,6 +361,44 @@ def test_a_prompt_over_the_context_is_a_400(tiny_model_dir, tokenizer):
         with pytest.raises(openai.BadRequestError) as e:
             client(served).completions.create(model="policy", prompt="1+2=" * 10)
         assert e.value.code == "context_length_exceeded"
+    finally:
+        served.close()
+
+
+def test_a_prompt_over_max_prompt_tokens_is_a_400_on_every_route_and_records_nothing(tokenizer):
+    """With `model.max_prompt_tokens` set (prompt truncation on), a workflow's own call is
+    answered from the cut prompt and not trained; an OpenAI client gets 400
+    context_length_exceeded instead of a fabricated one-token reply, and nothing is sampled or
+    recorded for the call."""
+    engine = ScriptedEngine(tokenizer)
+    served = Served(engine, tokenizer, max_prompt_tokens=6)
+    long_text = "1+2=" * 10
+    long_ids = tokenizer.encode(long_text, add_special_tokens=False)
+    assert len(long_ids) > 6
+    c = client(served, session="agent")
+    calls = [
+        lambda: c.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": long_text}]
+        ),
+        lambda: c.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": long_text}], stream=True
+        ),
+        lambda: c.completions.create(model="policy", prompt=long_text),
+        lambda: c.completions.create(model="policy", prompt=long_ids),
+        lambda: c.completions.create(model="policy", prompt=["1+2=", long_text]),  # one of two
+    ]
+    try:
+        for call in calls:
+            with pytest.raises(openai.BadRequestError) as e:
+                got = call()
+                list(got)  # a stream is refused before its first chunk
+            assert e.value.code == "context_length_exceeded", e.value
+            assert "model.max_prompt_tokens (6)" in e.value.message
+        assert engine.prompts == []  # nothing sampled, not even the short prompt of the pair
+        handle = served.sessions.sessions["agent"]
+        assert handle.ledger.records == {} and handle.truncated_prompts == []
+        short = c.completions.create(model="policy", prompt="1+2=")  # the session goes on
+        assert short.choices[0].text == "hello"
     finally:
         served.close()
 

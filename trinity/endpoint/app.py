@@ -145,7 +145,7 @@ def build_app(
         try:
             return await call
         except PromptTooLong as e:
-            raise APIError(400, str(e), "messages", "context_length_exceeded") from None
+            raise _too_long(e) from None
         except TemplateError as e:
             raise APIError(400, str(e), "messages") from None
 
@@ -175,7 +175,9 @@ def build_app(
         handle = source.handle(sid)
         tools = req.template_tools()
         messages = [m.for_template() for m in req.messages]
-        samples = await sample(handle.chat(messages, tools=tools, **sampling(req, req.limit())))
+        samples = await sample(
+            handle.chat(messages, tools=tools, refuse_over_long=True, **sampling(req, req.limit()))
+        )
         choices = [
             _chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
             for i, s in enumerate(samples)
@@ -209,10 +211,19 @@ def build_app(
         choices: list[dict[str, Any]] = []
         samples: list[Sample] = []
         prompt_tokens = 0
-        for prompt in req.prompts():
+        prompts = req.prompts()
+        for prompt in prompts:  # all checked before any is sampled (and recorded)
             if isinstance(prompt, list) and not all(0 <= t < source.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must lie in [0, {source.vocab_size})", "prompt")
-            got = await sample(handle.generate(prompt, **sampling(req, req.max_tokens)))
+            ids = handle.encode(prompt) if isinstance(prompt, str) else prompt
+            try:
+                handle.check_prompt(ids)
+            except PromptTooLong as e:
+                raise _too_long(e) from None
+        for prompt in prompts:
+            got = await sample(
+                handle.generate(prompt, refuse_over_long=True, **sampling(req, req.max_tokens))
+            )
             prompt_tokens += len(got[0].prompt_ids)
             for s in got:
                 text = _text(s, handle)
@@ -291,6 +302,11 @@ def _text(s: Sample, handle: TaskModelHandle) -> str:
     text = handle.decode(s.response_ids)
     stop = s.info.get("stop")
     return text[: text.find(stop)] if stop and stop in text else text
+
+
+def _too_long(e: PromptTooLong) -> APIError:
+    """OpenAI's answer to a prompt over the model's context: 400 `context_length_exceeded`."""
+    return APIError(400, str(e), "messages", "context_length_exceeded")
 
 
 def _finish(s: Sample) -> str:

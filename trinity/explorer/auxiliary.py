@@ -195,10 +195,13 @@ class AuxiliaryHandle:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
+        refuse_over_long: bool = True,
         **sampling: Any,
     ) -> list[Sample]:
         """Sample replies to `messages`, rendered whole by this model's chat template.
-        `sampling`: SamplingParams fields, plus `stop` and `seed` (as `ModelHandle.chat`)."""
+        `sampling`: SamplingParams fields, plus `stop` and `seed` (as `ModelHandle.chat`).
+        `refuse_over_long`: the rollout handle's argument; an auxiliary model always refuses an
+        over-long prompt (`check_prompt`)."""
         from trinity.explorer.model_client import TemplateError
 
         try:
@@ -209,10 +212,23 @@ class AuxiliaryHandle:
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
         return await self._sample(ids, sampling)
 
-    async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
-        """Sample continuations of a text or of token ids."""
+    async def generate(
+        self, prompt: str | list[int], refuse_over_long: bool = True, **sampling: Any
+    ) -> list[Sample]:
+        """Sample continuations of a text or of token ids (`refuse_over_long`: as `chat`'s)."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return await self._sample(ids, sampling)
+
+    def check_prompt(self, ids: list[int]) -> None:
+        """Raise `PromptTooLong` for a prompt over this model's max_prompt_tokens."""
+        limit = self._model.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise PromptTooLong(
+                f"a prompt of {len(ids)} tokens for {label(self._key_name())}, over its "
+                f"max_prompt_tokens ({limit}: explorer.auxiliary_models[{self._model.index}]."
+                "max_prompt_tokens, else model.max_prompt_tokens); auxiliary models refuse a "
+                "prompt rather than cut it"
+            )
 
     async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
         from trinity.explorer.model_client import cut_at_stop, sampling_params
@@ -222,14 +238,7 @@ class AuxiliaryHandle:
         key = None if self._key is None else stable_key(self._key, self._calls)
         if seed is not None:
             key = stable_key("seed", seed)
-        limit = self._model.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise PromptTooLong(
-                f"a prompt of {len(ids)} tokens for {label(self._key_name())}, over its "
-                f"max_prompt_tokens ({limit}: explorer.auxiliary_models[{self._model.index}]."
-                "max_prompt_tokens, else model.max_prompt_tokens); auxiliary models refuse a "
-                "prompt rather than cut it"
-            )
+        self.check_prompt(ids)
         samples = await self._model.client.generate(ids, params, key)
         return [cut_at_stop(s, stop, self.decode) for s in samples] if stop else samples
 

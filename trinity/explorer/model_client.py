@@ -326,11 +326,14 @@ class TaskModelHandle:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
+        refuse_over_long: bool = False,
         **sampling: Any,
     ) -> list[Sample]:
         """Sample replies to `messages` rendered by the chat template (with `tools`, the
         function definitions, when given). `sampling`: SamplingParams fields, plus `stop`
         (strings that end a reply) and `seed` (the call's samples depend on it alone).
+        `refuse_over_long`: a prompt over `max_prompt_tokens` raises `PromptTooLong` and is not
+        recorded, instead of being answered from a cut prompt (the OpenAI endpoint's calls).
 
         A message list that extends an earlier call's messages with one of its sampled replies
         and new messages is sent as that reply's held tokens + the new messages' delta; any other
@@ -341,21 +344,38 @@ class TaskModelHandle:
         except Exception as e:  # the template's own error, whatever its kind (jinja, TypeError)
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
         try:
-            samples = await self._sample(prepared.prompt_ids, sampling)
+            samples = await self._sample(prepared.prompt_ids, sampling, refuse_over_long)
             self._chat.commit(prepared, messages, tools, samples)
         finally:
             self._chat.release(prepared)
         return samples
 
-    async def generate(self, prompt: str | list[int], **sampling: Any) -> list[Sample]:
+    async def generate(
+        self, prompt: str | list[int], refuse_over_long: bool = False, **sampling: Any
+    ) -> list[Sample]:
         """Sample continuations of a text or of token ids (recorded; merged into a trajectory
-        when the ids extend one exactly)."""
+        when the ids extend one exactly). `refuse_over_long`: as `chat`'s."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        samples = await self._sample(ids, sampling)
+        samples = await self._sample(ids, sampling, refuse_over_long)
         self._chat.commit(Prepared(ids, "tokens"), None, None, samples)
         return samples
 
-    async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
+    def check_prompt(self, ids: list[int]) -> None:
+        """Raise `PromptTooLong` for a prompt over `max_prompt_tokens`: what an OpenAI endpoint
+        answers with 400 `context_length_exceeded`, where a workflow's own call is answered from
+        the cut prompt (class doc)."""
+        m = self.max_prompt_tokens
+        if m is not None and len(ids) > m:
+            raise PromptTooLong(
+                f"a prompt of {len(ids)} tokens, over model.max_prompt_tokens ({m}): refused "
+                "rather than answered from a prompt cut to fit"
+            )
+
+    async def _sample(
+        self, ids: list[int], sampling: dict[str, Any], refuse_over_long: bool = False
+    ) -> list[Sample]:
+        if refuse_over_long:  # before a key is taken: a refused call changes nothing
+            self.check_prompt(ids)
         params, stop, seed = sampling_params(self.defaults, sampling)
         key = self._next_key()  # taken either way: later calls keep their keys
         if seed is not None:
