@@ -416,6 +416,58 @@ def post(url: str, data: bytes | None = None, key: str | None = None) -> tuple[i
         return e.code, json.loads(raw) if raw.startswith(b"{") else raw
 
 
+def test_an_empty_prompt_and_a_deep_body_are_400s_on_the_real_engine(tiny):
+    """Each was a 500: an empty prompt failed the whole engine batch it was in, and json's
+    recursion limit escaped as a plain-text error."""
+    c = client(tiny)
+    for prompt in ("", [[]], [[], [5, 6]]):
+        with pytest.raises(openai.BadRequestError, match="prompt is empty") as e:
+            c.completions.create(model="policy", prompt=prompt)
+        assert e.value.param == "prompt"
+    status, body = post(tiny.url + "/chat/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested too deeply" in body["error"]["message"]
+    status, body = post(tiny.url + "/completions", b'{"prompt": [[[[[[[[[[[[1]]]]]]]]]]]]}')
+    assert status == 400  # a shape the request type refuses, not an engine error
+    assert c.completions.create(model="policy", prompt="1+2=", max_tokens=2).choices
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_streams_in(tokenizer):
+    import http.client
+    import urllib.parse
+
+    served = Served(ScriptedEngine(tokenizer), tokenizer, max_body_bytes=1000)
+    try:
+        url = urllib.parse.urlsplit(served.url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        chunks = iter([b'{"model": "policy", "prompt": "', b"x" * 600, b"x" * 600, b'"}'])
+        conn.request("POST", url.path + "/completions", body=chunks, encode_chunked=True,
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        r = conn.getresponse()
+        assert r.status == 413 and b"over 1000 bytes" in r.read()
+        conn.close()
+        # a declared length over the limit: refused before a byte of the body is read
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        conn.putrequest("POST", url.path + "/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(20 * 2**20))
+        conn.endheaders()
+        r = conn.getresponse()
+        assert r.status == 413 and b"20971520 bytes; at most 1000" in r.read()
+        conn.close()
+    finally:
+        served.close()
+
+
+def test_an_empty_prompt_fails_alone_in_its_engine_batch(tiny_model_dir):
+    from trinity.common.rollout import BadPrompt
+
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1)
+    got = engine.generate([[], [5, 6, 7]], SamplingParams(n=2, max_tokens=3), keys=[1, 2])
+    alone = engine.generate([[5, 6, 7]], SamplingParams(n=2, max_tokens=3), keys=[2])
+    assert isinstance(got[0], BadPrompt) and "empty prompt" in str(got[0])
+    assert [s.response_ids for s in got[1]] == [s.response_ids for s in alone[0]]
+
+
 def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, tokenizer):
     """As in the explorer (`enable_openai_api`): the workflow's handle is registered under its
     session while it runs, and the AsyncOpenAI client it hands out calls the server on the same
@@ -477,13 +529,31 @@ MESSAGE = st.fixed_dictionaries(
 )
 
 
+HOSTILE = [
+    ("/v1/chat/completions", b"[" * 50_000 + b"]" * 50_000),
+    ("/v1/completions", b'{"model": "policy", "prompt": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"),
+    ("/v1/completions", b'{"model": "policy", "prompt": ""}'),
+    ("/v1/completions", b'{"model": "policy", "prompt": [[]]}'),
+    ("/v1/completions", b'{"model": "policy", "prompt": [[], [5, 6]]}'),
+    ("/v1/completions", b'{"model": "policy", "prompt": "1+2=", "n": 1000000000}'),
+    ("/v1/completions", b'{"model": "policy", "prompt": "1+2=", "max_tokens": 0}'),
+    ("/v1/completions", b'{"model": "policy", "prompt": "1+2=", "temperature": 1e999}'),
+    ("/v1/chat/completions", b'{"model": "policy", "messages": []}'),
+    ("/v1/chat/completions", b'{"model": "policy", "messages": [{"role": "user", "content": ""}]}'),
+    ("/v1/chat/completions", b'{"model": "policy", "messages": [{"role": "tool"}]}'),
+]
+
+
 @st.composite
 def requests(draw: Any) -> tuple[str, str, bytes | None]:
     """(method, path, body): valid bodies with one field set to anything, bodies that are any
     JSON at all, bytes that are not JSON, and routes and methods that do not exist."""
     prefix = draw(st.sampled_from(["", "/sessions/fuzz", "/sessions/%20x"]))
-    kinds = ["valid", "chat", "completion", "raw", "bytes", "get", "feedback", "commit"]
+    kinds = ["valid", "chat", "completion", "raw", "bytes", "get", "feedback", "commit", "hostile"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "hostile":  # each a 500 once, or a shape an engine could choke on
+        path, body = draw(st.sampled_from(HOSTILE))
+        return "POST", prefix + path, body
     if kind in ("feedback", "commit"):  # serve mode's routes, with the same kinds of bodies
         body = {"session_id": draw(st.sampled_from(["fuzz", "fb-1", " bad", ""]))}
         if kind == "feedback":
@@ -514,11 +584,25 @@ def requests(draw: Any) -> tuple[str, str, bytes | None]:
     return "POST", prefix + path, json.dumps(body).encode()
 
 
+@pytest.fixture(scope="module")
+def real(tiny_model_dir, tokenizer) -> Iterator[Served]:
+    """The tiny model's engine behind serve mode's app: what the scripted engine cannot show."""
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1)
+    served = Served(engine, tokenizer, api_key="sk-test", book=FeedbackBook())
+    yield served
+    served.close()
+
+
 @pytest.mark.slow  # a fuzz trial of 2,000 requests; each route's own tests stay fast
-def test_2000_fuzzed_requests_over_every_route_get_no_5xx(scripted):
-    """Every route, /feedback and /commit included: 2,000 requests, none answered 5xx."""
-    served, engine = scripted
-    engine.reply = '<tool_call>{"name": "add", "arguments": {}}</tool_call> ok'
+@pytest.mark.parametrize("engine_kind", ["scripted", "real"])
+def test_2000_fuzzed_requests_over_every_route_get_no_5xx(engine_kind, request):
+    """Every route, /feedback and /commit included: 2,000 requests, none answered 5xx, against a
+    scripted engine (tool calls in every reply) and against the tiny model's real engine."""
+    if engine_kind == "scripted":
+        served, engine = request.getfixturevalue("scripted")
+        engine.reply = '<tool_call>{"name": "add", "arguments": {}}</tool_call> ok'
+    else:
+        served = request.getfixturevalue("real")
     root = served.url.removesuffix("/v1")
     statuses: Counter[int] = Counter()
 

@@ -39,9 +39,14 @@ class SamplingParams:
     max_tokens: int = 64
 
 
-class PromptTooLong(ValueError):
-    """A prompt leaves no room for a response under the engine's `max_model_len`. An engine puts
-    it in that prompt's place in `generate`'s answer: its batch-mates are served all the same."""
+class BadPrompt(ValueError):
+    """A prompt an engine cannot sample from (an empty one). An engine puts the error in that
+    prompt's place in `generate`'s answer: its batch-mates are served all the same."""
+
+
+class PromptTooLong(BadPrompt):
+    """A prompt leaves no room for a response under the engine's `max_model_len` (or is over a
+    `max_prompt_tokens` that refuses rather than cuts); in `generate`'s answer as `BadPrompt`."""
 
 
 @dataclass
@@ -73,14 +78,15 @@ class RolloutEngine(Protocol):
         prompts: list[list[int]],
         params: SamplingParams,
         keys: list[int | None] | None = None,
-    ) -> list[list[Sample] | PromptTooLong]:
+    ) -> list[list[Sample] | BadPrompt]:
         """`params.n` samples per prompt (token ids in, token ids + logprobs out).
 
         `keys`: a 64-bit sampling key per prompt. A keyed prompt's samples depend on its key, its
         params and the weights alone, never on the rest of the batch (`explorer/sampling.py`);
         None leaves the draws to the engine's seeded generator. Each prompt's response budget is
         its own: min(`params.max_tokens`, max_model_len - its length). A prompt with no room
-        gets a `PromptTooLong` in its place, and the others are sampled as if it were not there.
+        gets a `PromptTooLong` in its place, an empty one a `BadPrompt`, and the others are
+        sampled as if it were not there.
         """
         ...
 

@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from trinity.common.rollout import PromptTooLong, Sample
+from trinity.common.rollout import BadPrompt, PromptTooLong, Sample
 from trinity.endpoint.feedback import FeedbackBook, FeedbackError
 from trinity.endpoint.openai_api import (
     APIError,
@@ -43,6 +43,7 @@ from trinity.explorer.model_client import TaskModelHandle, TemplateError
 SESSION_HEADER = "x-session-id"
 VERSION_HEADER = "x-model-version"
 SESSION_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+MAX_BODY_BYTES = 16 * 2**20  # a request body's limit: a long agent history is a few MB
 
 
 class SessionSource(Protocol):
@@ -63,9 +64,11 @@ def build_app(
     api_key: str | None = None,
     tool_call_parser: str = "hermes",
     book: FeedbackBook | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The app serving `source`. `api_key`: required as `Authorization: Bearer <key>`.
-    `book`: serve mode's sessions and rewards; adds POST /feedback and /commit."""
+    `book`: serve mode's sessions and rewards; adds POST /feedback and /commit.
+    `max_body_bytes`: a larger request body is refused with 413 before it is read whole."""
     parse_tools = TOOL_CALL_PARSER.get(tool_call_parser)
     app = FastAPI(title="trinity OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
 
@@ -96,9 +99,11 @@ def build_app(
     async def body_of(request: Request, model: type[Any]) -> Any:
         check_key(request)
         try:
-            raw = json.loads(await request.body())
+            raw = json.loads(await _read_body(request, max_body_bytes))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not JSON: {e}") from None
+        except RecursionError:
+            raise APIError(400, "the request body is nested too deeply to read") from None
         if not isinstance(raw, dict):
             raise APIError(400, "the request body must be a JSON object")
         try:
@@ -146,6 +151,8 @@ def build_app(
             return await call
         except PromptTooLong as e:
             raise _too_long(e) from None
+        except BadPrompt as e:
+            raise APIError(400, str(e), "prompt") from None
         except TemplateError as e:
             raise APIError(400, str(e), "messages") from None
 
@@ -216,6 +223,8 @@ def build_app(
             if isinstance(prompt, list) and not all(0 <= t < source.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must lie in [0, {source.vocab_size})", "prompt")
             ids = handle.encode(prompt) if isinstance(prompt, str) else prompt
+            if not ids:
+                raise APIError(400, "prompt is empty: there is nothing to continue", "prompt")
             try:
                 handle.check_prompt(ids)
             except PromptTooLong as e:
@@ -302,6 +311,20 @@ def _text(s: Sample, handle: TaskModelHandle) -> str:
     text = handle.decode(s.response_ids)
     stop = s.info.get("stop")
     return text[: text.find(stop)] if stop and stop in text else text
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to be over `limit` bytes: from its
+    Content-Length before any of it is read, else while it streams in."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {declared} bytes; at most {limit} are read")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the request body is over {limit} bytes; at most {limit} are read")
+    return bytes(body)
 
 
 def _too_long(e: PromptTooLong) -> APIError:

@@ -31,7 +31,7 @@ import numpy as np
 from trinity.common.core_shares import core_shares
 from trinity.common.lazy import import_now, lazy_module
 from trinity.common.memory import IdleTrim
-from trinity.common.rollout import ENGINE, Peers, PromptTooLong, Sample, SamplingParams
+from trinity.common.rollout import ENGINE, BadPrompt, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.common.startup import StartupMarks
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.forward import cache_kwarg
@@ -164,26 +164,30 @@ class HFRolloutEngine:
         prompts: list[list[int]],
         params: SamplingParams,
         keys: list[int | None] | None = None,
-    ) -> list[list[Sample] | PromptTooLong]:
+    ) -> list[list[Sample] | BadPrompt]:
         """Sample `params.n` continuations for each prompt. Returns one list per prompt.
 
         `keys`: a 64-bit sampling key per prompt (`sampling.keyed_uniforms`); None (for all, or
         for one prompt) draws the key from the engine's seeded generator. Each prompt's budget
         is its own (`RolloutEngine.generate`); a prompt with no room under `max_model_len` gets a
-        `PromptTooLong` in its place and is left out before the others are batched, so they
-        are sampled exactly as without it.
+        `PromptTooLong` in its place, an empty one a `BadPrompt`, and either is left out before
+        the others are batched, so they are sampled exactly as without it.
         """
         keys = list(keys) if keys is not None else [None] * len(prompts)
         if len(keys) != len(prompts):
             raise ValueError(f"{len(keys)} sampling keys for {len(prompts)} prompts")
-        out: list[list[Sample] | PromptTooLong] = [
-            PromptTooLong(
+        out: list[list[Sample] | BadPrompt] = [
+            BadPrompt("an empty prompt: there is nothing to continue")
+            if not p
+            else PromptTooLong(
                 f"prompt of {len(p)} tokens leaves no room for a response under "
                 f"max_model_len={self.max_model_len}"
             )
             for p in prompts
         ]
-        fits = [i for i, p in enumerate(prompts) if self._budget(len(p), params.max_tokens) > 0]
+        fits = [
+            i for i, p in enumerate(prompts) if p and self._budget(len(p), params.max_tokens) > 0
+        ]
         per_chunk = max(1, self.max_batch_size // max(1, params.n))  # prompts per batch
         with self._busy(), self._sampling():
             for start in range(0, len(fits), per_chunk):

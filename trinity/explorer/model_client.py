@@ -27,7 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
 from trinity.common.lazy import lazy_module
-from trinity.common.rollout import Peers, PromptTooLong, Sample, SamplingParams
+from trinity.common.rollout import BadPrompt, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.session import ChatSession, Prepared
@@ -183,21 +183,21 @@ class BatchingClient:
             for r, samples in zip(shard, results, strict=True):
                 if r.answer.done():
                     continue
-                if isinstance(samples, PromptTooLong):  # this request's alone
+                if isinstance(samples, BadPrompt):  # this request's alone
                     r.answer.set_exception(samples)
                 else:
                     r.answer.set_result(samples)
 
     async def _generate(
         self, i: int, shard: list[_Request], params: SamplingParams
-    ) -> list[list[Sample] | PromptTooLong]:
+    ) -> list[list[Sample] | BadPrompt]:
         prompts, keys = [r.prompt for r in shard], [r.key for r in shard]
 
-        async def served_with(engine: Any, result: list[list[Sample] | PromptTooLong]) -> int:
+        async def served_with(engine: Any, result: list[list[Sample] | BadPrompt]) -> int:
             versions = [
                 s.model_version
                 for samples in result
-                if not isinstance(samples, PromptTooLong)
+                if not isinstance(samples, BadPrompt)
                 for s in samples
             ]
             if not versions:  # nothing was sampled: ask the engine what it holds
