@@ -479,15 +479,19 @@ def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_mo
             port = s.getsockname()[1]
         (ray_tmp / "ray").mkdir()
         (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+        env = {"RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""}  # `auto` reads the file
+        short = ["buffer.total_steps=1", "explorer.eval_on_startup=false"]
         r = run_trinity(
-            grpo_config(tmp_path, tiny_model_dir),
-            env_extra={"RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""},  # `auto` reads the file
-            overrides=["buffer.total_steps=1", "explorer.eval_on_startup=false"],
-            timeout=180,
-        )
+            grpo_config(tmp_path, tiny_model_dir), env_extra=env,
+            overrides=[*short, "cluster.one_process=false"], timeout=180,
+        )  # fmt: skip
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert f"the Ray cluster at 127.0.0.1:{port}" in r.stderr
         assert "does not answer; starting a local instance" in r.stderr
+        # one process needs no Ray: the dead cluster is not joined, and nothing waits for it
+        one = run_trinity(grpo_config(tmp_path, tiny_model_dir), env, overrides=short, timeout=180)
+        assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
+        assert "without Ray: nothing in the run spans processes" in one.stdout
         # an explicitly named address that does not answer is a config error, found at once
         bad = run_trinity(
             grpo_config(tmp_path, tiny_model_dir),

@@ -416,6 +416,45 @@ def post(url: str, data: bytes | None = None, key: str | None = None) -> tuple[i
         return e.code, json.loads(raw) if raw.startswith(b"{") else raw
 
 
+def _raw(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        conn.request("POST", u.path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def test_a_web_page_cannot_post_to_the_local_endpoint(scripted):
+    """A page can send a form-encoded or text/plain POST to 127.0.0.1 without asking (no CORS
+    preflight), and reach a loopback endpoint under a name of its own (DNS rebinding): the
+    first is a 415, the second a 421, both in OpenAI's error format; a JSON client is served."""
+    served, _ = scripted
+    url = served.url + "/completions"
+    body = json.dumps({"model": "policy", "prompt": "1+2=", "max_tokens": 2}).encode()
+    auth = {"Authorization": "Bearer sk-test"}
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        status, got = _raw(url, body, {**auth, "Content-Type": kind})
+        assert status == 415 and got["error"]["code"] == "unsupported_media_type", got
+    status, got = _raw(url, body, auth)  # none at all
+    assert status == 415 and "missing" in got["error"]["message"]
+    port = url.split(":")[2].split("/")[0]
+    status, got = _raw(
+        url, body, {**auth, "Content-Type": "application/json", "Host": f"evil.example:{port}"}
+    )
+    assert status == 421 and got["error"]["code"] == "bad_host"
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "127.0.0.1"):
+        status, got = _raw(
+            url, body, {**auth, "Content-Type": "application/json; charset=utf-8", "Host": host}
+        )
+        assert status == 200, (host, got)
+
+
 def test_an_empty_prompt_and_a_deep_body_are_400s_on_the_real_engine(tiny):
     """Each was a 500: an empty prompt failed the whole engine batch it was in, and json's
     recursion limit escaped as a plain-text error."""

@@ -32,6 +32,7 @@ from trinity.config.checks import Loc, check_config
 from trinity.config.compat import apply_renames, drop_unread_args, lift_verl_keys
 from trinity.config.problems import ConfigError, Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
+from trinity.config.secrets import redacted
 from trinity.config.yaml_io import apply_overrides, deep_merge, interpolate, read_yaml
 
 T = TypeVar("T")
@@ -201,9 +202,10 @@ def _under(prefix: str, item: Any) -> Any:
 
 def dump_config(cfg: TrinityConfig) -> str:
     """The effective config with every default filled in, as YAML that `load_config` reads back
-    to the same config. Stages are printed as written (only their overrides); `stage_name` only
-    when set."""
+    to the same config but for its secrets, shown as `<redacted>` (`config.secrets`). Stages are
+    printed as written (only their overrides); `stage_name` only when set."""
     exclude = {"stages"} if cfg.stage_name else {"stages", "stage_name"}
     data = cfg.model_dump(mode="json", exclude=exclude)
     data["stages"] = [s.model_dump(mode="json", exclude_unset=True) for s in cfg.stages]
+    data = redacted(data)
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)

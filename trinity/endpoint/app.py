@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -93,11 +94,19 @@ def build_app(
     def check_key(request: Request) -> None:
         if api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     async def body_of(request: Request, model: type[Any]) -> Any:
         check_key(request)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":  # what a web page cannot send without asking first
+            raise APIError(
+                415,
+                f"Content-Type is {kind or 'missing'!r}; this endpoint reads application/json",
+                code="unsupported_media_type",
+            )
         try:
             raw = json.loads(await _read_body(request, max_body_bytes))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -14,6 +14,8 @@ binds 127.0.0.1 unless given another host.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import socket
 import uuid
 from typing import Any
@@ -122,10 +124,60 @@ class SessionPublisher:
         self.published.clear()
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _host_name(header: str) -> str:
+    """The name in a Host header, without its port (`[::1]:80` -> `::1`)."""
+    if header.startswith("["):
+        return header[1 : header.find("]")]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        return host.lower() == "localhost"
+
+
+class LoopbackOnly:
+    """ASGI middleware for an endpoint bound to a loopback address: a request whose Host header
+    is not a loopback name is refused (421). A web page the user visits can point a name of its
+    own at 127.0.0.1 (DNS rebinding) and so reach the endpoint; its requests then carry that name,
+    never `localhost`."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if _host_name(host).lower() not in LOOPBACK_NAMES:
+                body = json.dumps(
+                    APIError(
+                        421, f"Host {host!r} is not this machine's loopback name", code="bad_host"
+                    ).body()
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 421,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 class EndpointServer:
-    """uvicorn serving `app` as a task of the running loop."""
+    """uvicorn serving `app` as a task of the running loop (behind `LoopbackOnly` on a loopback
+    address)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        if _loopback(host):
+            app = LoopbackOnly(app)
         self.app, self.host, self.port = app, host, port
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None

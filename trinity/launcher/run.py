@@ -34,6 +34,7 @@ from trinity.common.service_host import HOST_CONCURRENCY, ServiceHost, hosted
 from trinity.common.startup import StartupMarks
 from trinity.config import seeds
 from trinity.config.run_folder import joins_existing_run, trains_from_queue
+from trinity.config.secrets import redacted
 from trinity.launcher.naming import agree_on_name, fresh_folder_unless_continuing
 from trinity.launcher.plan import RunPlan, plan_run, process_role
 from trinity.launcher.ray_init import (
@@ -101,8 +102,9 @@ def run(
     # 3.
     run_dir, part = plan.run_dir, _run_part(plan.cfg)
     info = RunInfo(
-        run_dir, config.project, config.group, config.name, part, config.model_dump(mode="json")
-    )
+        run_dir, config.project, config.group, config.name, part,
+        redacted(config.model_dump(mode="json")),  # the backends' copy: no secrets
+    )  # fmt: skip
     mon = config.monitor
     types = monitor_types(mon.monitor_type)
     monitor = Monitor(run_dir, types, console, part=part, info=info, monitor_args=mon.monitor_args)
