@@ -186,6 +186,21 @@ def test_payload_is_small_and_names_the_store(tmp_path):
     assert not list(Path(tmp_path).iterdir())  # nothing written to disk
 
 
+def test_the_store_listens_only_on_the_address_the_engines_use(tmp_path):
+    """Not on every interface (TCPStore's own socket binds 0.0.0.0): here, without Ray, the
+    loopback address the payload names."""
+    import psutil
+
+    payload = sync_method("nccl").send(_state(3), 3, tmp_path)
+    port = payload[0]["port"]
+    listening = [
+        c.laddr.ip
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+    assert listening == [payload[0]["host"]] == ["127.0.0.1"]
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray

@@ -42,6 +42,7 @@ One explorer at a time, as upstream: two explorers' calls would each need a grou
 from __future__ import annotations
 
 import datetime
+import socket
 import sys
 import threading
 import time
@@ -170,10 +171,14 @@ class _Broadcaster:
 
     def __init__(self) -> None:
         self.host = _node_ip()
+        # listening on the node's own address alone (TCPStore's own socket takes every
+        # interface): the engines reach it there, and nothing else on the network does
+        self._listener = socket.create_server((self.host, 0))
+        self.port = self._listener.getsockname()[1]
         self.store = dist.TCPStore(
-            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT
-        )
-        self.port = self.store.port
+            self.host, self.port, is_master=True, wait_for_workers=False, timeout=TIMEOUT,
+            master_listen_fd=self._listener.fileno(),
+        )  # fmt: skip
         self.snapshots: dict[int, list[torch.Tensor]] = {}
         self.spare: list[torch.Tensor] | None = None  # the last discarded snapshot, for reuse
         self.lock = threading.Lock()
@@ -204,7 +209,7 @@ class _Broadcaster:
         store: Any = None
         state: dict[str, str | None] = {"call": None}  # the call being served, if any
         try:
-            store = dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=TIMEOUT)
+            store = dist.TCPStore(self.host, self.port, is_master=False, timeout=TIMEOUT)
             self._serve_requests(store, state)
         except BaseException:
             error = traceback.format_exc()
