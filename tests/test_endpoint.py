@@ -543,6 +543,45 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
         loop.call_soon_threadsafe(loop.stop)
 
 
+def test_the_workflow_endpoint_budgets_a_reply_by_max_response_tokens(tokenizer):
+    """Not by max_model_len: an in-workflow agent asking for more than `max_response_tokens`
+    gets the 400 serve mode gives, and what it may ask for is sampled."""
+    from trinity.config.schema import TrinityConfig
+    from trinity.endpoint.server import rollout_model_endpoint
+
+    cfg = TrinityConfig.model_validate(
+        {
+            "model": {"model_path": "tiny://1m", "max_model_len": 4096, "max_response_tokens": 8},
+            "explorer": {"rollout_model": {"enable_openai_api": True}},
+        }
+    )
+    engine = ScriptedEngine(tokenizer)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def main() -> None:
+        client = BatchingClient([InProcess(engine)])
+        sessions, server = rollout_model_endpoint(cfg, tokenizer, client)
+        url = await server.start()
+        try:
+            defaults = SamplingParams(n=1, max_tokens=8)
+            sessions.sessions["t"] = TaskModelHandle(client, tokenizer, defaults)
+            oai = openai.AsyncOpenAI(
+                base_url=url.replace("/v1", "/sessions/t/v1"), api_key="-", max_retries=0
+            )
+            with pytest.raises(openai.BadRequestError, match="at most 8 tokens per reply"):
+                await oai.completions.create(model="tiny://1m", prompt="1+2=", max_tokens=9)
+            ok = await oai.completions.create(model="tiny://1m", prompt="1+2=", max_tokens=8)
+            assert ok.choices[0].text == "hello"
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=120)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats() | st.text(max_size=20),
     lambda inner: (

@@ -213,3 +213,19 @@ class EndpointServer:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
+
+
+def rollout_model_endpoint(
+    cfg: Any, tokenizer: Any, client: BatchingClient
+) -> tuple[WorkflowSessions, EndpointServer]:
+    """The rollout model's endpoint for workflows (`explorer.rollout_model.enable_openai_api`;
+    the explorer's and `trinity debug workflow`'s): its sessions, whose replies have the budget
+    every other call has (`model.max_response_tokens`, 64 unset; a larger `max_tokens` is a
+    400, as in serve mode), and the server of its app (not started)."""
+    from trinity.endpoint.app import build_app  # FastAPI: only where an endpoint is served
+
+    m, rm = cfg.model, cfg.explorer.rollout_model
+    budget = m.max_response_tokens if m.max_response_tokens is not None else 64
+    sessions = WorkflowSessions(m.model_path, len(tokenizer), budget, client)
+    app = build_app(sessions, tool_call_parser=rm.tool_call_parser or "hermes")
+    return sessions, EndpointServer(app)

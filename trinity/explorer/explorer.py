@@ -225,19 +225,11 @@ class Explorer:
         for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
             self.startup.mark(phase, max(m[phase] for m in marks))
         self.client = BatchingClient(self.engines)
-        rm, m = cfg.explorer.rollout_model, cfg.model
+        rm = cfg.explorer.rollout_model
         if rm.enable_openai_api and self.endpoint is None:
-            from trinity.endpoint.app import build_app  # FastAPI and uvicorn: only when asked
-            from trinity.endpoint.server import EndpointServer, WorkflowSessions
+            from trinity.endpoint.server import rollout_model_endpoint  # only when asked
 
-            self.sessions = WorkflowSessions(
-                m.model_path,
-                len(self.tokenizer),
-                _first(m.max_model_len, m.max_response_tokens, 64),
-                self.client,
-            )
-            app = build_app(self.sessions, tool_call_parser=rm.tool_call_parser or "hermes")
-            self.endpoint = EndpointServer(app)
+            self.sessions, self.endpoint = rollout_model_endpoint(cfg, self.tokenizer, self.client)
             url = await self.endpoint.start()
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         if self.aux_engines and self.auxiliary is None:

@@ -33,7 +33,7 @@ from trinity.explorer.auxiliary import (
     served_auxiliary,
     why_not_served,
 )
-from trinity.explorer.explorer import _first, finish_experiences, task_sampling
+from trinity.explorer.explorer import finish_experiences, task_sampling
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.tasks import Task, load_taskset
@@ -98,18 +98,9 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
         client = BatchingClient([InProcess(engine)])
         server = publisher = None
         if rm.enable_openai_api:  # the explorer's endpoint, on this loop, for this one task
-            from trinity.endpoint.app import build_app
-            from trinity.endpoint.server import EndpointServer, SessionPublisher, WorkflowSessions
+            from trinity.endpoint.server import SessionPublisher, rollout_model_endpoint
 
-            sessions = WorkflowSessions(
-                m.model_path,
-                len(engine.tokenizer),
-                _first(m.max_model_len, m.max_response_tokens, 64),  # as the explorer
-                client,
-            )
-            server = EndpointServer(
-                build_app(sessions, tool_call_parser=rm.tool_call_parser or "hermes")
-            )
+            sessions, server = rollout_model_endpoint(cfg, engine.tokenizer, client)
             publisher = SessionPublisher(sessions, await server.start())
         try:
             handle = TaskModelHandle(
