@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -534,6 +535,20 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
             with pytest.raises(openai.NotFoundError, match="no running workflow"):
                 other = oai.with_options(base_url=url.replace("/v1", "/sessions/gone/v1"))
                 await other.chat.completions.create(model="tiny-policy", messages=USER)
+            # the blocking client on the loop's own thread would hold the loop that serves it
+            # for its whole timeout: refused at once, naming the async client
+            blocking = handle.openai_client(timeout=600).with_options(
+                base_url=url.replace("/v1", "/sessions/task-1/v1")
+            )
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="async_openai_client"):
+                blocking.chat.completions.create(model="tiny-policy", messages=USER)
+            assert time.monotonic() - t0 < 1.0
+            # from a thread of its own, it is served
+            r2 = await asyncio.to_thread(
+                blocking.chat.completions.create, model="tiny-policy", messages=USER, seed=5
+            )
+            assert r2.choices[0].message.content == r.choices[0].message.content
         finally:
             await server.stop()
 

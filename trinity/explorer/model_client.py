@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import time
 import uuid
@@ -250,6 +251,27 @@ def _call_id() -> str:
     return uuid.uuid4().hex
 
 
+@functools.cache
+def _blocking_client_class() -> type:
+    """`openai.OpenAI`, refusing a call from a thread that runs an event loop (`openai_client`)."""
+    import openai
+
+    class BlockingOpenAI(openai.OpenAI):
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # a thread without a loop (a SyncWorkflow's): as openai does
+                return super().request(*args, **kwargs)
+            raise RuntimeError(
+                "model.openai_client() is a blocking client, called here from a coroutine "
+                "(async def run): the call would hold the event loop that serves it until the "
+                "client's timeout. Use model.async_openai_client() and await its calls (or "
+                "call the blocking client from a thread: asyncio.to_thread)"
+            )
+
+    return BlockingOpenAI
+
+
 class TaskModelHandle:
     """What one workflow run sees: the model with this task's default sampling params.
 
@@ -415,10 +437,10 @@ class TaskModelHandle:
     def openai_client(self, **kwargs: Any) -> Any:
         """An `openai.OpenAI` client whose calls sample from the rollout model in this task's
         session (a blocking client: for `SyncWorkflow`s, which run in a thread). Its
-        `model_path` attribute is the model name to pass (as in Trinity-RFT)."""
-        import openai
-
-        return self._bound(openai.OpenAI, kwargs)
+        `model_path` attribute is the model name to pass (as in Trinity-RFT). A call made on a
+        thread that runs an event loop (an `async def run`) raises at once, naming
+        `async_openai_client`: it would hold the loop that serves it until its timeout."""
+        return self._bound(_blocking_client_class(), kwargs)
 
     def async_openai_client(self, **kwargs: Any) -> Any:
         """An `openai.AsyncOpenAI` client for this task's session (for `async def run`)."""
