@@ -142,3 +142,73 @@ def test_100_sessions_of_10_calls_shuffled_duplicated_late_feedback_lands_exactl
 
 async def _take(book: FeedbackBook) -> list:
     return book.take_ready()  # on the server's loop, as the serve loop calls it
+
+
+def _rewarded(book: FeedbackBook, sid: str, reward: float = 1.0) -> None:
+    book.called(sid, f"{sid}-c0")
+    book.feedback(sid, reward, key=f"{sid}-r")
+
+
+def test_a_group_is_handed_out_whole_once_all_its_sessions_are_ready():
+    book = FeedbackBook(window_s=10)
+    for sid in ("g1", "g2", "g3", "solo"):
+        _rewarded(book, sid)
+    book.commit("g2", "q7", 3)
+    book.commit("g1", "q7", 3)
+    book.commit("solo")
+    # the solo session goes; the group waits for its third member, however many polls pass
+    assert [r.session_id for r in book.take_ready()] == ["solo"]
+    assert book.take_ready() == []
+    book.commit("g3", "q7", 3)
+    book.commit("g3", "q7", 3)  # a repeated commit is answered as the first
+    got = book.take_ready()
+    assert [(r.session_id, r.group) for r in got] == [("g2", "q7"), ("g1", "q7"), ("g3", "q7")]
+    assert book.counts["groups_ready"] == 1 and book.take_ready() == []
+    # a member not yet rewarded holds the whole group back
+    for sid in ("h1", "h2"):
+        book.called(sid, f"{sid}-c0")
+        book.commit(sid, "q8", 2)
+    book.feedback("h1", 0.0, key="h1-r")
+    assert book.take_ready() == []
+    book.feedback("h2", 1.0, key="h2-r")
+    assert [r.session_id for r in book.take_ready()] == ["h1", "h2"]
+
+
+def test_a_group_needs_its_size_and_refuses_what_would_break_it():
+    book = FeedbackBook(window_s=10)
+    for sid in ("a", "b", "c", "d"):
+        _rewarded(book, sid)
+    with pytest.raises(FeedbackError, match="group and group_size together") as e:
+        book.commit("a", "q1")
+    assert e.value.status == 400
+    with pytest.raises(FeedbackError, match="group and group_size together"):
+        book.commit("a", None, 2)
+    book.commit("a", "q1", 2)
+    with pytest.raises(FeedbackError, match="has group_size 2; this commit says 3") as e:
+        book.commit("b", "q1", 3)
+    assert e.value.status == 409
+    book.commit("b", "q1", 2)
+    with pytest.raises(FeedbackError, match="has its 2 sessions already"):
+        book.commit("c", "q1", 2)
+    with pytest.raises(FeedbackError, match="committed to another group"):
+        book.commit("a", "q2", 2)
+    assert [r.session_id for r in book.take_ready()] == ["a", "b"]
+    book.commit("c", "q1", 2)  # the name again: a new group, after the first went whole
+    book.commit("d", "q1", 2)
+    assert [r.session_id for r in book.take_ready()] == ["c", "d"]
+
+
+def test_a_group_not_whole_within_the_window_expires_whole():
+    clock = Clock()
+    book = FeedbackBook(window_s=10, clock=clock)
+    for sid in ("a", "b"):
+        _rewarded(book, sid)
+    book.commit("a", "q", 3)
+    clock.now = 5
+    book.commit("b", "q", 3)
+    clock.now = 10.5  # past the window from the group's first commit
+    assert book.take_ready() == []
+    assert book.counts["expired_groups"] == 1 and book.counts["expired"] == 2
+    with pytest.raises(FeedbackError) as e:
+        book.feedback("b", 1.0, key="late")
+    assert e.value.status == 410

@@ -6,7 +6,7 @@
 
 Each episode is a session (`X-Session-Id`): the agent asks, answers a follow-up, judges its own
 episode, posts the reward to /feedback and closes the session with /commit (`group`: the episodes
-GRPO compares). After each batch of episodes it waits until the endpoint serves newer weights.
+GRPO compares, `group_size` of them: the group is trained once all are in). After each batch of episodes it waits until the endpoint serves newer weights.
 At the end it prints, as JSON, the weights version each call was served with.
 """
 
@@ -19,7 +19,7 @@ import time
 import openai
 
 
-def episode(client: openai.OpenAI, model: str, sid: str, group: str) -> list[int]:
+def episode(client: openai.OpenAI, model: str, sid: str, group: str, size: int) -> list[int]:
     head = {"X-Session-Id": sid}
     question = [{"role": "user", "content": "2+3="}]
     first = client.chat.completions.create(
@@ -38,7 +38,8 @@ def episode(client: openai.OpenAI, model: str, sid: str, group: str) -> list[int
     answers = reply + (second.choices[0].message.content or "")
     reward = float("5" in answers) + 0.1 * (len(answers) % 3)
     client.post("/feedback", cast_to=object, body={"session_id": sid, "reward": reward, "key": sid})
-    client.post("/commit", cast_to=object, body={"session_id": sid, "group": group})
+    commit = {"session_id": sid, "group": group, "group_size": size}
+    client.post("/commit", cast_to=object, body=commit)
     return [first.model_version, second.model_version]
 
 
@@ -62,7 +63,7 @@ def main() -> None:
         have = served_version(client, args.url)
         for g in range(args.groups):
             for _ in range(args.group_size):
-                versions += episode(client, model, f"ep{n}", f"b{batch}g{g}")
+                versions += episode(client, model, f"ep{n}", f"b{batch}g{g}", args.group_size)
                 n += 1
         if batch < args.batches - 1:  # the trainer trains this batch and publishes
             deadline = time.time() + args.wait

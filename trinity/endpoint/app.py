@@ -294,7 +294,7 @@ def build_app(
         req: CommitRequest = await body_of(request, CommitRequest)
         valid(req.session_id)
         assert book is not None
-        book.commit(req.session_id, req.group)
+        book.commit(req.session_id, req.group, req.group_size)
         return {"session_id": req.session_id, "committed": True}
 
     if book is not None:  # at the root and under /v1 (an OpenAI client's `post` reaches it)

@@ -17,6 +17,11 @@ A committed session is ready when it has its session reward, or a reward for eve
 calls. It is handed out (`take_ready`) exactly once. A session not ready `window_s` seconds after
 its commit (or after its last activity, uncommitted) expires: counted, never trained. Feedback for
 a session handed out or expired is refused (`Gone`), so nothing lands twice or in limbo.
+
+Sessions committed with a `group` (and its `group_size`, which every member's commit must
+agree on) are handed out together, once all `group_size` of them are committed and ready, so a
+GRPO group reaches the buffer whole; a group not whole and ready `window_s` seconds after its
+first commit expires whole (`expired_groups`), and a commit past its size is refused (409).
 """
 
 from __future__ import annotations
@@ -77,6 +82,15 @@ class ReadySession:
         return out
 
 
+@dataclass
+class Group:
+    """A group's size, its members so far (in commit order) and its first commit's time."""
+
+    size: int
+    members: list[str]
+    first_commit_at: float
+
+
 class FeedbackBook:
     """The sessions of one endpoint and their rewards (see the module doc). Not thread-safe:
     the endpoint calls it from its event loop only."""
@@ -86,7 +100,11 @@ class FeedbackBook:
         self.sessions: dict[str, SessionBook] = {}
         self.done: dict[str, str] = {}  # session id -> "trained" | "expired"
         self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
-        self.counts = {"feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0}
+        self.groups: dict[str, Group] = {}  # open groups, by name
+        self.counts = {
+            "feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0,
+            "groups_ready": 0, "expired_groups": 0,
+        }  # fmt: skip
 
     def _open(self, session_id: str) -> SessionBook:
         if session_id in self.done:
@@ -150,30 +168,66 @@ class FeedbackBook:
         self.counts["feedback"] += 1
         return True
 
-    def commit(self, session_id: str, group: str | None = None) -> None:
+    def commit(
+        self, session_id: str, group: str | None = None, group_size: int | None = None
+    ) -> None:
         """The session is over; a second commit is answered as the first. `group`: sessions
-        committed with the same group are trained as one group (GRPO compares them)."""
+        committed with the same group are trained as one group (GRPO compares them), once all
+        `group_size` of them are ready (module doc)."""
+        if (group is None) != (group_size is None):
+            raise FeedbackError(
+                400,
+                "give group and group_size together: the group's size says when it is whole "
+                "(a GRPO group trained in pieces compares nothing)",
+            )
         book = self._open(session_id)
-        if book.committed_at is None:
-            book.committed_at = self.clock()
-            book.group = group
-            self.counts["committed"] += 1
+        if book.committed_at is not None:
+            if book.group != group:
+                raise FeedbackError(409, f"session {session_id!r} was committed to another group")
+            return
+        if group is not None:
+            assert group_size is not None
+            g = self.groups.setdefault(group, Group(group_size, [], self.clock()))
+            if g.size != group_size:
+                raise FeedbackError(
+                    409, f"group {group!r} has group_size {g.size}; this commit says {group_size}"
+                )
+            if len(g.members) >= g.size:
+                raise FeedbackError(409, f"group {group!r} has its {g.size} sessions already")
+            g.members.append(session_id)
+        book.committed_at = self.clock()
+        book.group = group
+        self.counts["committed"] += 1
 
     def take_ready(self) -> list[ReadySession]:
-        """Sessions ready to train, each once; expire those past the window."""
+        """Sessions ready to train, each once (a group's all at once, in commit order); expire
+        those past the window."""
         now, out = self.clock(), []
         for sid, book in list(self.sessions.items()):
+            if book.group is not None or sid not in self.sessions:
+                continue  # a group's member: with its group, below
             if book.ready():
-                rewards = book.rewards_by_call()
-                out.append(
-                    ReadySession(
-                        sid, list(book.calls), book.reward, rewards, book.records, book.group
-                    )
-                )
-                self._close(sid, "trained", "ready")
+                out.append(self._hand_out(sid, book))
             elif now - (book.committed_at or book.touched_at) > self.window_s:
                 self._close(sid, "expired", "expired")
+        for name, g in list(self.groups.items()):
+            books = [self.sessions[s] for s in g.members]
+            if len(books) == g.size and all(b.ready() for b in books):
+                out += [self._hand_out(s, b) for s, b in zip(g.members, books, strict=True)]
+                del self.groups[name]
+                self.counts["groups_ready"] += 1
+            elif now - g.first_commit_at > self.window_s:
+                for s in g.members:
+                    self._close(s, "expired", "expired")
+                del self.groups[name]
+                self.counts["expired_groups"] += 1
         return out
+
+    def _hand_out(self, sid: str, book: SessionBook) -> ReadySession:
+        rewards = book.rewards_by_call()
+        ready = ReadySession(sid, list(book.calls), book.reward, rewards, book.records, book.group)
+        self._close(sid, "trained", "ready")
+        return ready
 
     def _close(self, session_id: str, how: str, count: str) -> None:
         del self.sessions[session_id]

@@ -249,7 +249,9 @@ class FeedbackRequest(_Strict):
 
 
 class CommitRequest(_Strict):
-    """POST /commit: the session is over; sessions of one `group` are compared (GRPO)."""
+    """POST /commit: the session is over; the `group_size` sessions of one `group` are
+    compared (GRPO) and trained together, once all are ready."""
 
     session_id: str
     group: str | None = Field(None, max_length=256)
+    group_size: int | None = Field(None, ge=1, le=4096)

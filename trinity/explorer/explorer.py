@@ -40,7 +40,8 @@ from trinity.explorer.engine_pools import EnginePools, in_explorer_engines, star
 from trinity.explorer.in_process import InThread
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
-from trinity.explorer.tool_call_policy import apply_malformed_policy
+from trinity.explorer.rollout_stats import rollout_metrics
+from trinity.explorer.tool_call_policy import apply_configured_policy
 from trinity.models import load_tokenizer, resolve_model_path
 from trinity.sync.method import sync_method
 from trinity.sync.schedule import (
@@ -53,8 +54,8 @@ from trinity.tasks import Task, load_taskset, make_selector
 from trinity.workflows import WORKFLOW
 
 if TYPE_CHECKING:
-    from trinity.endpoint.feedback import FeedbackBook
-    from trinity.endpoint.server import EndpointServer, EngineSessions, WorkflowSessions
+    from trinity.endpoint.server import EndpointServer, WorkflowSessions
+    from trinity.explorer.serve import ServeMode
 
 SHARE_WAIT_S = 120.0  # longest wait for a part of a split run's cores (`_take_share`)
 
@@ -139,8 +140,7 @@ class Explorer:
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
         self.endpoint: EndpointServer | None = None
         self.sessions: WorkflowSessions | None = None
-        self.serving: EngineSessions | None = None  # mode serve's sessions and rewards
-        self.book: FeedbackBook | None = None
+        self.serve_mode: ServeMode | None = None  # mode serve's endpoint, sessions, rewards
         # DAPO's dynamic sampling: tasks tried per step at most this many times batch_size
         fg = config.algorithm.filter_groups
         self.max_gen = (
@@ -342,115 +342,16 @@ class Explorer:
     # -- mode serve ----------------------------------------------------------------------------
 
     async def start_serving(self) -> str:
-        """Mode serve: register as the buffer's writer and a weights reader, start the
-        endpoint (`explorer.listen_address`, `api_port`) with `/feedback` and `/commit`;
-        returns its URL. `serve` then runs until the trainer finishes."""
-        from trinity.endpoint.app import build_app
-        from trinity.endpoint.feedback import FeedbackBook
-        from trinity.endpoint.server import EndpointServer, EngineSessions
+        """Mode serve (`explorer.serve.ServeMode`): start the endpoint; returns its URL."""
+        from trinity.explorer.serve import ServeMode
 
-        ecfg, m = self.cfg.explorer, self.cfg.model
-        rm = ecfg.rollout_model
-        self._token = await self.buffer.register_writer.remote(ecfg.name)
-        await self.synchronizer.register_reader.remote(ecfg.name, self._version())
-        defaults = SamplingParams(
-            n=1,
-            temperature=m.temperature,
-            top_p=m.top_p,
-            top_k=m.top_k,
-            max_tokens=_first(m.max_response_tokens, 64),
-        )
-        cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
-        self.serving = EngineSessions(self.client, self.tokenizer, defaults, m.model_path, cut_to)
-        self.book = FeedbackBook(window_s=ecfg.feedback_window)
-        app = build_app(
-            self.serving,
-            api_key=ecfg.api_key,
-            tool_call_parser=rm.tool_call_parser or "hermes",
-            book=self.book,
-        )
-        self.endpoint = EndpointServer(app, host=ecfg.listen_address, port=ecfg.api_port)
-        return await self.endpoint.start()
+        self.serve_mode = ServeMode(self)
+        return await self.serve_mode.start()
 
     async def serve(self, poll_s: float = 0.2) -> dict[str, Any]:
-        """Mode serve, after `start_serving`: every `poll_s` s, write the sessions that are
-        committed and rewarded to the buffer (one write, one report: a "step"); every
-        `service_status_check_interval` s, load newer weights the trainer published (the
-        engines finish the calls they hold first: weights load between batches, and every
-        answer carries its `model_version`). Ends when the trainer has finished (its step
-        budget: the buffer is closed), then stops the endpoint and releases the buffer."""
-        assert self.book is not None and self.serving is not None
-        ecfg = self.cfg.explorer
-        step, stopped, last_check = 0, "", time.monotonic()
-        groups: dict[str, int] = {}
-        try:
-            while True:
-                await asyncio.sleep(poll_s)
-                ready = self.book.take_ready()
-                for sid in [s for s in self.serving.sessions if self.book.done.get(s) == "expired"]:
-                    self.serving.pop(sid)  # never rewarded in time: its calls are not trained
-                if ready:
-                    step += 1
-                    exps, ledgers = self._served_experiences(step, ready, groups)
-                    t0 = time.perf_counter()
-                    await self._write(exps, None)
-                    metrics = {
-                        **(rollout_metrics(exps, "rollout/") if exps else {}),
-                        **{f"serve/{k}": float(v) for k, v in self.book.counts.items()},
-                        **{f"rollout/{k}": v for k, v in ledgers.metrics().items()},
-                        "serve/sessions_written": float(len(ready)),
-                        "rollout/model_version": float(self._version()),
-                        "timing/buffer_write": time.perf_counter() - t0,
-                    }
-                    await self.hub.put.remote("explorer", self.step_offset + step, metrics)
-                if time.monotonic() - last_check >= min(1.0, ecfg.service_status_check_interval):
-                    finished = await self.synchronizer.finished_step.remote()
-                    if finished is not None:  # no reader is left for what would be written
-                        raise TrainingFinished(f"the trainer finished after step {finished}")
-                if time.monotonic() - last_check >= ecfg.service_status_check_interval:
-                    last_check = time.monotonic()
-                    await self.sync_to_latest()
-        except (BufferClosed, TrainingFinished) as e:
-            stopped = str(cause_of(e))
-            print(f"serve: {stopped}; stopping after {step} writes", flush=True)
-        finally:
-            if self.endpoint is not None:
-                await self.endpoint.stop()
-                self.endpoint = None
-        await self.buffer.release_writer.remote(ecfg.name)
-        await self.synchronizer.release_reader.remote(ecfg.name)
-        return {"explore_steps": step, "stopped_by_trainer": stopped}
-
-    def _served_experiences(
-        self, step: int, ready: list[Any], groups: dict[str, int]
-    ) -> tuple[list[Experience], LedgerStats]:
-        """The ready sessions' trajectories (their ledgers), rewarded: the session's reward, or
-        the sum of its calls' rewards over the calls each trajectory holds, then
-        `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions committed with one
-        `group` share EID.task (GRPO compares them); others are groups of their own."""
-        assert self.serving is not None
-        out: list[Experience] = []
-        stats = LedgerStats()
-        for r in ready:
-            handle = self.serving.pop(r.session_id)
-            if handle is None:  # feedback and commit only: no call was made in it
-                continue
-            stats = stats.merged(handle.ledger_stats())
-            by_record = r.record_rewards()
-            key = r.group if r.group is not None else f"session:{r.session_id}"
-            task = groups.setdefault(key, len(groups))
-            for e in handle.extract_experiences():
-                turns = e.info.get("turns", [])
-                e.reward = (
-                    r.reward
-                    if r.reward is not None
-                    else sum(by_record.get(cid, 0.0) for _, _, cid in turns)
-                )
-                e.eid = EID(batch=0, task=task, run=len(out), suffix="serve")
-                e.info["session_id"] = r.session_id
-                out.append(e)
-        _malformed_policy(self.cfg, out)
-        return out, stats
+        """Mode serve, after `start_serving`: write rewarded sessions until the trainer ends."""
+        assert self.serve_mode is not None, "start_serving() first"
+        return await self.serve_mode.run(poll_s)
 
     async def _take_share(self, wait_s: float = SHARE_WAIT_S) -> None:
         """Before a step of a split run: claim this explorer's part of the run's cores
@@ -950,6 +851,8 @@ class Explorer:
         )
 
     async def shutdown(self) -> None:
+        if self.serve_mode is not None:
+            await self.serve_mode.stop()
         if self.endpoint is not None:
             await self.endpoint.stop()
             self.endpoint = None
@@ -976,13 +879,8 @@ def finish_experiences(
         else 0
     )
     if train:
-        _malformed_policy(cfg, experiences)
+        apply_configured_policy(cfg, experiences)
     return cut
-
-
-def _malformed_policy(cfg: Any, experiences: list[Experience]) -> None:
-    malformed = cfg.explorer.malformed_tool_calls
-    apply_malformed_policy(experiences, malformed.policy, _first(malformed.penalty, -1.0))
 
 
 def _drop_flat_groups(
@@ -998,30 +896,6 @@ def _drop_flat_groups(
         rewards = {e.reward for e in item[1]}
         (flat if len(item[1]) > 1 and len(rewards) == 1 else informative).append(item)
     return informative, flat
-
-
-def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, float]:
-    """Mean/std reward, mean of every metric (over the experiences that carry it), length,
-    truncation, flat-group share."""
-    rewards = [e.reward or 0.0 for e in experiences]
-    out = {
-        f"{prefix}reward_mean": statistics.fmean(rewards),
-        f"{prefix}reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        f"{prefix}response_length": statistics.fmean(e.response_length for e in experiences),
-        f"{prefix}truncated_frac": statistics.fmean(float(e.truncated) for e in experiences),
-    }
-    components = sorted({k for e in experiences for k in e.metrics})
-    for k in components:  # over the experiences that report it (a judge's agreement: judged ones)
-        out[f"{prefix}{k}_mean"] = statistics.fmean(
-            e.metrics[k] for e in experiences if k in e.metrics
-        )
-    groups: dict[tuple, list[float]] = {}
-    for e, r in zip(experiences, rewards, strict=True):
-        groups.setdefault(e.eid.group, []).append(r)
-    multi = [g for g in groups.values() if len(g) > 1]
-    if multi:
-        out[f"{prefix}flat_group_frac"] = statistics.fmean(float(len(set(g)) == 1) for g in multi)
-    return out
 
 
 def task_sampling(cfg: Any, task: Task, evaluating: bool) -> SamplingParams:

@@ -19,6 +19,7 @@ on the experience under every policy; the policy decides what the trainer sees:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from trinity.common.experience import Experience
 
@@ -60,3 +61,10 @@ def apply_malformed_policy(experiences: Iterable[Experience], policy: str, penal
             e.info["malformed_penalty"] = penalty * len(spans)
         acted += len(spans)
     return acted
+
+
+def apply_configured_policy(cfg: Any, experiences: Iterable[Experience]) -> int:
+    """`apply_malformed_policy` as `explorer.malformed_tool_calls` says (penalty -1 unset)."""
+    malformed = cfg.explorer.malformed_tool_calls
+    penalty = malformed.penalty if malformed.penalty is not None else -1.0
+    return apply_malformed_policy(experiences, malformed.policy, penalty)

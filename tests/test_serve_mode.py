@@ -1,0 +1,102 @@
+"""Serve mode's writes (`explorer.serve.ServeMode`): a group reaches the buffer whole in one
+write, and group ids carry the endpoint's name and a serve step kept in the buffer with the
+experiences, so neither a second serve process nor this one started again reuses one."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+from test_endpoint import USER, ScriptedEngine
+
+from trinity.buffer.queue import QueueStorage
+from trinity.common.rollout import SamplingParams
+from trinity.config.schema import TrinityConfig
+from trinity.endpoint.feedback import FeedbackBook
+from trinity.endpoint.server import EngineSessions
+from trinity.explorer.in_process import InProcess
+from trinity.explorer.model_client import BatchingClient
+from trinity.explorer.serve import ServeMode
+from trinity.models import load_tokenizer
+
+
+class Handle:
+    """An object behind the actor-handle shape: `handle.method.remote(...)` is awaitable."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.obj, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            out = method(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+        return SimpleNamespace(remote=call)
+
+
+class Nothing:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _serving(name: str, queue: QueueStorage, tokenizer: Any) -> ServeMode:
+    cfg = TrinityConfig.model_validate({"explorer": {"name": name}})
+    explorer = SimpleNamespace(
+        cfg=cfg, buffer=Handle(queue), synchronizer=Handle(Nothing()), hub=Handle(Nothing()),
+        step_offset=0, _version=lambda: 0, _token=None,
+    )  # fmt: skip
+
+    async def write(exps: list, cursor: Any) -> None:
+        await queue.write(exps, cursor, explorer._token)
+
+    explorer._write = write
+    serve = ServeMode(explorer)
+    client = BatchingClient([InProcess(ScriptedEngine(tokenizer))])
+    serve.sessions = EngineSessions(client, tokenizer, SamplingParams(max_tokens=4), "policy")
+    serve.book = FeedbackBook(window_s=60)
+    return serve
+
+
+async def _episode(serve: ServeMode, sid: str, group: str | None, size: int | None) -> None:
+    assert serve.sessions is not None and serve.book is not None
+    [sample] = await serve.sessions.handle(sid).chat(USER)
+    serve.book.called(sid, f"{sid}-call", [sample.info["call_id"]])
+    serve.book.feedback(sid, float(len(sid)), key=sid)
+    serve.book.commit(sid, group, size)
+
+
+def test_groups_are_written_whole_under_ids_no_other_write_had(tmp_path, tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    queue = QueueStorage(tmp_path / "buffer.db")
+
+    async def main() -> tuple[list, Any]:
+        a = _serving("serve_a", queue, tokenizer)
+        await a.register()
+        await _episode(a, "a1", "q", 2)
+        await _episode(a, "solo", None, None)
+        await a._write_step(a.book.take_ready())  # step 1: the solo session; q waits for a2
+        await _episode(a, "a2", "q", 2)
+        await a._write_step(a.book.take_ready())  # step 2: q, whole
+        # the same endpoint started again: it continues after step 2; another one beside it
+        again, b = _serving("serve_a", queue, tokenizer), _serving("serve_b", queue, tokenizer)
+        await again.register()
+        await b.register()
+        assert (again.step, again.written, b.step) == (2, 3, 0)
+        for serve, sid in ((again, "r1"), (again, "r2"), (b, "b1"), (b, "b2")):
+            await _episode(serve, sid, "q", 2)
+        await again._write_step(again.book.take_ready())
+        await b._write_step(b.book.take_ready())
+        return (await queue.read(7, timeout=5)).experiences, await queue.cursor("serve_a")
+
+    experiences, cursor = asyncio.run(main())
+    rows = {e.info["session_id"]: e.eid for e in experiences}
+    assert rows["solo"].group == (1, 0, "serve/serve_a")
+    assert rows["a1"].group == rows["a2"].group == (2, 0, "serve/serve_a")
+    assert rows["r1"].group == rows["r2"].group == (3, 0, "serve/serve_a")
+    assert rows["b1"].group == rows["b2"].group == (1, 0, "serve/serve_b")
+    assert len({e.group for e in rows.values()}) == 4
+    assert (cursor.step, cursor.tasks) == (3, 5)
