@@ -12,6 +12,7 @@ import asyncio
 import json
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -454,6 +455,69 @@ def test_a_web_page_cannot_post_to_the_local_endpoint(scripted):
             url, body, {**auth, "Content-Type": "application/json; charset=utf-8", "Host": host}
         )
         assert status == 200, (host, got)
+
+
+class SlowEngine:
+    """The scripted engine's answers, `delay` s after each call, without blocking the loop."""
+
+    def __init__(self, tokenizer: Any, delay: float) -> None:
+        self.scripted, self.delay, self.calls = ScriptedEngine(tokenizer), delay, 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.scripted, name)
+
+        async def later(*args: Any, **kwargs: Any) -> Any:
+            if name == "generate":
+                self.calls += 1
+                await asyncio.sleep(self.delay)
+            return method(*args, **kwargs)
+
+        return types.SimpleNamespace(remote=later)
+
+
+def test_a_client_that_hangs_up_and_retries_is_recorded_once(tokenizer):
+    """An agent's client times out and retries (the example agent does): the abandoned call is
+    cancelled and recorded nowhere (ledger, session turns), so only the retry is trained."""
+    import socket
+
+    engine = SlowEngine(tokenizer, delay=1.0)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def start() -> tuple[EngineSessions, FeedbackBook, EndpointServer, str]:
+        sessions = EngineSessions(
+            BatchingClient([engine]), tokenizer, SamplingParams(max_tokens=4), "policy"
+        )
+        book = FeedbackBook()
+        server = EndpointServer(build_app(sessions, book=book))
+        return sessions, book, server, await server.start()
+
+    sessions, book, server, url = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        body = json.dumps({"model": "policy", "messages": USER}).encode()
+        port = int(url.split(":")[2].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # a client that gives up
+            sock.sendall(
+                b"POST /sessions/ep/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            deadline = time.monotonic() + 10
+            while engine.calls == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        time.sleep(1.5)  # the engine's answer to the abandoned call has come and gone
+        handle = sessions.sessions["ep"]
+        assert engine.calls == 1 and handle.ledger.records == {}
+        assert book.sessions.get("ep") is None or book.sessions["ep"].calls == []
+        retry = client(types.SimpleNamespace(url=url), session="ep").chat.completions.create(
+            model="policy", messages=USER
+        )
+        assert retry.choices[0].message.content == "hello"
+        assert len(handle.ledger.records) == 1 and book.sessions["ep"].calls == [retry.id]
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_an_empty_prompt_and_a_deep_body_are_400s_on_the_real_engine(tiny):

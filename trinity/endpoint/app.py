@@ -17,6 +17,7 @@ means the engines failed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -155,9 +156,26 @@ def build_app(
                 sid, head["id"], [s.info["call_id"] for s in samples if "call_id" in s.info]
             )
 
-    async def sample(call: Any) -> list[Sample]:
+    async def sample(request: Request, call: Any) -> list[Sample]:
+        """Await `call` (a handle's sampling), cancelled if the client hangs up first: a call
+        whose answer nobody reads is not recorded (the client's retry is the call that counts,
+        and its session's turns do not count the abandoned one)."""
+        work = asyncio.ensure_future(call)
+        gone = asyncio.ensure_future(_hung_up(request))
         try:
-            return await call
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():  # hung up, or this handler itself was cancelled
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+        if work.cancelled():
+            raise APIError(
+                499, "the client closed the connection before the answer: nothing was recorded",
+                code="client_closed",
+            )  # fmt: skip
+        try:
+            return work.result()
         except PromptTooLong as e:
             raise _too_long(e) from None
         except BadPrompt as e:
@@ -192,7 +210,8 @@ def build_app(
         tools = req.template_tools()
         messages = [m.for_template() for m in req.messages]
         samples = await sample(
-            handle.chat(messages, tools=tools, refuse_over_long=True, **sampling(req, req.limit()))
+            request,
+            handle.chat(messages, tools=tools, refuse_over_long=True, **sampling(req, req.limit())),
         )
         choices = [
             _chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
@@ -240,7 +259,8 @@ def build_app(
                 raise _too_long(e) from None
         for prompt in prompts:
             got = await sample(
-                handle.generate(prompt, refuse_over_long=True, **sampling(req, req.max_tokens))
+                request,
+                handle.generate(prompt, refuse_over_long=True, **sampling(req, req.max_tokens)),
             )
             prompt_tokens += len(got[0].prompt_ids)
             for s in got:
@@ -320,6 +340,12 @@ def _text(s: Sample, handle: TaskModelHandle) -> str:
     text = handle.decode(s.response_ids)
     stop = s.info.get("stop")
     return text[: text.find(stop)] if stop and stop in text else text
+
+
+async def _hung_up(request: Request) -> None:
+    """Return once the client has closed the connection (its body is read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
