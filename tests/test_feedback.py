@@ -212,3 +212,49 @@ def test_a_group_not_whole_within_the_window_expires_whole():
     with pytest.raises(FeedbackError) as e:
         book.feedback("b", 1.0, key="late")
     assert e.value.status == 410
+
+
+def test_what_is_remembered_of_finished_sessions_is_let_go_after_the_retention():
+    """A long-running endpoint's memory of done sessions and used keys does not grow forever:
+    within the retention a late post is still a 410 or a duplicate; after it, it is forgotten."""
+    clock = Clock()
+    book = FeedbackBook(window_s=10, clock=clock, retention_s=100)
+    for i in range(50):
+        _rewarded(book, f"s{i}")
+        book.commit(f"s{i}")
+    assert len(book.take_ready()) == 50 and len(book.done) == len(book.keys) == 50
+    clock.now = 99
+    assert book.feedback("s0", 1.0, key="s0-r") is False  # a duplicate, still remembered
+    with pytest.raises(FeedbackError):
+        book.feedback("s0", 1.0, key="other")
+    clock.now = 101
+    book.take_ready()
+    assert book.done == {} and book.keys == {}
+
+
+def test_sessions_whose_every_call_failed_are_let_go_once_idle(tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    from trinity.common.rollout import SamplingParams
+    from trinity.endpoint.server import EngineSessions
+    from trinity.explorer.in_process import InProcess
+    from trinity.explorer.model_client import BatchingClient
+
+    sessions = EngineSessions(
+        BatchingClient([InProcess(ScriptedEngine(tokenizer))]), tokenizer,
+        SamplingParams(max_tokens=4), "policy", max_prompt_tokens=3,
+    )  # fmt: skip
+    import asyncio
+
+    from trinity.common.rollout import PromptTooLong
+
+    async def main() -> None:
+        with pytest.raises(PromptTooLong):
+            await sessions.handle("failed").chat(USER * 5, refuse_over_long=True)
+        await sessions.handle("ok").generate([1, 2])
+
+    asyncio.run(main())
+    assert sessions.drop_unused(idle_s=3600) == []  # not idle long enough
+    sessions.used_at["failed"] -= 7200
+    sessions.used_at["ok"] -= 7200
+    assert sessions.drop_unused(idle_s=3600) == ["failed"]  # "ok" recorded a call: the book's
+    assert set(sessions.sessions) == {"ok"}

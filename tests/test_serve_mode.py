@@ -100,3 +100,31 @@ def test_groups_are_written_whole_under_ids_no_other_write_had(tmp_path, tiny_mo
     assert rows["b1"].group == rows["b2"].group == (1, 0, "serve/serve_b")
     assert len({e.group for e in rows.values()}) == 4
     assert (cursor.step, cursor.tasks) == (3, 5)
+
+
+def test_a_long_session_keeps_each_message_once_and_unchanged_by_its_caller(tiny_model_dir):
+    """50 calls, each the history so far plus an answer and a new question: the session keeps
+    99 messages, not the 2,500 a copy of every call's whole history would be, and a caller
+    that edits its list afterwards changes nothing kept."""
+    from trinity.explorer.model_client import TaskModelHandle
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    client = BatchingClient([InProcess(ScriptedEngine(tokenizer))])
+    handle = TaskModelHandle(client, tokenizer, SamplingParams(max_tokens=4))
+
+    async def main() -> list[dict]:
+        history = [{"role": "user", "content": "1+1="}]
+        for i in range(50):
+            [s] = await handle.chat(history)
+            history += [
+                {"role": "assistant", "content": handle.decode(s.response_ids)},
+                {"role": "user", "content": f"and {i}?"},
+            ]
+        return history
+
+    history = asyncio.run(main())
+    calls = handle._chat._calls
+    assert len(calls) == 50 and sum(len(c.messages) for c in calls) == 2500
+    assert len({id(m) for c in calls for m in c.messages}) == 99  # the last call's 99
+    history[0]["content"] = "edited"
+    assert calls[-1].messages[0]["content"] == "1+1=" == calls[0].messages[0]["content"]

@@ -22,6 +22,10 @@ Sessions committed with a `group` (and its `group_size`, which every member's co
 agree on) are handed out together, once all `group_size` of them are committed and ready, so a
 GRPO group reaches the buffer whole; a group not whole and ready `window_s` seconds after its
 first commit expires whole (`expired_groups`), and a commit past its size is refused (409).
+
+What a long-running endpoint remembers of sessions it is done with (to answer their late
+feedback 410, a repeated key as a duplicate) is kept `retention_s` seconds (a day by default),
+then let go: feedback that late starts a session of its own, which has no calls and expires.
 """
 
 from __future__ import annotations
@@ -95,11 +99,18 @@ class FeedbackBook:
     """The sessions of one endpoint and their rewards (see the module doc). Not thread-safe:
     the endpoint calls it from its event loop only."""
 
-    def __init__(self, window_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
-        self.window_s, self.clock = window_s, clock
+    def __init__(
+        self,
+        window_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        retention_s: float = 86400.0,
+    ) -> None:
+        self.window_s, self.clock, self.retention_s = window_s, clock, retention_s
         self.sessions: dict[str, SessionBook] = {}
         self.done: dict[str, str] = {}  # session id -> "trained" | "expired"
         self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
+        self._done_at: dict[str, float] = {}  # when each of `done` was (insertion order)
+        self._key_at: dict[str, float] = {}  # when each of `keys` was taken (insertion order)
         self.groups: dict[str, Group] = {}  # open groups, by name
         self.counts = {
             "feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0,
@@ -165,6 +176,7 @@ class FeedbackBook:
                 raise FeedbackError(409, f"session {session_id!r} has its reward already")
             book.reward = reward
         self.keys[key] = post
+        self._key_at[key] = self.clock()
         self.counts["feedback"] += 1
         return True
 
@@ -203,6 +215,7 @@ class FeedbackBook:
         """Sessions ready to train, each once (a group's all at once, in commit order); expire
         those past the window."""
         now, out = self.clock(), []
+        self._forget(now - self.retention_s)
         for sid, book in list(self.sessions.items()):
             if book.group is not None or sid not in self.sessions:
                 continue  # a group's member: with its group, below
@@ -232,4 +245,13 @@ class FeedbackBook:
     def _close(self, session_id: str, how: str, count: str) -> None:
         del self.sessions[session_id]
         self.done[session_id] = how
+        self._done_at[session_id] = self.clock()
         self.counts[count] += 1
+
+    def _forget(self, before: float) -> None:
+        """Let go of sessions done and keys taken before `before` (module doc), oldest first."""
+        for kept, at in ((self.done, self._done_at), (self.keys, self._key_at)):
+            for name, when in list(at.items()):
+                if when >= before:
+                    break
+                del at[name], kept[name]

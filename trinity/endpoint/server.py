@@ -17,6 +17,7 @@ import asyncio
 import ipaddress
 import json
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -45,12 +46,14 @@ class EngineSessions:
         self.max_tokens = defaults.max_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.sessions: dict[str, TaskModelHandle] = {}
+        self.used_at: dict[str, float] = {}  # each session's last call (time.monotonic)
 
     @property
     def model_version(self) -> int:
         return self.client.model_version
 
     def handle(self, session_id: str) -> TaskModelHandle:
+        self.used_at[session_id] = time.monotonic()
         if session_id not in self.sessions:
             self.sessions[session_id] = TaskModelHandle(
                 self.client,
@@ -61,7 +64,21 @@ class EngineSessions:
         return self.sessions[session_id]
 
     def pop(self, session_id: str) -> TaskModelHandle | None:
+        self.used_at.pop(session_id, None)
         return self.sessions.pop(session_id, None)
+
+    def drop_unused(self, idle_s: float) -> list[str]:
+        """Let go of sessions that recorded nothing (every call they had failed or was
+        abandoned) and had no call for `idle_s` s; their ids."""
+        now = time.monotonic()
+        gone = [
+            sid
+            for sid, handle in self.sessions.items()
+            if not handle.ledger.records and now - self.used_at.get(sid, now) > idle_s
+        ]
+        for sid in gone:
+            self.pop(sid)
+        return gone
 
 
 class WorkflowSessions:

@@ -108,6 +108,7 @@ class ServeMode:
                     s for s in self.sessions.sessions if self.book.done.get(s) == "expired"
                 ]:
                     self.sessions.pop(sid)  # never rewarded in time: its calls are not trained
+                self.sessions.drop_unused(ecfg.feedback_window)  # nothing recorded, idle
                 if ready:
                     steps += 1
                     await self._write_step(ready)

@@ -292,12 +292,23 @@ class ChatSession:
                 reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s)
                 for s, r in zip(samples, records, strict=True)
             ]
-            self._calls.append(
-                _Call(
-                    copy.deepcopy([dict(m) for m in messages]), copy.deepcopy(tools), records, keys
-                )
-            )
+            self._calls.append(_Call(*self._kept(messages, tools), records, keys))
         return records
+
+    def _kept(
+        self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """Copies of a call's messages and tools to keep (the caller may change its own later),
+        sharing every message equal to the previous call's at the same place: an agent's calls
+        grow one history, and a copy of the whole of it per call would be quadratic."""
+        prev = self._calls[-1] if self._calls else None
+        before = prev.messages if prev is not None else []
+        kept = [
+            before[i] if i < len(before) and before[i] == m else copy.deepcopy(dict(m))
+            for i, m in enumerate(messages)
+        ]
+        same_tools = prev is not None and prev.tools == tools
+        return kept, (prev.tools if same_tools and prev is not None else copy.deepcopy(tools))
 
     def release(self, prepared: Prepared) -> None:
         """Drop `prepared`'s claim on the record it continues (after `commit`, or when its
