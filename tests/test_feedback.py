@@ -3,6 +3,7 @@ repetition or lateness it comes in; a session is handed out once, when it is rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 
@@ -10,7 +11,11 @@ import openai
 import pytest
 from test_endpoint import USER, ScriptedEngine, Served, post
 
+from trinity.common.rollout import PromptTooLong, SamplingParams
 from trinity.endpoint.feedback import FeedbackBook, FeedbackError
+from trinity.endpoint.server import EngineSessions
+from trinity.explorer.in_process import InProcess
+from trinity.explorer.model_client import BatchingClient
 from trinity.models import load_tokenizer
 
 
@@ -234,18 +239,10 @@ def test_what_is_remembered_of_finished_sessions_is_let_go_after_the_retention()
 
 def test_sessions_whose_every_call_failed_are_let_go_once_idle(tiny_model_dir):
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    from trinity.common.rollout import SamplingParams
-    from trinity.endpoint.server import EngineSessions
-    from trinity.explorer.in_process import InProcess
-    from trinity.explorer.model_client import BatchingClient
-
     sessions = EngineSessions(
         BatchingClient([InProcess(ScriptedEngine(tokenizer))]), tokenizer,
         SamplingParams(max_tokens=4), "policy", max_prompt_tokens=3,
     )  # fmt: skip
-    import asyncio
-
-    from trinity.common.rollout import PromptTooLong
 
     async def main() -> None:
         with pytest.raises(PromptTooLong):
