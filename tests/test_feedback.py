@@ -14,6 +14,7 @@ from test_endpoint import USER, ScriptedEngine, Served, post
 from trinity.common.rollout import PromptTooLong, SamplingParams
 from trinity.endpoint.feedback import FeedbackBook, FeedbackError
 from trinity.endpoint.server import EngineSessions
+from trinity.endpoint.session_log import SessionLog
 from trinity.explorer.in_process import InProcess
 from trinity.explorer.model_client import BatchingClient
 from trinity.models import load_tokenizer
@@ -255,3 +256,35 @@ def test_sessions_whose_every_call_failed_are_let_go_once_idle(tiny_model_dir):
     sessions.used_at["ok"] -= 7200
     assert sessions.drop_unused(idle_s=3600) == ["failed"]  # "ok" recorded a call: the book's
     assert set(sessions.sessions) == {"ok"}
+
+
+def test_a_restarted_endpoint_refuses_the_sessions_its_previous_process_held(tmp_path):
+    """Sessions live in the serve process's memory until written. A process started again over
+    the same log answers 410 for those its predecessor held, open or handed out but not yet
+    written (lost with it), and for those that ended before, instead of taking their late
+    posts as a new session's that would never train."""
+    log = SessionLog(tmp_path / "serve.db")
+    book = FeedbackBook(window_s=10, log=log)
+    for sid in ("open", "written", "unwritten"):
+        _rewarded(book, sid)
+    book.commit("written")
+    book.commit("unwritten")
+    ready = book.take_ready()
+    assert sorted(r.session_id for r in ready) == ["unwritten", "written"]
+    book.written(["written"])  # the buffer holds it; the process dies before writing the other
+    log.close()
+
+    again = FeedbackBook(window_s=10, log=SessionLog(tmp_path / "serve.db"))
+    assert again.counts["lost"] == 2
+    for sid in ("open", "unwritten"):
+        with pytest.raises(FeedbackError, match="held by a serve process that ended") as e:
+            again.feedback(sid, 1.0, key=f"{sid}-late")
+        assert e.value.status == 410
+        with pytest.raises(FeedbackError, match="held by a serve process that ended"):
+            again.check_open(sid)  # a call in it, too
+    with pytest.raises(FeedbackError, match="was trained already") as e:
+        again.commit("written")
+    assert e.value.status == 410
+    _rewarded(again, "fresh")  # new sessions go on as ever
+    again.commit("fresh")
+    assert [r.session_id for r in again.take_ready()] == ["fresh"]

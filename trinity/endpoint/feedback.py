@@ -26,6 +26,10 @@ first commit expires whole (`expired_groups`), and a commit past its size is ref
 What a long-running endpoint remembers of sessions it is done with (to answer their late
 feedback 410, a repeated key as a duplicate) is kept `retention_s` seconds (a day by default),
 then let go: feedback that late starts a session of its own, which has no calls and expires.
+
+With a `SessionLog` (serve mode's), the sessions seen and how they ended are kept on disk: a
+serve process started again answers 410 for a session the process before it held (its calls
+were in that process's memory: `lost`), and for sessions that ended before the restart.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trinity.endpoint.session_log import SessionLog
 
 
 class FeedbackError(ValueError):
@@ -104,8 +112,12 @@ class FeedbackBook:
         window_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         retention_s: float = 86400.0,
+        log: SessionLog | None = None,
     ) -> None:
+        """`log`: where the sessions seen and their ends are kept across restarts; those an
+        earlier process left open are lost, answered 410 from now on (`lost` counts them)."""
         self.window_s, self.clock, self.retention_s = window_s, clock, retention_s
+        self.log = log
         self.sessions: dict[str, SessionBook] = {}
         self.done: dict[str, str] = {}  # session id -> "trained" | "expired"
         self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
@@ -114,15 +126,35 @@ class FeedbackBook:
         self.groups: dict[str, Group] = {}  # open groups, by name
         self.counts = {
             "feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0,
-            "groups_ready": 0, "expired_groups": 0,
+            "groups_ready": 0, "expired_groups": 0, "lost": 0,
         }  # fmt: skip
+        if log is not None:
+            self.counts["lost"] = log.start()
+            now = self.clock()
+            for sid, how in log.ended().items():
+                self.done[sid], self._done_at[sid] = how, now
 
     def _open(self, session_id: str) -> SessionBook:
         if session_id in self.done:
-            raise FeedbackError(410, f"session {session_id!r} was {self.done[session_id]} already")
-        book = self.sessions.setdefault(session_id, SessionBook())
+            raise self._gone(session_id)
+        book = self.sessions.get(session_id)
+        if book is None:
+            book = self.sessions[session_id] = SessionBook()
+            if self.log is not None:
+                self.log.opened(session_id)
         book.touched_at = self.clock()
         return book
+
+    def _gone(self, session_id: str) -> FeedbackError:
+        how = self.done[session_id]
+        if how == "lost":
+            return FeedbackError(
+                410,
+                f"session {session_id!r} was held by a serve process that ended before the "
+                "session was trained (its calls were in that process's memory): nothing of it "
+                "is trained; run the episode again in a new session",
+            )
+        return FeedbackError(410, f"session {session_id!r} was {how} already")
 
     def called(self, session_id: str, call_id: str, records: list[str] | None = None) -> None:
         """A call of the session was answered with response id `call_id`; `records`: the ids
@@ -134,7 +166,9 @@ class FeedbackBook:
         book.records.append(list(records or []))
 
     def check_open(self, session_id: str) -> None:
-        """Raise if the session may take no more calls (committed, trained or expired)."""
+        """Raise if the session may take no more calls (committed, trained, expired or lost)."""
+        if self.done.get(session_id) == "lost":
+            raise self._gone(session_id)
         if session_id in self.done or self.sessions.get(session_id, SessionBook()).committed_at:
             raise FeedbackError(409, f"session {session_id!r} is committed: it takes no calls")
 
@@ -247,11 +281,23 @@ class FeedbackBook:
         self.done[session_id] = how
         self._done_at[session_id] = self.clock()
         self.counts[count] += 1
+        if self.log is not None and how != "trained":  # trained: once written (`written`)
+            self.log.closed([session_id], how)
+
+    def written(self, session_ids: list[str]) -> None:
+        """Sessions handed out are in the buffer now: on disk as trained (until then, a process
+        that dies with them loses them, and a process after it says so)."""
+        if self.log is not None and session_ids:
+            self.log.closed(session_ids, "trained")
 
     def _forget(self, before: float) -> None:
         """Let go of sessions done and keys taken before `before` (module doc), oldest first."""
+        forgot = 0
         for kept, at in ((self.done, self._done_at), (self.keys, self._key_at)):
             for name, when in list(at.items()):
                 if when >= before:
                     break
                 del at[name], kept[name]
+                forgot += kept is self.done
+        if forgot and self.log is not None:  # the same sessions, on disk (in wall-clock time)
+            self.log.forget(time.time() - (self.clock() - before))

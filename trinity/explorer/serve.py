@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import EID, Experience
 from trinity.common.remote_errors import cause_of
 from trinity.common.rollout import SamplingParams
+from trinity.config.resolved import resolve
+from trinity.endpoint.session_log import SessionLog
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.rollout_stats import rollout_metrics
 from trinity.explorer.tool_call_policy import apply_configured_policy
@@ -66,7 +69,14 @@ class ServeMode:
         )
         cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
         self.sessions = EngineSessions(ex.client, ex.tokenizer, defaults, m.model_path, cut_to)
-        self.book = FeedbackBook(window_s=ecfg.feedback_window)
+        log = SessionLog(Path(resolve(self.cfg).run_dir) / "serve" / f"{self.name}.db")
+        self.book = FeedbackBook(window_s=ecfg.feedback_window, log=log)
+        if lost := self.book.counts["lost"]:
+            print(
+                f"serve: {lost} sessions the endpoint's previous process held were lost with it "
+                "(their calls were in its memory); their feedback and calls are answered 410",
+                flush=True,
+            )
         app = build_app(
             self.sessions,
             api_key=ecfg.api_key,
@@ -129,10 +139,14 @@ class ServeMode:
         return {"explore_steps": steps, "stopped_by_trainer": stopped}
 
     async def stop(self) -> None:
-        """Stop the endpoint (no more calls); what the book holds is not written."""
+        """Stop the endpoint (no more calls); what the book holds is not written (a process
+        started again answers its sessions 410: `endpoint.session_log`)."""
         if self.endpoint is not None:
             await self.endpoint.stop()
             self.endpoint = None
+        if self.book is not None and self.book.log is not None:
+            self.book.log.close()
+            self.book.log = None
 
     async def _write_step(self, ready: list[ReadySession]) -> None:
         """One serve step: the ready sessions' experiences in one write, with the cursor."""
@@ -144,6 +158,7 @@ class ServeMode:
         await ex._write(exps, cursor)
         self.step, self.written = step, cursor.tasks
         assert self.book is not None
+        self.book.written([r.session_id for r in ready])
         metrics = {
             **(rollout_metrics(exps, "rollout/") if exps else {}),
             **{f"serve/{k}": float(v) for k, v in self.book.counts.items()},
