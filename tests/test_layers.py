@@ -42,3 +42,78 @@ def test_the_check_sees_an_arrow_up_inside_a_function(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from trinity.tasks.synthetic import GENERATORS\n")
     assert _imported_floors(module) == {"tasks"}
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules `path` imports, lazily too; not those under `if TYPE_CHECKING:`
+    (annotations only, never run)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules
+
+
+def _cycles(package: Path) -> list[list[str]]:
+    """Groups of modules that import each other, round a cycle (Tarjan's strongly connected
+    components of more than one module)."""
+    paths = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {m: _module_imports(p, set(paths)) - {m} for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                found.append(sorted([v, *group]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_two_modules_import_each_other_round_a_cycle():
+    assert _cycles(PACKAGE) == []
+
+
+def test_the_cycle_check_sees_a_lazy_import_back(tmp_path):
+    package = tmp_path / "trinity"
+    (package / "a").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a" / "__init__.py").write_text("")
+    (package / "a" / "x.py").write_text("from trinity.a.y import f\n")
+    (package / "a" / "y.py").write_text("def f():\n    from trinity.a import x\n")
+    (package / "a" / "z.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trinity.a import x\n"
+    )
+    assert _cycles(package) == [["trinity.a.x", "trinity.a.y"]]

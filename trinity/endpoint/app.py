@@ -40,7 +40,8 @@ from trinity.endpoint.openai_api import (
     FeedbackRequest,
 )
 from trinity.endpoint.tool_calls import TOOL_CALL_PARSER, ParsedCalls
-from trinity.explorer.model_client import TaskModelHandle, TemplateError
+from trinity.explorer.call_args import TemplateError
+from trinity.explorer.model_client import TaskModelHandle
 
 SESSION_HEADER = "x-session-id"
 VERSION_HEADER = "x-model-version"

@@ -39,6 +39,7 @@ from typing import Any
 from trinity.common.keys import stable_key
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
 from trinity.explorer.bridging import render_ids
+from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
 
 
 def served_auxiliary(cfg: Any) -> list[int]:
@@ -202,8 +203,6 @@ class AuxiliaryHandle:
         `sampling`: SamplingParams fields, plus `stop` and `seed` (as `ModelHandle.chat`).
         `refuse_over_long`: the rollout handle's argument; an auxiliary model always refuses an
         over-long prompt (`check_prompt`)."""
-        from trinity.explorer.model_client import TemplateError
-
         try:
             ids = render_ids(
                 self.tokenizer, messages, tools=tools, template_kwargs=self._model.template_kwargs
@@ -231,8 +230,6 @@ class AuxiliaryHandle:
             )
 
     async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
-        from trinity.explorer.model_client import cut_at_stop, sampling_params
-
         params, stop, seed = sampling_params(self._model.defaults, sampling)
         self._calls += 1  # counted either way: later calls keep their keys
         key = None if self._key is None else stable_key(self._key, self._calls)

@@ -15,7 +15,6 @@ Ray gives up on it, `EngineLost` names the engine and the crash.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import time
@@ -30,6 +29,7 @@ from trinity.common.keys import stable_key
 from trinity.common.lazy import lazy_module
 from trinity.common.rollout import BadPrompt, Peers, PromptTooLong, Sample, SamplingParams
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
+from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
 from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.session import ChatSession, Prepared
 
@@ -45,10 +45,6 @@ class _Request(NamedTuple):
     prompt: list[int]
     key: int | None
     answer: asyncio.Future
-
-
-class TemplateError(ValueError):
-    """The chat template failed on a message list (a message shape it does not handle)."""
 
 
 class EngineLost(RuntimeError):
@@ -521,48 +517,6 @@ class TaskModelHandle:
         for child in self._sessions:
             stats = stats.merged(child.ledger_stats())
         return stats
-
-
-def sampling_params(
-    defaults: SamplingParams, sampling: dict[str, Any]
-) -> tuple[SamplingParams, tuple[str, ...], int | None]:
-    """A call's sampling arguments (SamplingParams fields over `defaults`, plus `stop` and
-    `seed`) as (params, stop strings, seed); TypeError naming an unknown argument."""
-    sampling = dict(sampling)
-    stop, seed = tuple(sampling.pop("stop", ()) or ()), sampling.pop("seed", None)
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    unknown = set(sampling) - known
-    if unknown:
-        raise TypeError(f"unknown sampling args {sorted(unknown)}; valid: {sorted(known)}")
-    return dataclasses.replace(defaults, **sampling), stop, seed
-
-
-def cut_at_stop(
-    sample: Sample, stops: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> Sample:
-    """`sample` ended at the first token whose text completes one of `stops` (finish_reason
-    "stop", `info["stop"]` the string), as an engine that checks stop strings while decoding
-    would have ended it; unchanged if its text holds none. The tokens sampled after that one
-    were never part of the reply, so they are neither returned nor trained on."""
-
-    def hit(k: int) -> str | None:
-        text = decode(sample.response_ids[:k])
-        return min((s for s in stops if s in text), key=text.find, default=None)
-
-    n = len(sample.response_ids)
-    if hit(n) is None:
-        return sample
-    lo, hi = 1, n  # the shortest prefix whose text holds a stop string
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if hit(mid) is not None else (mid + 1, hi)
-    return dataclasses.replace(
-        sample,
-        response_ids=sample.response_ids[:lo],
-        logprobs=sample.logprobs[:lo],
-        finish_reason="stop",
-        info={**sample.info, "stop": hit(lo)},
-    )
 
 
 def mask_prompt_truncated(experiences: list[Experience], prompts: list[list[int]]) -> int:

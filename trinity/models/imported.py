@@ -187,7 +187,7 @@ def _version(dist: str) -> str | None:
 
 def cached_import_dir(gguf_file: Path, dtype: str) -> Path:
     """The cache folder of an import (whether made yet or not)."""
-    from trinity.models.loading import cache_root
+    from trinity.models.basics import cache_root
 
     slug = re.sub(r"[^a-z0-9.]+", "-", gguf_file.stem.lower()).strip("-") or "model"
     return cache_root() / "models" / f"{slug}-{dtype}-{import_fingerprint(gguf_file, dtype)}"
@@ -308,7 +308,7 @@ def _convert(spec: ImportSpec, gguf_file: Path, out: Path, fingerprint: str) -> 
     """
     import torch
 
-    from trinity.models.loading import quiet_transformers, resolve_dtype
+    from trinity.models.basics import quiet_transformers, resolve_dtype
 
     quiet_transformers()  # no "Writing model shards" bar (the GGUF reader's own bar stays)
     start = time.perf_counter()

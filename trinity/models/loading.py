@@ -22,11 +22,12 @@ the driver shows one progress bar of its own (`trinity.monitor.monitor`).
 from __future__ import annotations
 
 import fcntl
-import os
 import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from trinity.models.basics import cache_root, quiet_transformers, resolve_dtype
 
 TINY_SCHEME = "tiny://"
 
@@ -35,11 +36,6 @@ BUILD_LOCK = threading.RLock()
 engines in one process (`cluster.one_process`) build on threads of their own, and two threads
 importing transformers' modules at once race in its lazy module (a half-imported module raises).
 Building one after the other costs little: both hold the GIL for most of it."""
-
-
-def cache_root() -> Path:
-    """`$TRINITY_CACHE_DIR`, or `~/.cache/trinity`."""
-    return Path(os.environ.get("TRINITY_CACHE_DIR") or "~/.cache/trinity").expanduser()
 
 
 def parse_tiny_url(model_path: str) -> tuple[str, int | None]:
@@ -140,14 +136,6 @@ def _check_model_dir(path: str | Path, what: str) -> Path:
     return p
 
 
-def quiet_transformers() -> None:
-    """Switch off transformers' tqdm progress bars (which also switches off the hub's download
-    bars) in this process. Its warnings stay on. Idempotent."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
 def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) -> Any:
     """`AutoTokenizer` of a model folder (or `tiny://` path); pad token = eos when it has none;
     padding side as saved.
@@ -169,19 +157,6 @@ def load_tokenizer(path: str | Path, custom_chat_template: str | None = None) ->
     if custom_chat_template is not None:
         tokenizer.chat_template = custom_chat_template
     return tokenizer
-
-
-def resolve_dtype(dtype: str, device: str) -> Any:
-    """A torch dtype: "auto" = float32 on CPU, bfloat16 on CUDA; else a name like "float16"."""
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
-    resolved = getattr(torch, aliases.get(dtype, dtype), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
-    return resolved
 
 
 def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> Any:
