@@ -130,6 +130,47 @@ def test_chat_returns_the_sampled_tokens_text_logprobs_and_version(tiny, tokeniz
     assert choice.finish_reason == ("length" if len(sample.response_ids) == 8 else "stop")
 
 
+def test_every_body_and_chunk_is_valid_for_the_openai_package_s_own_types(scripted):
+    """Validated strictly against `openai.types` (the client itself builds its objects without
+    checking), plain and streamed, chat (tool calls, logprobs, n) and completions."""
+    import httpx
+    from openai.types import Completion, Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    served, engine = scripted
+    engine.reply = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    head = {"Authorization": "Bearer sk-test"}
+    chat = {"model": "policy", "messages": USER, "max_tokens": 64, "tools": tools, "n": 2,
+            "logprobs": True}  # fmt: skip
+    completion = {"model": "policy", "prompt": "1+2=", "max_tokens": 4, "logprobs": 0}
+    try:
+        with httpx.Client(base_url=served.url, headers=head, timeout=60) as http:
+            body = http.post("/chat/completions", json=chat).json()
+            got = ChatCompletion.model_validate(body, strict=True)
+            assert got.choices[0].message.tool_calls[0].function.name == "add"
+            Completion.model_validate(
+                http.post("/completions", json=completion).json(), strict=True
+            )
+            for m in http.get("/models").json()["data"]:
+                Model.model_validate(m, strict=True)
+            for route, req, kind in (
+                ("/chat/completions", {**chat, "stream_options": {"include_usage": True}},
+                 ChatCompletionChunk),
+                ("/completions", completion, Completion),
+            ):  # fmt: skip
+                lines = http.post(route, json={**req, "stream": True}).text.splitlines()
+                data = [x.removeprefix("data: ") for x in lines if x.startswith("data: ")]
+                assert data[-1] == "[DONE]" and len(data) > 2
+                for chunk in map(json.loads, data[:-1]):
+                    if kind is Completion:  # mid-stream null, as OpenAI sends (not in the type)
+                        for c in chunk["choices"]:
+                            c["finish_reason"] = c["finish_reason"] or "stop"
+                    kind.model_validate(chunk, strict=True)
+    finally:
+        engine.reply = "hello"
+
+
 def test_a_seed_fixes_the_reply_and_streaming_returns_exactly_the_same(tiny):
     c = client(tiny)
     args = dict(model="policy", messages=USER, max_tokens=12, seed=11, logprobs=True, n=2)
