@@ -6,9 +6,9 @@ The explorer's wiring (engines, shares, endpoints) runs end to end in tests/test
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
+from test_endpoint import on_a_loop_thread
 
 from trinity.common.rollout import PromptTooLong, SamplingParams
 from trinity.config import TrinityConfig
@@ -157,8 +157,6 @@ def test_openai_clients_reach_the_model_on_its_endpoint(engines) -> None:
             {"model_path": "plain"},
         ]
     )
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
 
     async def main() -> None:
         models = served(cfg, engines[1])
@@ -199,7 +197,4 @@ def test_openai_clients_reach_the_model_on_its_endpoint(engines) -> None:
         finally:
             await server.stop()
 
-    try:
-        asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=120)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
+    on_a_loop_thread(main)

@@ -86,6 +86,17 @@ class Served:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def on_a_loop_thread(main: Any, timeout: float = 120) -> Any:
+    """`main()` (a coroutine function) on an event loop of its own thread, as the explorer runs
+    its endpoint: a blocking call from this thread (the test's) does not stop that loop."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        return asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=timeout)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return load_tokenizer(str(tiny_model_dir))
@@ -618,8 +629,6 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
     session while it runs, and the AsyncOpenAI client it hands out calls the server on the same
     loop, so an `async def run` awaits it without blocking the engines' batching."""
     engine = HFRolloutEngine(str(tiny_model_dir), seed=0, num_threads=1)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
 
     async def main() -> None:
         client = BatchingClient([InProcess(engine)])
@@ -657,10 +666,7 @@ def test_a_workflow_s_async_client_samples_in_its_own_session(tiny_model_dir, to
         finally:
             await server.stop()
 
-    try:
-        asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=120)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
+    on_a_loop_thread(main)
 
 
 def test_the_workflow_endpoint_budgets_a_reply_by_max_response_tokens(tokenizer):
@@ -676,8 +682,6 @@ def test_the_workflow_endpoint_budgets_a_reply_by_max_response_tokens(tokenizer)
         }
     )
     engine = ScriptedEngine(tokenizer)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
 
     async def main() -> None:
         client = BatchingClient([InProcess(engine)])
@@ -696,10 +700,7 @@ def test_the_workflow_endpoint_budgets_a_reply_by_max_response_tokens(tokenizer)
         finally:
             await server.stop()
 
-    try:
-        asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=120)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
+    on_a_loop_thread(main)
 
 
 JSON = st.recursive(
