@@ -572,6 +572,41 @@ def test_a_client_that_hangs_up_and_retries_is_recorded_once(tokenizer):
         loop.call_soon_threadsafe(loop.stop)
 
 
+def test_calls_past_the_in_flight_limit_are_429s_the_client_retries(tokenizer):
+    """A flood of clients waits in their retries, not in the endpoint's memory: past
+    `max_in_flight` calls sampling at once, a call is a 429 with Retry-After, and the openai
+    client's own retry (as an agent's client does by default) gets it served."""
+    engine = SlowEngine(tokenizer, delay=0.5)
+
+    async def main() -> None:
+        sessions = EngineSessions(
+            BatchingClient([engine]), tokenizer, SamplingParams(max_tokens=4), "policy"
+        )
+        server = EndpointServer(build_app(sessions, max_in_flight=2))
+        url = await server.start()
+        try:
+            eager = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+            calls = [
+                eager.completions.create(model="policy", prompt="1+2=", max_tokens=4)
+                for _ in range(3)
+            ]
+            got = await asyncio.gather(*calls, return_exceptions=True)
+            refused = [g for g in got if isinstance(g, openai.RateLimitError)]
+            assert len(refused) == 1 and sum(not isinstance(g, Exception) for g in got) == 2
+            assert refused[0].response.headers["retry-after"] == "1"
+            assert refused[0].code == "rate_limit_exceeded"
+            patient = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=3)
+            calls = [
+                patient.completions.create(model="policy", prompt="1+2=", max_tokens=4)
+                for _ in range(3)
+            ]
+            assert all(r.choices[0].text == "hello" for r in await asyncio.gather(*calls))
+        finally:
+            await server.stop()
+
+    on_a_loop_thread(main)
+
+
 def test_an_empty_prompt_and_a_deep_body_are_400s_on_the_real_engine(tiny):
     """Each was a 500: an empty prompt failed the whole engine batch it was in, and json's
     recursion limit escaped as a plain-text error."""

@@ -47,6 +47,7 @@ SESSION_HEADER = "x-session-id"
 VERSION_HEADER = "x-model-version"
 SESSION_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 MAX_BODY_BYTES = 16 * 2**20  # a request body's limit: a long agent history is a few MB
+MAX_IN_FLIGHT = 256  # model calls sampling at once, per endpoint
 
 
 class SessionSource(Protocol):
@@ -68,16 +69,21 @@ def build_app(
     tool_call_parser: str = "hermes",
     book: FeedbackBook | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> FastAPI:
     """The app serving `source`. `api_key`: required as `Authorization: Bearer <key>`.
     `book`: serve mode's sessions and rewards; adds POST /feedback and /commit.
-    `max_body_bytes`: a larger request body is refused with 413 before it is read whole."""
+    `max_body_bytes`: a larger request body is refused with 413 before it is read whole.
+    `max_in_flight`: model calls sampling at once; one more is a 429 (with `Retry-After`), so
+    a flood of clients queues in their retries, not in this process's memory."""
+    in_flight = [0]
     parse_tools = TOOL_CALL_PARSER.get(tool_call_parser)
     app = FastAPI(title="trinity OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        headers = {"Retry-After": "1"} if e.status == 429 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     @app.exception_handler(FeedbackError)
     async def feedback_error(_: Request, e: FeedbackError) -> JSONResponse:
@@ -161,6 +167,19 @@ def build_app(
         """Await `call` (a handle's sampling), cancelled if the client hangs up first: a call
         whose answer nobody reads is not recorded (the client's retry is the call that counts,
         and its session's turns do not count the abandoned one)."""
+        if in_flight[0] >= max_in_flight:
+            call.close()  # never started
+            raise APIError(
+                429, f"{max_in_flight} model calls are being answered already; retry shortly",
+                code="rate_limit_exceeded", type="rate_limit_error",
+            )  # fmt: skip
+        in_flight[0] += 1
+        try:
+            return await _sample(request, call)
+        finally:
+            in_flight[0] -= 1
+
+    async def _sample(request: Request, call: Any) -> list[Sample]:
         work = asyncio.ensure_future(call)
         gone = asyncio.ensure_future(_hung_up(request))
         try:
