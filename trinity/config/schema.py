@@ -239,19 +239,20 @@ class ClusterConfig(ConfigSection):
     """The Ray cluster the run uses."""
 
     ray_address: str = "auto"
-    """Ray address; 'auto' joins a running cluster or starts a local one, 'local' always starts a
-    local one."""
+    """Ray address; 'auto' joins a running cluster or starts a local one (a one-process run with
+    nothing else on Ray starts none), 'local' always starts a local one."""
     node_num: int | None = Field(None, ge=1)
     """Ray nodes the run spreads over (it waits for them): trainer on the first, engine i on node i
     mod N; None or 1 = one node."""
     gpu_per_node: int | None = Field(None, ge=0)
     """GPUs the run may use on the node; None = every GPU the Ray cluster has."""
     one_process: bool | None = None
-    """A run on one machine's CPUs in one worker process: the explorer (its rollout engines on
-    threads of its own, as `explorer.rollout_model.in_explorer_process`), the trainer, the
-    buffer, the synchronizer and the metrics hub are objects of the run's one `ServiceHost`
-    actor instead of a Ray actor each, so torch, transformers and Ray's worker runtime are
-    loaded once (a laptop's lean run; trinity/common/service_host.py). Mode both, train and
+    """A run on one machine's CPUs in one process: the explorer (its rollout engines on threads
+    of its own, as `explorer.rollout_model.in_explorer_process`), the trainer, the buffer, the
+    synchronizer and the metrics hub are objects of the run's one `ServiceHost` instead of a Ray
+    actor each, so torch and transformers are loaded once (a laptop's lean run;
+    trinity/common/service_host.py). Where nothing else in the run needs Ray, no Ray instance is
+    started at all (the host runs on a thread of `trinity run`: trinity/common/local_host.py). Mode both, train and
     bench; not with `synchronizer.sync_method: nccl`, several nodes or GPUs. None = chosen by
     the run's plan: true where every stage can run so (one CPU-only node, no split processes),
     printed with the reason (trinity/launcher/plan.py); false keeps a process per part."""
