@@ -193,6 +193,12 @@ def test_openai_clients_reach_the_model_on_its_endpoint(engines) -> None:
                 return out.choices[0].message.content
 
             assert await asyncio.to_thread(blocking) == r.choices[0].message.content
+            # on the loop's own thread, the blocking client of an auxiliary model is refused at
+            # once too (it would hold the loop serving it until its timeout)
+            with pytest.raises(RuntimeError, match="async_openai_client"):
+                judge.openai_client(timeout=600).chat.completions.create(
+                    model="tiny-judge", messages=USER, max_tokens=6
+                )
             assert handle.ledger_stats().calls == 0  # none of it is the policy's
         finally:
             await server.stop()

@@ -40,6 +40,7 @@ from trinity.common.keys import stable_key
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
 from trinity.explorer.bridging import render_ids
 from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
+from trinity.explorer.model_calls import ModelCalls
 
 
 def served_auxiliary(cfg: Any) -> list[int]:
@@ -168,7 +169,7 @@ class AuxiliaryModels:
         return {m.index: AuxiliaryHandle(m, key, session) for m in self}
 
 
-class AuxiliaryHandle:
+class AuxiliaryHandle(ModelCalls):
     """What a workflow holds of one auxiliary model (`model.auxiliary(key)`): `chat`,
     `generate`, `logprobs`, `decode`, `encode` and OpenAI clients, none of them recorded."""
 
@@ -245,33 +246,14 @@ class AuxiliaryHandle:
     async def logprobs(self, tokens: list[int]) -> list[float]:
         return await self._model.client.logprobs(tokens)
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def bind_reply(self, call_id: str, tool_call_ids: list[str]) -> None:
         """Nothing to bind: no later call continues an auxiliary reply (the endpoint's hook)."""
 
     def note_tool_calls(self, call_id: str, status: str, error: str = "") -> None:
         """Nothing to keep: auxiliary replies are not trained (the endpoint's hook)."""
 
-    def openai_client(self, **kwargs: Any) -> Any:
-        """An `openai.OpenAI` client for this model (blocking: for `SyncWorkflow`s); its
-        `model_path` attribute is the model name to pass. Needs `enable_openai_api: true` on
-        this auxiliary model."""
-        import openai
-
-        return self._bound(openai.OpenAI, kwargs)
-
-    def async_openai_client(self, **kwargs: Any) -> Any:
-        """An `openai.AsyncOpenAI` client for this model (for `async def run`)."""
-        import openai
-
-        return self._bound(openai.AsyncOpenAI, kwargs)
-
-    def _bound(self, cls: Any, kwargs: dict[str, Any]) -> Any:
+    def _client_endpoint(self) -> tuple[str, str]:
+        """This model's session on its endpoint; needs `enable_openai_api: true` on it."""
         m = self._model
         if not m.openai_api:
             raise RuntimeError(
@@ -283,7 +265,4 @@ class AuxiliaryHandle:
                 f"the OpenAI endpoint of {label(self._key_name())} is not served in this "
                 "process (the explorer serves it; `trinity debug` does not)"
             )
-        url = m.url.removesuffix("/v1") + f"/sessions/{self._session}/v1"
-        client = cls(**{"base_url": url, "api_key": "-", "max_retries": 0, **kwargs})
-        client.model_path = m.model_path
-        return client
+        return m.url.removesuffix("/v1") + f"/sessions/{self._session}/v1", m.model_path

@@ -15,7 +15,6 @@ Ray gives up on it, `EngineLost` names the engine and the crash.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import time
 import uuid
@@ -31,6 +30,7 @@ from trinity.common.rollout import BadPrompt, Peers, PromptTooLong, Sample, Samp
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
 from trinity.explorer.ledger import LedgerStats, SessionLedger
+from trinity.explorer.model_calls import ModelCalls
 from trinity.explorer.session import ChatSession, Prepared
 
 if TYPE_CHECKING:
@@ -247,28 +247,7 @@ def _call_id() -> str:
     return uuid.uuid4().hex
 
 
-@functools.cache
-def _blocking_client_class() -> type:
-    """`openai.OpenAI`, refusing a call from a thread that runs an event loop (`openai_client`)."""
-    import openai
-
-    class BlockingOpenAI(openai.OpenAI):
-        def request(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # a thread without a loop (a SyncWorkflow's): as openai does
-                return super().request(*args, **kwargs)
-            raise RuntimeError(
-                "model.openai_client() is a blocking client, called here from a coroutine "
-                "(async def run): the call would hold the event loop that serves it until the "
-                "client's timeout. Use model.async_openai_client() and await its calls (or "
-                "call the blocking client from a thread: asyncio.to_thread)"
-            )
-
-    return BlockingOpenAI
-
-
-class TaskModelHandle:
+class TaskModelHandle(ModelCalls):
     """What one workflow run sees: the model with this task's default sampling params.
 
     `key` (a `stable_key` of the run's seed, the step, the task and the try): the k-th generate
@@ -430,36 +409,13 @@ class TaskModelHandle:
         models, handles = self._auxiliary
         return handles[models.find(key).index]
 
-    def openai_client(self, **kwargs: Any) -> Any:
-        """An `openai.OpenAI` client whose calls sample from the rollout model in this task's
-        session (a blocking client: for `SyncWorkflow`s, which run in a thread). Its
-        `model_path` attribute is the model name to pass (as in Trinity-RFT). A call made on a
-        thread that runs an event loop (an `async def run`) raises at once, naming
-        `async_openai_client`: it would hold the loop that serves it until its timeout."""
-        return self._bound(_blocking_client_class(), kwargs)
-
-    def async_openai_client(self, **kwargs: Any) -> Any:
-        """An `openai.AsyncOpenAI` client for this task's session (for `async def run`)."""
-        import openai
-
-        return self._bound(openai.AsyncOpenAI, kwargs)
-
-    def _bound(self, cls: Any, kwargs: dict[str, Any]) -> Any:
+    def _client_endpoint(self) -> tuple[str, str]:
         if self._endpoint is None:
             raise RuntimeError(
                 "this workflow asks for an OpenAI client: set "
                 "explorer.rollout_model.enable_openai_api: true"
             )
-        url, name = self._endpoint
-        client = cls(**{"base_url": url, "api_key": "-", "max_retries": 0, **kwargs})
-        client.model_path = name
-        return client
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self._endpoint
 
     # -- sessions and what they recorded ---------------------------------------------------------
 
