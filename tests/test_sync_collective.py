@@ -189,16 +189,25 @@ def test_payload_is_small_and_names_the_store(tmp_path):
 def test_the_store_listens_only_on_the_address_the_engines_use(tmp_path):
     """Not on every interface (TCPStore's own socket binds 0.0.0.0): here, without Ray, the
     loopback address the payload names."""
-    import psutil
-
     payload = sync_method("nccl").send(_state(3), 3, tmp_path)
-    port = payload[0]["port"]
-    listening = [
-        c.laddr.ip
-        for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-    ]
-    assert listening == [payload[0]["host"]] == ["127.0.0.1"]
+    assert _listening_on(payload[0]["port"]) == [payload[0]["host"]] == ["127.0.0.1"]
+
+
+def _listening_on(port: int) -> list[str]:
+    """The IPv4 addresses with a socket listening on `port` (from /proc/net/tcp: state 0A), and
+    "any" for an IPv6 socket on it (which takes every interface)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state != "0A" or int(hex_port, 16) != port:
+                continue
+            if table.endswith("6"):
+                found.append("any")
+            else:
+                found.append(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
 
 
 @pytest.fixture(scope="module")
