@@ -78,3 +78,11 @@ def test_the_forked_run_s_start_up_timeline_counts_from_the_command_s_start():
         return 0 if abs(process_started_at() - here) < 0.05 else 3
 
     assert supervise(child, _console()[0]) == 0
+
+
+def test_an_error_that_escapes_the_run_is_printed_and_exits_1(capfd):
+    def broken(record: Path) -> int:
+        raise RuntimeError("a bug outside the run's own handling")
+
+    assert supervise(broken, _console()[0]) == 1
+    assert "RuntimeError: a bug outside the run's own handling" in capfd.readouterr().err

@@ -266,8 +266,8 @@ def build_app(
         choices: list[dict[str, Any]] = []
         samples: list[Sample] = []
         prompt_tokens = 0
-        prompts = req.prompts()
-        for prompt in prompts:  # all checked before any is sampled (and recorded)
+        prompts = []  # as token ids, all checked before any is sampled (and recorded)
+        for prompt in req.prompts():
             if isinstance(prompt, list) and not all(0 <= t < source.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must lie in [0, {source.vocab_size})", "prompt")
             ids = handle.encode(prompt) if isinstance(prompt, str) else prompt
@@ -277,10 +277,11 @@ def build_app(
                 handle.check_prompt(ids)
             except PromptTooLong as e:
                 raise _too_long(e) from None
-        for prompt in prompts:
+            prompts.append(ids)
+        for ids in prompts:
             got = await sample(
                 request,
-                handle.generate(prompt, refuse_over_long=True, **sampling(req, req.max_tokens)),
+                handle.generate(ids, refuse_over_long=True, **sampling(req, req.max_tokens)),
             )
             prompt_tokens += len(got[0].prompt_ids)
             for s in got:

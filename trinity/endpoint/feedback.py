@@ -294,7 +294,8 @@ class FeedbackBook:
         """Let go of sessions done and keys taken before `before` (module doc), oldest first."""
         forgot = 0
         for kept, at in ((self.done, self._done_at), (self.keys, self._key_at)):
-            for name, when in list(at.items()):
+            while at:  # oldest first (insertion order): stops at the first one to keep
+                name, when = next(iter(at.items()))
                 if when >= before:
                     break
                 del at[name], kept[name]

@@ -16,10 +16,11 @@ CPU-only node, mode both / train from a dataset / bench, no collective weight sy
 of it started elsewhere) runs its explorer, engines and trainer as objects of one process
 (`common.service_host`): torch and transformers load once, and the sides lend each other their
 cores. Such a run starts no Ray instance unless something in it needs one (`with_ray_or_not`:
-auxiliary model engines, a Ray timeline, a cluster to join; `common.local_host`). As Trinity-RFT colocates explorer and trainer by itself on a
-one-GPU cluster, this is the fastest safe plan for a laptop; `cluster.one_process: false` keeps
-a process per part (an engine that crashes is then restarted by Ray; in one process a crash
-ends the run, and the run says how to resume it).
+auxiliary model engines, a Ray timeline, a cluster to join; `common.local_host`). As
+Trinity-RFT colocates explorer and trainer by itself on a one-GPU cluster, this is the fastest
+safe plan for a laptop; `cluster.one_process: false` keeps a process per part (an engine that
+crashes is then restarted by Ray; in one process a crash ends the run, and the run says how to
+resume it).
 """
 
 from __future__ import annotations

@@ -145,22 +145,27 @@ def stops_as_interrupts() -> None:
         signal.signal(sig, stop)
 
 
-def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> None:
-    """Kill `actors` and return once Ray reports each dead (or after `timeout_s`).
+def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> bool:
+    """Kill `actors` and return once Ray reports each dead: True; False if one still answered
+    after `timeout_s`.
 
     `ray.kill` only asks: until the actor is gone, a trainer in it goes on training and can seal
     a checkpoint. A stopped run names its newest checkpoint as the one to continue from, so it
-    must look only after its compute is gone.
+    must look only after its compute is gone (and say so when it could not wait that long).
     """
     for actor in actors:
         ray.kill(actor)
     deadline = time.monotonic() + timeout_s
     for actor in actors:
-        while time.monotonic() < deadline:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
             try:
-                ray.get(actor.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 0))
+                ray.get(actor.__ray_ready__.remote(), timeout=left)
             except ray.exceptions.RayActorError:
                 break
             except ray.exceptions.GetTimeoutError:
-                return
+                return False
             time.sleep(0.05)
+    return True

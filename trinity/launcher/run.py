@@ -136,8 +136,11 @@ def run(
     except BaseException as stop:
         # 5. (a stop): where the run stood and the command that continues it, once the run's
         # compute is gone (a trainer left running could seal a newer checkpoint than the one named)
-        end_host(host, plan, stopped=True)
-        for line in _stop_lines(stop, plan, ctx, config.continue_from_checkpoint, rename):
+        ended = end_host(host, plan, stopped=True)
+        lines = _stop_lines(stop, plan, ctx, config.continue_from_checkpoint, rename)
+        if not ended:
+            lines.append("the run's host did not end within 30 s: a newer checkpoint may appear")
+        for line in lines:
             console.print(f"[yellow]{line}[/]", soft_wrap=True)
         raise
     finally:
@@ -169,18 +172,20 @@ def start_host(plan: RunPlan, preload: tuple[str, ...]) -> Any:
     return ray.remote(ServiceHost).options(**options).remote(preload)
 
 
-def end_host(host: Any, plan: RunPlan, stopped: bool) -> None:
+def end_host(host: Any, plan: RunPlan, stopped: bool) -> bool:
     """Let the host go: at a stop, until no part of the run can seal a checkpoint any more
-    (Ray: the actor is dead; this process: sealing in the run's folder stopped)."""
+    (Ray: the actor is dead; this process: sealing in the run's folder stopped). False when a
+    stopped host's actor still answered after `kill_and_wait`'s wait."""
     if isinstance(host, LocalHost):
         if stopped:
             host.halt(plan.run_dir)
         else:
             host.close()
     elif stopped:
-        kill_and_wait([host])
+        return kill_and_wait([host])
     else:
         ray.kill(host)
+    return True
 
 
 def _stop_lines(

@@ -101,7 +101,12 @@ class StageParts:
     def release(self) -> None:
         if self.actors and self.stage.cfg.monitor.enable_ray_timeline:
             time.sleep(task_events_flush_s())  # their calls' events reach Ray before they go
-        kill_and_wait(self.actors)  # gone before the run names its newest checkpoint
+        if not kill_and_wait(self.actors):  # gone before the run names its newest checkpoint
+            self.ctx.monitor.console.print(
+                f"[yellow]stage {self.stage.name}: an actor still answered 30 s after it was "
+                "killed[/]",
+                soft_wrap=True,
+            )
         # a dead host took its services with it (and the stage's own error is the one to raise)
         with contextlib.suppress(ray.exceptions.RayActorError):
             refs.get([self.ctx.host.remove.remote(n) for n in self.in_host])

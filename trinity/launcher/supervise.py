@@ -24,8 +24,10 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -38,40 +40,43 @@ PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def supervise(run: Callable[[Path], int], console: Console) -> int:
     """Run `run(record)` in a forked child and return its exit code; a child killed by a
     signal is reported from its record (module doc) and returns 1."""
-    fd, name = tempfile.mkstemp(prefix="trinity-stop-", suffix=".json")
-    os.close(fd)
-    record = Path(name)
-    record.unlink()  # the child writes it once it has something to say
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: the run, then out without Python's exit (module doc)
-        code = 1
+    with tempfile.TemporaryDirectory(prefix="trinity-stop-") as folder:
+        record = Path(folder) / "stop.json"  # the child writes it once it has something to say
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: the run, then out without Python's exit (module doc)
+            _child(run, record)
+
+        def pass_on(signum: int, _frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: waitpid has it
+                os.kill(pid, signum)
+
+        before = {sig: signal.signal(sig, pass_on) for sig in PASSED_ON}
         try:
-            count_from_parent()  # its start-up timeline counts from the command's start
-            code = run(record)
+            _, status = os.waitpid(pid, 0)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-    def pass_on(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: waitpid has it
-            os.kill(pid, signum)
-
-    before = {sig: signal.signal(sig, pass_on) for sig in PASSED_ON}
-    try:
-        _, status = os.waitpid(pid, 0)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-    try:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
         if os.WIFSIGNALED(status):
             _say_killed(StopRecord.read(record), os.WTERMSIG(status), console)
             return 1
         return os.waitstatus_to_exitcode(status)
+
+
+def _child(run: Callable[[Path], int], record: Path) -> NoReturn:
+    """The forked process: the run, its exit code, and out with `os._exit` (threads of a
+    stopped run may still run). What escapes `run` is printed, never lost with the process."""
+    code = 1
+    try:
+        count_from_parent()  # its start-up timeline counts from the command's start
+        code = run(record)
+    except BaseException:
+        traceback.print_exc()
     finally:
-        record.unlink(missing_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _say_killed(record: StopRecord | None, signum: int, console: Console) -> None:
