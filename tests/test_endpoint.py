@@ -9,6 +9,7 @@ as it runs on the explorer's loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -24,13 +25,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trinity.common.rollout import Sample, SamplingParams
+from tests.stop_reference import cut_at_stop
+from trinity.common.rollout import Progress, Sample, SamplingParams
 from trinity.endpoint.app import build_app
 from trinity.endpoint.feedback import FeedbackBook
 from trinity.endpoint.server import EndpointServer, EngineSessions, WorkflowSessions
+from trinity.explorer.detokenize import TextStream
 from trinity.explorer.engine import HFRolloutEngine
-from trinity.explorer.in_process import InProcess
-from trinity.explorer.model_client import BatchingClient, TaskModelHandle, cut_at_stop
+from trinity.explorer.in_process import InProcess, InThread
+from trinity.explorer.model_client import BatchingClient, TaskModelHandle
 from trinity.models import load_tokenizer
 
 
@@ -48,10 +51,35 @@ class ScriptedEngine:
         self.params.append(params)
         ids = self.tokenizer.encode(self.reply, add_special_tokens=False)[: params.max_tokens]
         finish = "length" if len(ids) == params.max_tokens else "stop"
+        sample = cut_at_stop(
+            Sample([], list(ids), [-0.5] * len(ids), finish, 3), params.stop, self.decode
+        )
         return [
-            [Sample(list(p), list(ids), [-0.5] * len(ids), finish, 3) for _ in range(params.n)]
+            [
+                dataclasses.replace(sample, prompt_ids=list(p), info=dict(sample.info))
+                for _ in range(params.n)
+            ]
             for p in prompts
         ]
+
+    def generate_stream(self, prompts, params, keys=None, watch=None):
+        out = self.generate(prompts, params, keys)
+        texts = {i: [TextStream(self.tokenizer) for _ in g] for i, g in enumerate(out)}
+        for t in range(max(len(s.response_ids) for g in out for s in g)):
+            yield Progress(
+                3,
+                [
+                    (i, j, t, s.response_ids[t], s.logprobs[t], texts[i][j].step(s.response_ids[t]))
+                    for i, g in enumerate(out)
+                    if watch and watch[i]
+                    for j, s in enumerate(g)
+                    if t < len(s.response_ids)
+                ],
+            )
+        yield out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def weights_version(self) -> int:
         return 3
@@ -62,14 +90,17 @@ class Served:
 
     def __init__(
         self, engine: Any, tokenizer: Any, defaults: SamplingParams | None = None,
-        max_prompt_tokens: int | None = None, **app_args: Any,
+        max_prompt_tokens: int | None = None, in_thread: bool = False, **app_args: Any,
     ) -> None:  # fmt: skip
+        """`in_thread`: the engine computes on a thread of its own (as in the explorer's
+        process), not on the endpoint's event loop."""
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         defaults = defaults or SamplingParams(n=1, temperature=1.0, max_tokens=64)
 
         async def start() -> str:
-            client = BatchingClient([InProcess(engine)])
+            client = BatchingClient([InThread(lambda: engine) if in_thread else InProcess(engine)])
+            self.book = app_args.get("book")
             self.sessions = EngineSessions(
                 client, tokenizer, defaults, "policy", max_prompt_tokens=max_prompt_tokens
             )

@@ -11,6 +11,7 @@ new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE`'s `mod
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,13 +31,27 @@ class Peers:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. `n` sequences are drawn per prompt."""
+    """How to sample. `n` sequences are drawn per prompt. `stop`: strings that end a reply at
+    the token whose text completes one of them (that token is kept: it was sampled and is
+    trained on; the reply's text is returned without the string)."""
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a `generate_stream` sampled at one decode step for the prompts it was asked to
+    watch: one (prompt, sample, position, token id, logprob, text) per live row, `text` being
+    what the token adds to that sample's text (empty while a character's bytes are incomplete;
+    the pieces join to a prefix of the decoded reply). `model_version`: the weights sampling."""
+
+    model_version: int
+    tokens: list[tuple[int, int, int, int, float, str]]
 
 
 class BadPrompt(ValueError):
@@ -86,8 +101,22 @@ class RolloutEngine(Protocol):
         None leaves the draws to the engine's seeded generator. Each prompt's response budget is
         its own: min(`params.max_tokens`, max_model_len - its length). A prompt with no room
         gets a `PromptTooLong` in its place, an empty one a `BadPrompt`, and the others are
-        sampled as if it were not there.
+        sampled as if it were not there. A sample that completes one of `params.stop` ends
+        there, finish_reason "stop" and `info["stop"]` the string, checked as it is decoded.
         """
+        ...
+
+    def generate_stream(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+        watch: list[bool] | None = None,
+    ) -> Iterator[Progress | list[list[Sample] | BadPrompt]]:
+        """`generate` as it goes: a `Progress` per decode step for the prompts `watch` marks
+        (none: no progress), then `generate`'s answer as the last item, the same samples. A Ray
+        actor's is called with `.options(num_returns="streaming")`, so each step reaches the
+        caller (an OpenAI client's stream) while the next is sampled."""
         ...
 
     def logprobs(self, tokens: list[int]) -> list[float]:

@@ -21,7 +21,6 @@ import asyncio
 import json
 import re
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -31,6 +30,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from trinity.common.rollout import BadPrompt, PromptTooLong, Sample
+from trinity.endpoint.bodies import (
+    chat_choice,
+    chat_logprobs,
+    completion_logprobs,
+    finish_of,
+    head,
+    reply_text,
+    usage,
+)
 from trinity.endpoint.feedback import FeedbackBook, FeedbackError
 from trinity.endpoint.openai_api import (
     APIError,
@@ -39,7 +47,8 @@ from trinity.endpoint.openai_api import (
     CompletionRequest,
     FeedbackRequest,
 )
-from trinity.endpoint.tool_calls import TOOL_CALL_PARSER, ParsedCalls
+from trinity.endpoint.streaming import Heard, chat_chunks, completion_chunks, live_chunks
+from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
 from trinity.explorer.call_args import TemplateError
 from trinity.explorer.model_client import TaskModelHandle
 
@@ -163,10 +172,8 @@ def build_app(
                 sid, head["id"], [s.info["call_id"] for s in samples if "call_id" in s.info]
             )
 
-    async def sample(request: Request, call: Any) -> list[Sample]:
-        """Await `call` (a handle's sampling), cancelled if the client hangs up first: a call
-        whose answer nobody reads is not recorded (the client's retry is the call that counts,
-        and its session's turns do not count the abandoned one)."""
+    def admit(call: Any) -> None:
+        """Count `call` (a handle's sampling, not started) in; a 429 past `max_in_flight`."""
         if in_flight[0] >= max_in_flight:
             call.close()  # never started
             raise APIError(
@@ -174,34 +181,70 @@ def build_app(
                 code="rate_limit_exceeded", type="rate_limit_error",
             )  # fmt: skip
         in_flight[0] += 1
-        try:
-            return await _sample(request, call)
-        finally:
-            in_flight[0] -= 1
 
-    async def _sample(request: Request, call: Any) -> list[Sample]:
-        work = asyncio.ensure_future(call)
-        gone = asyncio.ensure_future(_hung_up(request))
+    def release() -> None:
+        in_flight[0] -= 1
+
+    async def sample(request: Request, call: Any) -> list[Sample]:
+        """Await `call` (a handle's sampling), cancelled if the client hangs up first: a call
+        whose answer nobody reads is not recorded (the client's retry is the call that counts,
+        and its session's turns do not count the abandoned one)."""
+        admit(call)
         try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            work = asyncio.ensure_future(call)
+            await _until(request, work)
+            return _result(work)
         finally:
-            gone.cancel()
-            if not work.done():  # hung up, or this handler itself was cancelled
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-        if work.cancelled():
-            raise APIError(
-                499, "the client closed the connection before the answer: nothing was recorded",
-                code="client_closed",
-            )  # fmt: skip
+            release()
+
+    async def live(
+        request: Request, sid: str, kind: str, req: ChatRequest | CompletionRequest,
+        handle: TaskModelHandle, heard: Heard, call: Any,
+    ) -> StreamingResponse:  # fmt: skip
+        """Stream `call` (sampling with `heard` as its watch) as it is sampled (`streaming`):
+        answered once its first token is, so a failure before then is its own 4xx, as
+        unstreamed; a client that hangs up before the end cancels it (nothing recorded)."""
+        admit(call)
+        work = asyncio.ensure_future(call)
         try:
-            return work.result()
-        except PromptTooLong as e:
-            raise _too_long(e) from None
-        except BadPrompt as e:
-            raise APIError(400, str(e), "prompt") from None
-        except TemplateError as e:
-            raise APIError(400, str(e), "messages") from None
+            await _until(request, work, heard.first)
+            if work.done():
+                _result(work)  # raises its 4xx
+        except BaseException:
+            if not work.done():
+                work.cancel()
+            release()
+            raise
+        version = heard.version if heard.version is not None else source.model_version
+        prefix, obj = (
+            ("chatcmpl", "chat.completion") if kind == "chat" else ("cmpl", "text_completion")
+        )
+        hd = head(prefix, obj, req.model, version)
+
+        def finish(samples: list[Sample]) -> list[tuple[str, str]]:
+            answered(sid, hd, samples)
+            if kind == "chat":
+                ends = [chat_choice(i, s, handle, None) for i, s in enumerate(samples)]
+                return [(c.message["content"] or "", c.finish_reason) for c in ends]
+            return [(reply_text(s, handle), finish_of(s)) for s in samples]
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                async for piece in live_chunks(
+                    kind, hd, heard, work, handle, stops=req.stops(),
+                    logprobs=req.logprobs is not None if kind == "completion" else bool(req.logprobs),
+                    include_usage=usage_on(req),
+                    finish=finish,
+                ):  # fmt: skip
+                    yield piece
+            finally:
+                if not work.done():  # the client hung up mid-stream
+                    work.cancel()
+                    await asyncio.gather(work, return_exceptions=True)
+                release()
+
+        headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     def sampling(req: ChatRequest | CompletionRequest, limit: int | None) -> dict[str, Any]:
         """The call's sampling args. temperature, top_p, top_k and max_tokens a request leaves
@@ -229,33 +272,41 @@ def build_app(
         handle = source.handle(sid)
         tools = req.template_tools()
         messages = [m.for_template() for m in req.messages]
+        args = sampling(req, req.limit())
+        if req.stream and not req.parses_calls():  # tool calls are parsed from whole replies
+            heard = Heard(req.n)
+            call = handle.chat(messages, tools=tools, refuse_over_long=True, watch=heard, **args)
+            return await live(request, sid, "chat", req, handle, heard, call)
         samples = await sample(
-            request,
-            handle.chat(messages, tools=tools, refuse_over_long=True, **sampling(req, req.limit())),
+            request, handle.chat(messages, tools=tools, refuse_over_long=True, **args)
         )
         choices = [
-            _chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
+            chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
             for i, s in enumerate(samples)
         ]
         version = min(s.model_version for s in samples)
-        head = _head("chatcmpl", "chat.completion", req.model, version)
-        answered(sid, head, samples)
+        hd = head("chatcmpl", "chat.completion", req.model, version)
+        answered(sid, hd, samples)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
         if req.stream:
-            chunks = _chat_stream(head, choices, samples, handle, req)
+            chunks = chat_chunks(hd, choices, samples, handle, bool(req.logprobs), usage_on(req))
             return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
         body = {
-            **head,
+            **hd,
             "choices": [
                 {
                     "index": c.index,
                     "message": c.message,
-                    "logprobs": _logprobs(c.sample, handle) if req.logprobs else None,
+                    "logprobs": (
+                        chat_logprobs(c.sample.response_ids, c.sample.logprobs, handle)
+                        if req.logprobs
+                        else None
+                    ),
                     "finish_reason": c.finish_reason,
                 }
                 for c in choices
             ],
-            "usage": _usage(len(samples[0].prompt_ids), samples),
+            "usage": usage(len(samples[0].prompt_ids), samples),
         }
         return JSONResponse(body, headers=headers)
 
@@ -278,39 +329,39 @@ def build_app(
             except PromptTooLong as e:
                 raise _too_long(e) from None
             prompts.append(ids)
+        args = sampling(req, req.max_tokens)
+        if req.stream and len(prompts) == 1:
+            heard = Heard(req.n)
+            call = handle.generate(prompts[0], refuse_over_long=True, watch=heard, **args)
+            return await live(request, sid, "completion", req, handle, heard, call)
         for ids in prompts:
-            got = await sample(
-                request,
-                handle.generate(ids, refuse_over_long=True, **sampling(req, req.max_tokens)),
-            )
+            got = await sample(request, handle.generate(ids, refuse_over_long=True, **args))
             prompt_tokens += len(got[0].prompt_ids)
             for s in got:
-                text = _text(s, handle)
                 lp = None
                 if req.logprobs is not None:
-                    tokens = [handle.decode([t]) for t in s.response_ids]
-                    lp = {"tokens": tokens, "token_logprobs": list(s.logprobs)}
+                    lp = completion_logprobs(s.response_ids, s.logprobs, handle)
                 choices.append(
                     {
                         "index": len(choices),
-                        "text": text,
+                        "text": reply_text(s, handle),
                         "logprobs": lp,
-                        "finish_reason": _finish(s),
+                        "finish_reason": finish_of(s),
                     }
                 )
             samples += got
         version = min(s.model_version for s in samples)
-        head = _head("cmpl", "text_completion", req.model, version)
-        answered(sid, head, samples)
+        hd = head("cmpl", "text_completion", req.model, version)
+        answered(sid, hd, samples)
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
+        total = usage(prompt_tokens, samples)
         if req.stream:
             return StreamingResponse(
-                _completion_stream(head, choices, _usage(prompt_tokens, samples), req),
+                completion_chunks(hd, choices, total, usage_on(req)),
                 media_type="text/event-stream",
                 headers=headers,
             )
-        body = {**head, "choices": choices, "usage": _usage(prompt_tokens, samples)}
-        return JSONResponse(body, headers=headers)
+        return JSONResponse({**hd, "choices": choices, "usage": total}, headers=headers)
 
     async def models(request: Request) -> dict[str, Any]:
         check_key(request)
@@ -351,16 +402,42 @@ def build_app(
     return app
 
 
-class _Choice:
-    def __init__(self, index: int, sample: Sample, message: dict[str, Any], finish: str) -> None:
-        self.index, self.sample, self.message, self.finish_reason = index, sample, message, finish
+def usage_on(req: ChatRequest | CompletionRequest) -> bool:
+    """Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`)."""
+    return req.stream_options is not None and req.stream_options.include_usage
 
 
-def _text(s: Sample, handle: TaskModelHandle) -> str:
-    """The reply's text, ending before the stop string that ended it (as OpenAI returns it)."""
-    text = handle.decode(s.response_ids)
-    stop = s.info.get("stop")
-    return text[: text.find(stop)] if stop and stop in text else text
+async def _until(request: Request, work: asyncio.Future, news: Any = None) -> None:
+    """Wait until `work` is done or (a streamed call) `news` is. A client that hangs up first
+    (or this handler cancelled) cancels `work`: nothing is recorded, 499."""
+    gone = asyncio.ensure_future(_hung_up(request))
+    waits = {work, gone} if news is None else {work, gone, news}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hung_up = gone.done()
+        gone.cancel()
+        if not work.done() and (hung_up or news is None or not news.done()):
+            # hung up, or this handler itself was cancelled
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        raise APIError(
+            499, "the client closed the connection before the answer: nothing was recorded",
+            code="client_closed",
+        )  # fmt: skip
+
+
+def _result(work: asyncio.Future) -> list[Sample]:
+    """`work`'s samples; its failure as the 4xx it means (a bad prompt), else as it is."""
+    try:
+        return work.result()
+    except PromptTooLong as e:
+        raise _too_long(e) from None
+    except BadPrompt as e:
+        raise APIError(400, str(e), "prompt") from None
+    except TemplateError as e:
+        raise APIError(400, str(e), "messages") from None
 
 
 async def _hung_up(request: Request) -> None:
@@ -386,131 +463,3 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def _too_long(e: PromptTooLong) -> APIError:
     """OpenAI's answer to a prompt over the model's context: 400 `context_length_exceeded`."""
     return APIError(400, str(e), "messages", "context_length_exceeded")
-
-
-def _finish(s: Sample) -> str:
-    return "length" if s.finish_reason == "length" else "stop"
-
-
-def _chat_choice(i: int, s: Sample, handle: TaskModelHandle, parse: Any) -> _Choice:
-    text = _text(s, handle)
-    parsed: ParsedCalls = parse(text) if parse else ParsedCalls("none", text)
-    if parse is not None:
-        s.info["tool_call_status"] = parsed.status
-        if parsed.error:
-            s.info["tool_call_error"] = parsed.error
-        if "call_id" in s.info:  # the ledger keeps it for the experience
-            handle.note_tool_calls(s.info["call_id"], parsed.status, parsed.error or "")
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    finish = _finish(s)
-    if parsed.status == "ok":
-        message["tool_calls"] = [c.to_openai() for c in parsed.calls]
-        finish = "tool_calls"
-        if "call_id" in s.info:  # the ledger's record: its reply comes back as these calls
-            handle.bind_reply(s.info["call_id"], [c.id for c in parsed.calls])
-    return _Choice(i, s, message, finish)
-
-
-def _head(prefix: str, obj: str, model: str, version: int) -> dict[str, Any]:
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"trinity-v{version}",
-        "model_version": version,
-    }
-
-
-def _usage(prompt_tokens: int, samples: list[Sample]) -> dict[str, int]:
-    completion = sum(len(s.response_ids) for s in samples)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
-
-
-def _token_entry(token_id: int, logprob: float, handle: TaskModelHandle) -> dict[str, Any]:
-    token = handle.decode([token_id])
-    return {
-        "token": token,
-        "logprob": logprob,
-        "bytes": list(token.encode("utf-8")),
-        "top_logprobs": [],
-    }
-
-
-def _logprobs(
-    s: Sample, handle: TaskModelHandle, lo: int = 0, hi: int | None = None
-) -> dict[str, Any]:
-    ids, lps = s.response_ids[lo:hi], s.logprobs[lo:hi]
-    return {"content": [_token_entry(t, lp, handle) for t, lp in zip(ids, lps, strict=True)]}
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-def _pieces(s: Sample, content: str, handle: TaskModelHandle) -> list[tuple[str, int, int]]:
-    """`content` cut where its tokens end: (text, first token, end token) per piece, so a
-    stream's deltas join to exactly the non-streamed content and carry their tokens' logprobs."""
-    pieces, sent, last = [], 0, 0
-    for k in range(1, len(s.response_ids) + 1):
-        prefix = handle.decode(s.response_ids[:k])
-        if prefix.endswith("\ufffd"):  # a character cut between tokens: wait for its end
-            continue
-        end = min(len(prefix), len(content))
-        if content.startswith(prefix[:end]) and end > sent:
-            pieces.append((content[sent:end], last, k))
-            sent, last = end, k
-    if sent < len(content):
-        pieces.append((content[sent:], last, len(s.response_ids)))
-    return pieces
-
-
-async def _chat_stream(
-    head: dict[str, Any],
-    choices: list[_Choice],
-    samples: list[Sample],
-    handle: TaskModelHandle,
-    req: ChatRequest,
-) -> AsyncIterator[str]:
-    head = {**head, "object": "chat.completion.chunk"}
-    usage = req.stream_options is not None and req.stream_options.include_usage
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> str:
-        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return _sse({**head, "choices": [choice], **({"usage": None} if usage else {})})
-
-    for c in choices:
-        yield chunk(c.index, {"role": "assistant", "content": ""})
-        content = c.message["content"] or ""
-        if "tool_calls" in c.message:
-            if content:
-                yield chunk(c.index, {"content": content})
-            calls = [{"index": j, **call} for j, call in enumerate(c.message["tool_calls"])]
-            lp = _logprobs(c.sample, handle) if req.logprobs else None
-            yield chunk(c.index, {"tool_calls": calls}, lp=lp)
-        else:
-            for text, lo, hi in _pieces(c.sample, content, handle):
-                lp = _logprobs(c.sample, handle, lo, hi) if req.logprobs else None
-                yield chunk(c.index, {"content": text}, lp=lp)
-        yield chunk(c.index, {}, c.finish_reason)
-    if usage:
-        yield _sse({**head, "choices": [], "usage": _usage(len(samples[0].prompt_ids), samples)})
-    yield "data: [DONE]\n\n"
-
-
-async def _completion_stream(
-    head: dict[str, Any],
-    choices: list[dict[str, Any]],
-    usage: dict[str, int],
-    req: CompletionRequest,
-) -> AsyncIterator[str]:
-    for c in choices:
-        yield _sse({**head, "choices": [{**c, "finish_reason": None}]})
-        yield _sse({**head, "choices": [{**c, "text": "", "logprobs": None}]})
-    if req.stream_options is not None and req.stream_options.include_usage:
-        yield _sse({**head, "choices": [], "usage": usage})
-    yield "data: [DONE]\n\n"

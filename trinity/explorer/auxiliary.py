@@ -39,7 +39,7 @@ from typing import Any
 from trinity.common.keys import stable_key
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
 from trinity.explorer.bridging import render_ids
-from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
+from trinity.explorer.call_args import TemplateError, sampling_params
 from trinity.explorer.model_calls import ModelCalls
 
 
@@ -231,14 +231,13 @@ class AuxiliaryHandle(ModelCalls):
             )
 
     async def _sample(self, ids: list[int], sampling: dict[str, Any]) -> list[Sample]:
-        params, stop, seed = sampling_params(self._model.defaults, sampling)
+        params, seed = sampling_params(self._model.defaults, sampling)
         self._calls += 1  # counted either way: later calls keep their keys
         key = None if self._key is None else stable_key(self._key, self._calls)
         if seed is not None:
             key = stable_key("seed", seed)
         self.check_prompt(ids)
-        samples = await self._model.client.generate(ids, params, key)
-        return [cut_at_stop(s, stop, self.decode) for s in samples] if stop else samples
+        return await self._model.client.generate(ids, params, key)
 
     def _key_name(self) -> int | str:
         return self._model.name or self._model.index

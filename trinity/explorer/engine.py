@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -31,8 +32,17 @@ import numpy as np
 from trinity.common.core_shares import core_shares
 from trinity.common.lazy import import_now, lazy_module
 from trinity.common.memory import IdleTrim
-from trinity.common.rollout import ENGINE, BadPrompt, Peers, PromptTooLong, Sample, SamplingParams
+from trinity.common.rollout import (
+    ENGINE,
+    BadPrompt,
+    Peers,
+    Progress,
+    PromptTooLong,
+    Sample,
+    SamplingParams,
+)
 from trinity.common.startup import StartupMarks
+from trinity.explorer.detokenize import RowTexts
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.forward import cache_kwarg
 from trinity.models.loading import load_weights
@@ -58,7 +68,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _inference_mode(fn: F) -> F:
-    """`torch.inference_mode()` as a decorator that imports torch on the first call."""
+    """`torch.inference_mode()` as a decorator that imports torch on the first call. A
+    generator runs each of its steps in inference mode, and the code it yields to does not
+    (torch's own decorator, made on the first call)."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def steps(*args: Any, **kwargs: Any) -> Any:
+            return torch.inference_mode()(fn)(*args, **kwargs)
+
+        return steps  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -158,7 +177,6 @@ class HFRolloutEngine:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    @_inference_mode
     def generate(
         self,
         prompts: list[list[int]],
@@ -171,11 +189,28 @@ class HFRolloutEngine:
         for one prompt) draws the key from the engine's seeded generator. Each prompt's budget
         is its own (`RolloutEngine.generate`); a prompt with no room under `max_model_len` gets a
         `PromptTooLong` in its place, an empty one a `BadPrompt`, and either is left out before
-        the others are batched, so they are sampled exactly as without it.
+        the others are batched, so they are sampled exactly as without it. A row that completes
+        one of `params.stop` ends at that token (`detokenize.RowTexts`).
         """
+        *_, out = self.generate_stream(prompts, params, keys)
+        return out
+
+    @_inference_mode
+    def generate_stream(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+        watch: list[bool] | None = None,
+    ) -> Iterator[Progress | list[list[Sample] | BadPrompt]]:
+        """`generate`, yielding a `Progress` per decode step for the prompts `watch` marks,
+        then `generate`'s answer (`RolloutEngine.generate_stream`)."""
         keys = list(keys) if keys is not None else [None] * len(prompts)
-        if len(keys) != len(prompts):
-            raise ValueError(f"{len(keys)} sampling keys for {len(prompts)} prompts")
+        watch = list(watch) if watch is not None else [False] * len(prompts)
+        if not len(keys) == len(watch) == len(prompts):
+            raise ValueError(
+                f"{len(keys)} keys and {len(watch)} watch flags for {len(prompts)} prompts"
+            )
         out: list[list[Sample] | BadPrompt] = [
             BadPrompt("an empty prompt: there is nothing to continue")
             if not p
@@ -192,12 +227,15 @@ class HFRolloutEngine:
         with self._busy(), self._sampling():
             for start in range(0, len(fits), per_chunk):
                 chunk = fits[start : start + per_chunk]
-                got = self._generate_batch(
-                    [prompts[i] for i in chunk], params, [keys[i] for i in chunk]
+                got = yield from self._generate_batch(
+                    [prompts[i] for i in chunk],
+                    params,
+                    [keys[i] for i in chunk],
+                    [i if watch[i] else None for i in chunk],
                 )
                 for i, samples in zip(chunk, got, strict=True):
                     out[i] = samples
-        return out
+        yield out
 
     def _budget(self, prompt_len: int, max_tokens: int) -> int:
         """New tokens a prompt of `prompt_len` may get: its own room under max_model_len."""
@@ -215,41 +253,47 @@ class HFRolloutEngine:
         with np.errstate(over="ignore"):
             return sampling.splitmix64(base + np.tile(np.arange(n, dtype=np.uint64), len(keys)))
 
-    def _generate_batch(
-        self, prompts: list[list[int]], params: SamplingParams, keys: list[int | None]
-    ) -> list[list[Sample]]:
-        """Prefill each prompt once, fan its KV cache out to `n` rows, decode until all stop.
-
-        1. left-pad the prompts; positions count real tokens only; each row's token budget
-        2. prefill the B distinct prompts, then repeat each row's cache `n` times
-        3. decode: raw-policy logprob of the drawn token, drop rows that sampled eos or used up
-           their own budget
-        4. cut each row at its first eos (kept: it is a trained token)
-        """
-        t0 = time.perf_counter()
-        # 1.  # [B, P]
+    def _padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, ...]:
+        """[B, P] input ids left-padded, attention mask, positions counting real tokens only."""
         width = max(len(p) for p in prompts)
-        budgets = [self._budget(len(p), params.max_tokens) for p in prompts]
-        if min(budgets) <= 0:  # `generate` leaves such prompts out
-            raise PromptTooLong(f"a prompt leaves no room under max_model_len={self.max_model_len}")
-        max_new = max(budgets)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = (
-            t.to(self.device) for t in (input_ids, attention, positions)
-        )
+        return tuple(t.to(self.device) for t in (input_ids, attention, positions))
+
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None],
+        watch: list[int | None],
+    ) -> Generator[Progress, None, list[list[Sample]]]:
+        """Prefill each prompt once, fan its KV cache out to `n` rows, decode until all stop.
+        `watch[i]`: the number prompt i's rows are reported under in `Progress` (None: not).
+
+        1. left-pad the prompts; each row's token budget
+        2. prefill the B distinct prompts, then repeat each row's cache `n` times
+        3. decode: raw-policy logprob of the drawn token, the text it adds where a row streams
+           or may stop at a string; drop rows that sampled eos, completed a stop string or used
+           up their own budget
+        4. cut each row at its end (the eos or the token completing the stop string is kept:
+           it is a trained token)
+        """
+        t0 = time.perf_counter()
+        # 1.
+        budgets = [self._budget(len(p), params.max_tokens) for p in prompts]
+        if min(budgets) <= 0:  # `generate` leaves such prompts out
+            raise PromptTooLong(f"a prompt leaves no room under max_model_len={self.max_model_len}")
+        max_new, n, rows = max(budgets), params.n, len(prompts) * params.n
         # 2.  # logits [B, V] -> [B*n, V]
-        n = params.n
         self._follow()
         dec = decoders.decoder_for(
             self.model, self.cache_kw, max_new, lean=self.lean_decode, version=self.model_version
         )
-        logits = dec.prefill(input_ids, attention, positions, n)
-        rows = len(prompts) * n
+        logits = dec.prefill(*self._padded(prompts), n)
         alive = torch.arange(rows, device=self.device)  # original row of each live row
         tokens = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
@@ -259,6 +303,9 @@ class HFRolloutEngine:
         stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
         stop_ids = torch.tensor(sorted(self.eos_ids), device=self.device)
         row_keys = self._row_keys(keys, n)  # [b], follows `alive`
+        followed = [r for r in range(rows) if params.stop or watch[r // n] is not None]
+        texts = RowTexts(self.tokenizer, followed, params.stop) if followed else None
+        stop_strings: dict[int, str] = {}  # row -> the stop string that ended it
         # 3.
         for t in range(max_new):
             tok = sampling.sample_next(
@@ -269,13 +316,36 @@ class HFRolloutEngine:
                 uniforms=sampling.keyed_uniforms(row_keys, t) if params.temperature > 0 else None,
             )  # [b]
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
-            tokens[alive, t] = tok
-            logprobs[alive, t] = raw.gather(-1, tok[:, None]).squeeze(-1)
-            eos = torch.isin(tok, stop_ids)
-            done = eos | (budget[alive] == t + 1)  # [b]
+            lp = raw.gather(-1, tok[:, None]).squeeze(-1)
+            tokens[alive, t], logprobs[alive, t] = tok, lp
+            ended = torch.isin(tok, stop_ids)
+            if texts is not None:
+                live, sampled = alive.tolist(), tok.tolist()
+                added, hits = texts.step(live, sampled)
+                if hits:
+                    stop_strings.update(hits)
+                    ended |= torch.tensor([r in hits for r in live], device=self.device)
+                seen = [k for k, r in enumerate(live) if watch[r // n] is not None]
+                if seen:
+                    lps = lp.tolist()
+                    yield Progress(
+                        self.model_version,
+                        [
+                            (
+                                watch[live[k] // n],
+                                live[k] % n,
+                                t,
+                                sampled[k],
+                                lps[k],
+                                added[live[k]],
+                            )
+                            for k in seen
+                        ],
+                    )
+            done = ended | (budget[alive] == t + 1)  # [b]
             if bool(done.any()):
                 lengths[alive[done]] = t + 1
-                stopped[alive[eos]] = True
+                stopped[alive[ended]] = True
                 keep = torch.nonzero(~done).squeeze(-1)
                 if keep.numel() == 0:
                     break
@@ -301,6 +371,7 @@ class HFRolloutEngine:
                         logprobs=logprobs[r, :k].tolist(),
                         finish_reason="stop" if stopped_l[r] else "length",
                         model_version=self.model_version,
+                        info={"stop": stop_strings[r]} if r in stop_strings else {},
                     )
                 )
                 self.stats["generated_tokens"] += k

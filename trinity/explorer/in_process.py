@@ -4,7 +4,9 @@
     client = BatchingClient([InThread(lambda: HFRolloutEngine(path))])  # on a thread of its own
 
 `engine.method.remote(*args)` returns an awaitable with the method's result (or its exception),
-as a Ray actor handle's call returns an ObjectRef.
+as a Ray actor handle's call returns an ObjectRef; a generator method called as
+`engine.method.options(num_returns="streaming").remote(*args)` returns an async iterator of
+awaitables, one per item, as Ray's `ObjectRefGenerator` does (`RolloutEngine.generate_stream`).
 
 - `InProcess` runs the method at once, on the caller's thread: for tools that need one engine
   and no cluster (`trinity debug workflow`) and for tests.
@@ -22,7 +24,7 @@ as a Ray actor handle's call returns an ObjectRef.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +32,49 @@ if TYPE_CHECKING:
     from trinity.common.compute import ComputeLane
 
 
-class _Call:
-    def __init__(self, method: Any) -> None:
-        self._method = method
+def _streaming(options: dict[str, Any]) -> bool:
+    if set(options) != {"num_returns"} or options["num_returns"] != "streaming":
+        raise TypeError(f"an in-process engine call takes num_returns='streaming' only: {options}")
+    return True
 
-    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+
+def _done(loop: asyncio.AbstractEventLoop, result: Any = None, error: Any = None) -> asyncio.Future:
+    fut = loop.create_future()
+    if error is not None:  # handed to the awaiting caller, as Ray hands a task's error
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+    return fut
+
+
+class _Call:
+    def __init__(self, method: Any, streaming: bool = False) -> None:
+        self._method, self._streaming = method, streaming
+
+    def options(self, **options: Any) -> _Call:
+        return _Call(self._method, _streaming(options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._streaming:
+            return self._items(loop, self._method(*args, **kwargs))
         try:
-            fut.set_result(self._method(*args, **kwargs))
-        except Exception as e:  # handed to the awaiting caller, as Ray hands a task's error
-            fut.set_exception(e)
-        return fut
+            return _done(loop, self._method(*args, **kwargs))
+        except Exception as e:
+            return _done(loop, error=e)
+
+    @staticmethod
+    async def _items(loop: asyncio.AbstractEventLoop, items: Iterator[Any]) -> AsyncIterator[Any]:
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except Exception as e:
+                yield _done(loop, error=e)
+                return
+            yield _done(loop, item)
+            await asyncio.sleep(0)  # the loop's other work runs between items
 
 
 class InProcess:
@@ -52,17 +86,50 @@ class InProcess:
 
 
 class _ThreadCall:
-    def __init__(self, owner: InThread, name: str) -> None:
-        self._owner, self._name = owner, name
+    def __init__(self, owner: InThread, name: str, streaming: bool = False) -> None:
+        self._owner, self._name, self._streaming = owner, name, streaming
 
-    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
+    def options(self, **options: Any) -> _ThreadCall:
+        return _ThreadCall(self._owner, self._name, _streaming(options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         owner, name = self._owner, self._name
 
         def call() -> Any:
             # the engine was built by the first job of this same thread: done by now
             return getattr(owner._built.result(), name)(*args, **kwargs)
 
-        return asyncio.wrap_future(owner._submit(call))
+        if not self._streaming:
+            return asyncio.wrap_future(owner._submit(call))
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+
+        def send(*item: Any) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        def iterate() -> None:  # on the engine's thread: every item, whoever still listens
+            try:
+                for item in call():
+                    send(item, None)
+            except Exception as e:
+                send(None, e)
+            send(_END, None)
+
+        owner._submit(iterate)
+        return self._items(loop, items)
+
+    @staticmethod
+    async def _items(loop: asyncio.AbstractEventLoop, items: asyncio.Queue) -> AsyncIterator[Any]:
+        while True:
+            item, error = await items.get()
+            if item is _END:
+                return
+            yield _done(loop, item, error)
+            if error is not None:
+                return
+
+
+_END = object()
 
 
 class InThread:

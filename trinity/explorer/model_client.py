@@ -26,9 +26,16 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
 from trinity.common.lazy import lazy_module
-from trinity.common.rollout import BadPrompt, Peers, PromptTooLong, Sample, SamplingParams
+from trinity.common.rollout import (
+    BadPrompt,
+    Peers,
+    Progress,
+    PromptTooLong,
+    Sample,
+    SamplingParams,
+)
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
-from trinity.explorer.call_args import TemplateError, cut_at_stop, sampling_params
+from trinity.explorer.call_args import TemplateError, sampling_params
 from trinity.explorer.ledger import LedgerStats, SessionLedger
 from trinity.explorer.model_calls import ModelCalls
 from trinity.explorer.session import ChatSession, Prepared
@@ -39,12 +46,19 @@ else:  # the driver imports this module's users without torch (`common.lazy`)
     torch = lazy_module("torch")
 
 
+Watch = Callable[[int, list[tuple[int, int, int, float, str]]], None]
+"""What a streamed call hears at each decode step: (weights version, [(sample, position, token
+id, logprob, text) per live sample]) (`Progress`, for one prompt). A position already heard
+comes again when a crashed engine's call is sent again (its key samples the same tokens)."""
+
+
 class _Request(NamedTuple):
     """One `generate` call waiting for its batch."""
 
     prompt: list[int]
     key: int | None
     answer: asyncio.Future
+    watch: Watch | None = None
 
 
 class EngineLost(RuntimeError):
@@ -134,12 +148,18 @@ class BatchingClient:
         self.restarts += 1
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, key: int | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        key: int | None = None,
+        watch: Watch | None = None,
     ) -> list[Sample]:
         """`params.n` samples of `prompt_ids`, batched with the requests made in the same turn
-        of the event loop; `key` (`RolloutEngine.generate`) makes them independent of that batch."""
+        of the event loop; `key` (`RolloutEngine.generate`) makes them independent of that batch.
+        `watch`: called with each decode step's tokens as they are sampled (a streamed reply);
+        its batch is then sampled with `generate_stream`."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((params, _Request(prompt_ids, key, fut)))
+        self._pending.append((params, _Request(prompt_ids, key, fut, watch)))
         if self._flush_task is None:
             self._flush_task = asyncio.create_task(self._flush())
             self._batches.add(self._flush_task)
@@ -201,9 +221,28 @@ class BatchingClient:
                 return await engine.weights_version.remote()
             return min(versions)
 
-        return await self._on_engine(
-            i, lambda e: e.generate.remote(prompts, params, keys), served_with
-        )
+        watched = [r.watch is not None for r in shard]
+        if not any(watched):
+            return await self._on_engine(
+                i, lambda e: e.generate.remote(prompts, params, keys), served_with
+            )
+
+        async def streamed(engine: Any) -> list[list[Sample] | BadPrompt]:
+            result: list[list[Sample] | BadPrompt] = []
+            call = engine.generate_stream.options(num_returns="streaming")
+            async for ref in call.remote(prompts, params, keys, watched):
+                item = await ref
+                if not isinstance(item, Progress):
+                    result = item
+                    continue
+                heard: dict[int, list[tuple[int, int, int, float, str]]] = {}
+                for p, *rest in item.tokens:
+                    heard.setdefault(p, []).append(tuple(rest))  # type: ignore[arg-type]
+                for p, tokens in heard.items():
+                    shard[p].watch(item.model_version, tokens)  # type: ignore[misc]
+            return result
+
+        return await self._on_engine(i, streamed, served_with)
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         async def served_with(engine: Any, result: list[float]) -> int:
@@ -324,13 +363,16 @@ class TaskModelHandle(ModelCalls):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         refuse_over_long: bool = False,
+        watch: Watch | None = None,
         **sampling: Any,
     ) -> list[Sample]:
         """Sample replies to `messages` rendered by the chat template (with `tools`, the
-        function definitions, when given). `sampling`: SamplingParams fields, plus `stop`
-        (strings that end a reply) and `seed` (the call's samples depend on it alone).
+        function definitions, when given). `sampling`: SamplingParams fields (`stop`: strings
+        that end a reply) plus `seed` (the call's samples depend on it alone).
         `refuse_over_long`: a prompt over `max_prompt_tokens` raises `PromptTooLong` and is not
         recorded, instead of being answered from a cut prompt (the OpenAI endpoint's calls).
+        `watch`: hears the tokens as they are sampled (`BatchingClient.generate`); the call is
+        recorded once it returns.
 
         A message list that extends an earlier call's messages with one of its sampled replies
         and new messages is sent as that reply's held tokens + the new messages' delta; any other
@@ -341,19 +383,23 @@ class TaskModelHandle(ModelCalls):
         except Exception as e:  # the template's own error, whatever its kind (jinja, TypeError)
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
         try:
-            samples = await self._sample(prepared.prompt_ids, sampling, refuse_over_long)
+            samples = await self._sample(prepared.prompt_ids, sampling, refuse_over_long, watch)
             self._chat.commit(prepared, messages, tools, samples)
         finally:
             self._chat.release(prepared)
         return samples
 
     async def generate(
-        self, prompt: str | list[int], refuse_over_long: bool = False, **sampling: Any
+        self,
+        prompt: str | list[int],
+        refuse_over_long: bool = False,
+        watch: Watch | None = None,
+        **sampling: Any,
     ) -> list[Sample]:
         """Sample continuations of a text or of token ids (recorded; merged into a trajectory
-        when the ids extend one exactly). `refuse_over_long`: as `chat`'s."""
+        when the ids extend one exactly). `refuse_over_long`, `watch`: as `chat`'s."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        samples = await self._sample(ids, sampling, refuse_over_long)
+        samples = await self._sample(ids, sampling, refuse_over_long, watch)
         self._chat.commit(Prepared(ids, "tokens"), None, None, samples)
         return samples
 
@@ -369,18 +415,22 @@ class TaskModelHandle(ModelCalls):
             )
 
     async def _sample(
-        self, ids: list[int], sampling: dict[str, Any], refuse_over_long: bool = False
+        self,
+        ids: list[int],
+        sampling: dict[str, Any],
+        refuse_over_long: bool = False,
+        watch: Watch | None = None,
     ) -> list[Sample]:
         if refuse_over_long:  # before a key is taken: a refused call changes nothing
             self.check_prompt(ids)
-        params, stop, seed = sampling_params(self.defaults, sampling)
+        params, seed = sampling_params(self.defaults, sampling)
         key = self._next_key()  # taken either way: later calls keep their keys
         if seed is not None:
             key = stable_key("seed", seed)
         m = self.max_prompt_tokens
         if m is None or len(ids) <= m:
-            samples = await self._client.generate(ids, params, key)
-            return [cut_at_stop(s, stop, self.decode) for s in samples] if stop else samples
+            streamed = {} if watch is None else {"watch": watch}  # a client may not stream
+            return await self._client.generate(ids, params, key, **streamed)
         self.truncated_prompts.append(ids[:m])
         return [
             Sample(

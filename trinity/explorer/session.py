@@ -77,7 +77,7 @@ def reply_keys(tokenizer: Any, record: CallRecord) -> set[str]:
 
 def _returned_keys(tokenizer: Any, sample: Sample) -> set[str]:
     """The reply text a caller was given when it differs from the decoded completion: a reply
-    ended by a stop string (`model_client.cut_at_stop`) is returned without it."""
+    ended by a stop string (`SamplingParams.stop`) is returned without it."""
     stop = sample.info.get("stop")
     if not stop:
         return set()
