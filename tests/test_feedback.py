@@ -258,33 +258,84 @@ def test_sessions_whose_every_call_failed_are_let_go_once_idle(tiny_model_dir):
     assert set(sessions.sessions) == {"ok"}
 
 
-def test_a_restarted_endpoint_refuses_the_sessions_its_previous_process_held(tmp_path):
-    """Sessions live in the serve process's memory until written. A process started again over
-    the same log answers 410 for those its predecessor held, open or handed out but not yet
-    written (lost with it), and for those that ended before, instead of taking their late
-    posts as a new session's that would never train."""
-    log = SessionLog(tmp_path / "serve.db")
-    book = FeedbackBook(window_s=10, log=log)
-    for sid in ("open", "written", "unwritten"):
-        _rewarded(book, sid)
-    book.commit("written")
-    book.commit("unwritten")
-    ready = book.take_ready()
-    assert sorted(r.session_id for r in ready) == ["unwritten", "written"]
-    book.written(["written"])  # the buffer holds it; the process dies before writing the other
-    log.close()
+def _reopened(path, written_through: int) -> FeedbackBook:
+    """The book of a serve process started again over the log at `path` (the one before it was
+    killed: its log is dropped, never closed), the buffer holding its steps to `written_through`."""
+    return FeedbackBook(
+        window_s=10, log=SessionLog(path), freeze=_frozen, written_through=written_through
+    )
 
-    again = FeedbackBook(window_s=10, log=SessionLog(tmp_path / "serve.db"))
-    assert again.counts["lost"] == 2
-    for sid in ("open", "unwritten"):
-        with pytest.raises(FeedbackError, match="held by a serve process that ended") as e:
-            again.feedback(sid, 1.0, key=f"{sid}-late")
-        assert e.value.status == 410
-        with pytest.raises(FeedbackError, match="held by a serve process that ended"):
-            again.check_open(sid)  # a call in it, too
-    with pytest.raises(FeedbackError, match="was trained already") as e:
-        again.commit("written")
+
+def _frozen(sid: str) -> dict:
+    return {"rows": [sid]}  # what ServeMode freezes: the session's trajectories at its commit
+
+
+def test_what_was_acknowledged_survives_a_kill_and_is_written_exactly_once(tmp_path):
+    """Everything a post was answered 200 for is on disk first. A process started again over
+    the log takes up committed sessions (their calls, frozen rows and rewards), partial groups
+    and feedback keys; it answers 410 only for sessions its predecessor held open (their calls
+    were in its memory). A serve step the kill interrupted is settled by the buffer's cursor:
+    handed out again when the buffer does not hold it, never when it does."""
+    path = tmp_path / "serve.db"
+    book = FeedbackBook(window_s=10, log=SessionLog(path), freeze=_frozen)
+    book.called("open", "open-c0")
+    book.feedback("open", 1.0, key="open-r")  # taken, but the session is never committed
+    for sid in ("written", "w2", "fb", "g1", "g2"):
+        book.called(sid, f"{sid}-c0")
+    book.called("fb", "fb-c1")
+    book.feedback("written", 1.0, key="written-r")
+    book.commit("written")
+    assert [r.session_id for r in book.take_ready()] == ["written"]
+    book.writing(["written"], 1)
+    book.written(["written"])  # serve step 1: in the buffer, on disk as trained
+    book.feedback("w2", 0.5, key="w2-r")
+    book.commit("w2")
+    assert [r.session_id for r in book.take_ready()] == ["w2"]
+    book.writing(["w2"], 2)  # killed here: the buffer never gets step 2
+    book.feedback("fb", 0.25, key="fb-c0", call_id="fb-c0")
+    book.commit("fb")  # ready once its second call has a reward
+    book.feedback("g1", 0.0, key="g1-r")
+    book.commit("g1", "q", 3)
+    book.commit("g2", "q", 3)  # rewarded after the restart
+
+    again = _reopened(path, written_through=1)
+    assert again.counts["lost"] == 1 and again.counts["restored"] == 4
+    with pytest.raises(FeedbackError, match="held by a serve process that ended") as e:
+        again.commit("open")
     assert e.value.status == 410
-    _rewarded(again, "fresh")  # new sessions go on as ever
-    again.commit("fresh")
-    assert [r.session_id for r in again.take_ready()] == ["fresh"]
+    with pytest.raises(FeedbackError, match="held by a serve process that ended"):
+        again.feedback("open", 1.0, key="open-r")  # its feedback went with it
+    with pytest.raises(FeedbackError, match="was trained already"):
+        again.feedback("written", 1.0, key="written-late")
+    assert again.feedback("written", 1.0, key="written-r") is False  # a retry: a duplicate
+    assert again.feedback("fb", 0.25, key="fb-c0", call_id="fb-c0") is False
+    with pytest.raises(FeedbackError, match="another feedback"):
+        again.feedback("fb", 0.5, key="fb-c0", call_id="fb-c0")
+    with pytest.raises(FeedbackError, match="has group_size 3"):
+        again.commit("late", "q", 2)
+    again.commit("g1", "q", 3)  # a retried commit is answered as the first
+    # the step the buffer never got is handed out again, first, frozen rows and rewards intact
+    [w2] = again.take_ready()
+    assert (w2.session_id, w2.reward, w2.frozen) == ("w2", 0.5, {"rows": ["w2"]})
+    again.feedback("fb", 0.75, key="fb-t1", turn=1)
+    again.feedback("g2", 1.0, key="g2-r")
+    again.called("g3", "g3-c0")
+    again.feedback("g3", 1.0, key="g3-r")
+    again.commit("g3", "q", 3)
+    got = again.take_ready()
+    assert [(r.session_id, r.group) for r in got] == [
+        ("fb", None), ("g1", "q"), ("g2", "q"), ("g3", "q"),
+    ]  # fmt: skip
+    assert got[0].call_rewards == [0.25, 0.75] and got[0].frozen == {"rows": ["fb"]}
+    again.writing(["w2"], 2)  # killed again, after the buffer took step 2 this time
+
+    third = _reopened(path, written_through=2)
+    assert third.counts["restored"] == 4  # fb and q, handed out but never written
+    assert [r.session_id for r in third.take_ready()] == ["fb", "g1", "g2", "g3"]
+    third.writing(["fb", "g1", "g2", "g3"], 3)
+    third.written(["fb", "g1", "g2", "g3"])
+    third.commit("w2")  # trained: a repeated commit is still answered as the first
+    with pytest.raises(FeedbackError, match="was trained already"):
+        third.feedback("w2", 1.0, key="w2-late")
+    assert third.take_ready() == []
+    assert _reopened(path, written_through=3).take_ready() == []  # each written exactly once

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import threading
 from types import SimpleNamespace
 from typing import Any
 
-from test_endpoint import USER, ScriptedEngine
+import pytest
+from test_endpoint import USER, ScriptedEngine, post
 
 from trinity.buffer.queue import QueueStorage
 from trinity.common.rollout import SamplingParams
@@ -57,7 +60,7 @@ def _serving(name: str, queue: QueueStorage, tokenizer: Any) -> ServeMode:
     serve = ServeMode(explorer)
     client = BatchingClient([InProcess(ScriptedEngine(tokenizer))])
     serve.sessions = EngineSessions(client, tokenizer, SamplingParams(max_tokens=4), "policy")
-    serve.book = FeedbackBook(window_s=60)
+    serve.book = FeedbackBook(window_s=60, freeze=serve.freeze)
     return serve
 
 
@@ -128,3 +131,110 @@ def test_a_long_session_keeps_each_message_once_and_unchanged_by_its_caller(tiny
     assert len({id(m) for c in calls for m in c.messages}) == 99  # the last call's 99
     history[0]["content"] = "edited"
     assert calls[-1].messages[0]["content"] == "1+1=" == calls[0].messages[0]["content"]
+
+
+class Killed(Exception):
+    """A serve process SIGKILLed at this point: nothing after it runs."""
+
+
+class Loop:
+    """An event loop on a thread of its own (the serve processes' and the buffer's), so the
+    test's blocking HTTP calls do not stop it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+
+def _started(loop: Loop, tmp_path: Any, queue: QueueStorage, tokenizer: Any, model: str) -> Any:
+    """A serve process of endpoint "serve_a" (`ServeMode.start`: its cursor, session log and
+    endpoint on port 0) whose buffer writes can be killed: `explorer.kill` "before" or
+    "after" the write reaches the buffer."""
+    cfg = TrinityConfig.model_validate({
+        "checkpoint_root_dir": str(tmp_path), "model": {"model_path": model},
+        "explorer": {"name": "serve_a", "api_port": 0},
+    })  # fmt: skip
+    explorer = SimpleNamespace(
+        cfg=cfg, buffer=Handle(queue), synchronizer=Handle(Nothing()), hub=Handle(Nothing()),
+        step_offset=0, _version=lambda: 0, _token=None, tokenizer=tokenizer, kill=None,
+    )  # fmt: skip
+
+    async def write(exps: list, cursor: Any) -> None:
+        if explorer.kill == "before":
+            raise Killed
+        await queue.write(exps, cursor, explorer._token)
+        if explorer.kill == "after":
+            raise Killed
+
+    async def start() -> tuple[ServeMode, str]:
+        explorer.client = BatchingClient([InProcess(ScriptedEngine(tokenizer))])
+        serve = ServeMode(explorer)
+        return serve, await serve.start()
+
+    explorer._write = write
+    serve, url = loop.run(start())
+    return serve, url.removesuffix("/v1")
+
+
+def _kill(loop: Loop, serve: ServeMode, step: bool = False) -> None:
+    """SIGKILL, as far as the log can tell: the endpoint stops answering, the log is never
+    closed; `step`: in the middle of writing a serve step (where `explorer.kill` says)."""
+    if step:
+        with pytest.raises(Killed):
+            loop.run(serve._write_step(serve.book.take_ready()))
+    assert serve.endpoint is not None
+    loop.run(serve.endpoint.stop())
+
+
+def test_a_killed_serve_process_loses_nothing_it_acknowledged(tmp_path, tiny_model_dir):
+    """Commits and feedback answered 200 are on disk before the answer: a serve process started
+    again under the same name writes every committed session, partial groups included, exactly
+    once, whether the kill came before a serve step reached the buffer or after; only sessions
+    left open (never committed) are lost, and say so (410)."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model, loop = str(tiny_model_dir), Loop()
+    queue = QueueStorage(tmp_path / "buffer.db")
+
+    def episode(root: str, sid: str, reward: float | None, group: str | None = None) -> int:
+        chat = {"model": model, "messages": USER, "max_tokens": 2}
+        status, _ = post(f"{root}/sessions/{sid}/v1/chat/completions", json.dumps(chat).encode())
+        assert status == 200
+        if reward is not None:
+            assert _post(root, "feedback", session_id=sid, reward=reward, key=sid) == 200
+        commit = {"group": group, "group_size": 3} if group else {}
+        return _post(root, "commit", session_id=sid, **commit)
+
+    serve, root = _started(loop, tmp_path, queue, tokenizer, model)
+    assert episode(root, "e1", 1.0, "q") == episode(root, "e2", 0.0, "q") == 200  # q waits
+    assert episode(root, "s1", 0.5) == episode(root, "s2", None) == 200  # s2 waits for reward
+    post(f"{root}/sessions/o1/v1/chat/completions", json.dumps(
+        {"model": model, "messages": USER, "max_tokens": 2}).encode())  # fmt: skip
+    serve.explorer.kill = "after"  # s1's step reaches the buffer, the log never hears it
+    _kill(loop, serve, step=True)
+
+    serve, root = _started(loop, tmp_path, queue, tokenizer, model)
+    assert _post(root, "commit", session_id="e1", group="q", group_size=3) == 200  # a retry
+    assert _post(root, "feedback", session_id="e2", reward=0.0, key="e2") == 200  # duplicate
+    assert _post(root, "feedback", session_id="o1", reward=1.0, key="o1") == 410  # open: lost
+    assert _post(root, "commit", session_id="s1") == 200  # in the buffer: answered as before
+    assert _post(root, "feedback", session_id="s2", reward=0.25, key="s2") == 200
+    assert episode(root, "e3", 1.0, "q") == 200  # q is whole
+    serve.explorer.kill = "before"  # this step never reaches the buffer
+    _kill(loop, serve, step=True)
+
+    serve, root = _started(loop, tmp_path, queue, tokenizer, model)
+    loop.run(serve._write_step(serve.book.take_ready()))
+    assert serve.book.take_ready() == []
+    rows = loop.run(queue.read(queue.size(), timeout=5)).experiences  # all it holds
+    got = sorted((e.info["session_id"], e.reward, e.eid.batch) for e in rows)
+    assert got == [("e1", 1.0, 2), ("e2", 0.0, 2), ("e3", 1.0, 2), ("s1", 0.5, 1),
+                   ("s2", 0.25, 2)]  # fmt: skip
+    assert len({e.eid.group for e in rows if e.info["session_id"].startswith("e")}) == 1
+    loop.run(serve.endpoint.stop())
+
+
+def _post(root: str, route: str, **body: Any) -> int:
+    return post(f"{root}/{route}", json.dumps(body).encode())[0]

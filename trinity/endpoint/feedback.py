@@ -27,9 +27,15 @@ What a long-running endpoint remembers of sessions it is done with (to answer th
 feedback 410, a repeated key as a duplicate) is kept `retention_s` seconds (a day by default),
 then let go: feedback that late starts a session of its own, which has no calls and expires.
 
-With a `SessionLog` (serve mode's), the sessions seen and how they ended are kept on disk: a
-serve process started again answers 410 for a session the process before it held (its calls
-were in that process's memory: `lost`), and for sessions that ended before the restart.
+With a `SessionLog` (serve mode's), everything a post is answered 200 for is on disk first: the
+sessions seen, every feedback, every commit with the session's trajectories as they will be
+written (`freeze`, taken at the commit: a committed session takes no calls). A serve process
+started again takes up the committed sessions and groups not yet written, their feedback and
+keys, and goes on as the killed one would have (`restored` counts them); it answers 410 for a
+session the process before it held open (its calls were in that process's memory: `lost`), and
+for late feedback to sessions that ended before the restart. A session handed out is on disk
+as being written in a serve step (`writing`) until the buffer holds it (`written`); the process
+started again settles a step the kill interrupted by the buffer's cursor (`endpoint.session_log`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from trinity.endpoint.session_log import Commit, Post
 
 if TYPE_CHECKING:
     from trinity.endpoint.session_log import SessionLog
@@ -63,6 +71,7 @@ class SessionBook:
     committed_at: float | None = None
     touched_at: float = 0.0
     group: str | None = None
+    frozen: Any = None  # what is written of it, taken at its commit (`FeedbackBook.freeze`)
 
     def rewards_by_call(self) -> list[float | None]:
         """The reward of each call, in order (a turn's reward once its call exists)."""
@@ -84,6 +93,7 @@ class ReadySession:
     call_rewards: list[float | None]
     records: list[list[str]] = field(default_factory=list)  # each call's ledger record ids
     group: str | None = None  # sessions committed with one group are one GRPO group
+    frozen: Any = None  # what is written of it, taken at its commit (`FeedbackBook.freeze`)
 
     def record_rewards(self) -> dict[str, float]:
         """Each ledger record's reward: its call's, when calls were rewarded one by one."""
@@ -113,26 +123,57 @@ class FeedbackBook:
         clock: Callable[[], float] = time.monotonic,
         retention_s: float = 86400.0,
         log: SessionLog | None = None,
+        freeze: Callable[[str], Any] | None = None,
+        written_through: int = 0,
     ) -> None:
-        """`log`: where the sessions seen and their ends are kept across restarts; those an
-        earlier process left open are lost, answered 410 from now on (`lost` counts them)."""
+        """`log`: where what the book answered for is kept across restarts (module doc); the
+        sessions an earlier process left open are lost, answered 410 from now on (`lost`
+        counts them), its committed ones are taken up (`restored`). `freeze(session_id)`: what
+        is written of a session (JSON-able), taken when it is committed and handed out with it
+        (`ReadySession.frozen`). `written_through`: the last serve step the buffer holds for
+        this endpoint (its cursor), which settles a write the kill interrupted."""
         self.window_s, self.clock, self.retention_s = window_s, clock, retention_s
-        self.log = log
+        self.log, self.freeze = log, freeze
         self.sessions: dict[str, SessionBook] = {}
-        self.done: dict[str, str] = {}  # session id -> "trained" | "expired"
+        self.done: dict[str, str] = {}  # session id -> "trained" | "expired" | "lost"
         self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
         self._done_at: dict[str, float] = {}  # when each of `done` was (insertion order)
         self._key_at: dict[str, float] = {}  # when each of `keys` was taken (insertion order)
         self.groups: dict[str, Group] = {}  # open groups, by name
+        self._again: list[ReadySession] = []  # handed out by a killed process, never written
         self.counts = {
             "feedback": 0, "duplicates": 0, "committed": 0, "ready": 0, "expired": 0,
-            "groups_ready": 0, "expired_groups": 0, "lost": 0,
+            "groups_ready": 0, "expired_groups": 0, "lost": 0, "restored": 0,
         }  # fmt: skip
         if log is not None:
-            self.counts["lost"] = log.start()
-            now = self.clock()
-            for sid, how in log.ended().items():
-                self.done[sid], self._done_at[sid] = how, now
+            self._restore(log, written_through)
+
+    def _restore(self, log: SessionLog, written_through: int) -> None:
+        """Take up what an earlier process of the endpoint left in `log` (module doc)."""
+        self.counts["lost"] = log.start(written_through)
+        now, wall = self.clock(), time.time()
+        for sid, how in log.ended().items():
+            self.done[sid], self._done_at[sid] = how, now
+        posts: dict[str, list[Post]] = {}
+        for p in log.posts():
+            self.keys[p.key], self._key_at[p.key] = (p.session_id, p.reward, p.call_id, p.turn), now
+            posts.setdefault(p.session_id, []).append(p)
+        for c in log.commits():
+            at = now - max(0.0, wall - c.at)  # its commit, on this process's clock
+            book = SessionBook(list(c.calls), [list(r) for r in c.records], committed_at=at,
+                               touched_at=now, group=c.group, frozen=c.frozen)  # fmt: skip
+            for p in posts.get(c.session_id, []):
+                _set_reward(book, p.reward, p.call_id, p.turn)
+            self.counts["restored"] += 1
+            if c.step is not None:  # handed out, its write never reached the buffer: again
+                self._again.append(_ready(c.session_id, book))
+                self.done[c.session_id], self._done_at[c.session_id] = "trained", now
+                continue
+            self.sessions[c.session_id] = book
+            if c.group is not None:
+                assert c.group_size is not None
+                g = self.groups.setdefault(c.group, Group(c.group_size, [], at))
+                g.members.append(c.session_id)
 
     def _open(self, session_id: str) -> SessionBook:
         if session_id in self.done:
@@ -151,8 +192,8 @@ class FeedbackBook:
             return FeedbackError(
                 410,
                 f"session {session_id!r} was held by a serve process that ended before the "
-                "session was trained (its calls were in that process's memory): nothing of it "
-                "is trained; run the episode again in a new session",
+                "session was committed (its calls were in that process's memory): nothing of "
+                "it is trained; run the episode again in a new session",
             )
         return FeedbackError(410, f"session {session_id!r} was {how} already")
 
@@ -164,6 +205,11 @@ class FeedbackBook:
             raise FeedbackError(409, f"session {session_id!r} is committed: it takes no calls")
         book.calls.append(call_id)
         book.records.append(list(records or []))
+
+    def is_open(self, session_id: str) -> bool:
+        """Does the session still take calls (not committed, trained, expired nor lost)?"""
+        book = self.sessions.get(session_id)
+        return session_id not in self.done and (book is None or book.committed_at is None)
 
     def check_open(self, session_id: str) -> None:
         """Raise if the session may take no more calls (committed, trained, expired or lost)."""
@@ -180,7 +226,8 @@ class FeedbackBook:
         call_id: str | None = None,
         turn: int | None = None,
     ) -> bool:
-        """Take a reward; False if `key` was taken before with the same content."""
+        """Take a reward (on disk first, with a log); False if `key` was taken before with
+        the same content."""
         if call_id is not None and turn is not None:
             raise FeedbackError(400, "give call_id or turn, not both")
         post = (session_id, reward, call_id, turn)
@@ -195,7 +242,6 @@ class FeedbackBook:
                 raise FeedbackError(404, f"session {session_id!r} has no call {call_id!r}")
             if call_id in book.call_rewards or book.calls.index(call_id) in book.turn_rewards:
                 raise FeedbackError(409, f"call {call_id!r} of {session_id!r} has a reward already")
-            book.call_rewards[call_id] = reward
         elif turn is not None:
             if turn < 0:
                 raise FeedbackError(400, "turn must be >= 0")
@@ -204,11 +250,11 @@ class FeedbackBook:
             )
             if taken:
                 raise FeedbackError(409, f"turn {turn} of {session_id!r} has a reward already")
-            book.turn_rewards[turn] = reward
-        else:
-            if book.reward is not None:
-                raise FeedbackError(409, f"session {session_id!r} has its reward already")
-            book.reward = reward
+        elif book.reward is not None:
+            raise FeedbackError(409, f"session {session_id!r} has its reward already")
+        if self.log is not None:
+            self.log.feedback(Post(key, session_id, reward, call_id, turn))
+        _set_reward(book, reward, call_id, turn)
         self.keys[key] = post
         self._key_at[key] = self.clock()
         self.counts["feedback"] += 1
@@ -217,38 +263,46 @@ class FeedbackBook:
     def commit(
         self, session_id: str, group: str | None = None, group_size: int | None = None
     ) -> None:
-        """The session is over; a second commit is answered as the first. `group`: sessions
-        committed with the same group are trained as one group (GRPO compares them), once all
-        `group_size` of them are ready (module doc)."""
+        """The session is over (on disk first, with what is written of it: `freeze`); a
+        second commit is answered as the first, also once the session was handed out. `group`:
+        sessions committed with the same group are trained as one group (GRPO compares them),
+        once all `group_size` of them are ready (module doc)."""
         if (group is None) != (group_size is None):
             raise FeedbackError(
                 400,
                 "give group and group_size together: the group's size says when it is whole "
                 "(a GRPO group trained in pieces compares nothing)",
             )
+        if self.done.get(session_id) == "trained":
+            return  # its commit was answered; the repeat (a client's retry) is too
         book = self._open(session_id)
         if book.committed_at is not None:
             if book.group != group:
                 raise FeedbackError(409, f"session {session_id!r} was committed to another group")
             return
+        g = self.groups.get(group) if group is not None else None
+        if g is not None and g.size != group_size:
+            raise FeedbackError(
+                409, f"group {group!r} has group_size {g.size}; this commit says {group_size}"
+            )
+        if g is not None and len(g.members) >= g.size:
+            raise FeedbackError(409, f"group {group!r} has its {g.size} sessions already")
+        frozen = self.freeze(session_id) if self.freeze is not None else None
+        if self.log is not None:
+            commit = Commit(session_id, group, group_size, book.calls, book.records, frozen)
+            self.log.committed(commit)
+        book.committed_at, book.group, book.frozen = self.clock(), group, frozen
         if group is not None:
             assert group_size is not None
-            g = self.groups.setdefault(group, Group(group_size, [], self.clock()))
-            if g.size != group_size:
-                raise FeedbackError(
-                    409, f"group {group!r} has group_size {g.size}; this commit says {group_size}"
-                )
-            if len(g.members) >= g.size:
-                raise FeedbackError(409, f"group {group!r} has its {g.size} sessions already")
+            g = self.groups.setdefault(group, Group(group_size, [], book.committed_at))
             g.members.append(session_id)
-        book.committed_at = self.clock()
-        book.group = group
         self.counts["committed"] += 1
 
     def take_ready(self) -> list[ReadySession]:
         """Sessions ready to train, each once (a group's all at once, in commit order); expire
-        those past the window."""
-        now, out = self.clock(), []
+        those past the window. First, those an earlier process handed out and never wrote."""
+        now, out = self.clock(), self._again
+        self._again = []
         self._forget(now - self.retention_s)
         for sid, book in list(self.sessions.items()):
             if book.group is not None or sid not in self.sessions:
@@ -271,8 +325,7 @@ class FeedbackBook:
         return out
 
     def _hand_out(self, sid: str, book: SessionBook) -> ReadySession:
-        rewards = book.rewards_by_call()
-        ready = ReadySession(sid, list(book.calls), book.reward, rewards, book.records, book.group)
+        ready = _ready(sid, book)
         self._close(sid, "trained", "ready")
         return ready
 
@@ -284,9 +337,14 @@ class FeedbackBook:
         if self.log is not None and how != "trained":  # trained: once written (`written`)
             self.log.closed([session_id], how)
 
+    def writing(self, session_ids: list[str], step: int) -> None:
+        """Sessions handed out go to the buffer in serve step `step` (on disk first: a process
+        started after a kill knows from the buffer's cursor whether that write landed)."""
+        if self.log is not None and session_ids:
+            self.log.writing(session_ids, step)
+
     def written(self, session_ids: list[str]) -> None:
-        """Sessions handed out are in the buffer now: on disk as trained (until then, a process
-        that dies with them loses them, and a process after it says so)."""
+        """Sessions handed out are in the buffer now: on disk as trained."""
         if self.log is not None and session_ids:
             self.log.closed(session_ids, "trained")
 
@@ -299,6 +357,23 @@ class FeedbackBook:
                 if when >= before:
                     break
                 del at[name], kept[name]
-                forgot += kept is self.done
-        if forgot and self.log is not None:  # the same sessions, on disk (in wall-clock time)
+                forgot += 1
+        if forgot and self.log is not None:  # the same, on disk (in wall-clock time)
             self.log.forget(time.time() - (self.clock() - before))
+
+
+def _set_reward(book: SessionBook, reward: float, call_id: str | None, turn: int | None) -> None:
+    """A checked feedback's reward, for the session, its call `call_id` or its `turn`."""
+    if call_id is not None:
+        book.call_rewards[call_id] = reward
+    elif turn is not None:
+        book.turn_rewards[turn] = reward
+    else:
+        book.reward = reward
+
+
+def _ready(sid: str, book: SessionBook) -> ReadySession:
+    rewards = book.rewards_by_call()
+    return ReadySession(
+        sid, list(book.calls), book.reward, rewards, book.records, book.group, book.frozen
+    )

@@ -11,11 +11,20 @@ a "serve step". The write carries this endpoint's cursor (its name and its step)
 count is durable with the experiences: a serve process started again continues after it, and
 groups keep ids no other write ever had: `EID(batch=<serve step>, task=<group in the write>,
 suffix="serve/<explorer name>")`, unique across the run's serve processes and their restarts.
+
+What the endpoint answered 200 for is on disk before the answer (`endpoint.session_log`, in
+`<run folder>/serve/<explorer name>.db`): a commit freezes the session's trajectories as they
+will be written (`freeze`: the session takes no calls after it), with its group and feedback.
+A process started again under the same name takes the committed sessions and partial groups up
+and writes them; a serve step's sessions are on disk as being written in that step before the
+buffer write, so the process after a kill settles that step by the buffer's cursor: each
+committed session reaches the buffer exactly once. Sessions still open at a kill are lost (410).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,11 +79,20 @@ class ServeMode:
         cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
         self.sessions = EngineSessions(ex.client, ex.tokenizer, defaults, m.model_path, cut_to)
         log = SessionLog(Path(resolve(self.cfg).run_dir) / "serve" / f"{self.name}.db")
-        self.book = FeedbackBook(window_s=ecfg.feedback_window, log=log)
+        self.book = FeedbackBook(
+            window_s=ecfg.feedback_window, log=log, freeze=self.freeze, written_through=self.step
+        )
         if lost := self.book.counts["lost"]:
             print(
-                f"serve: {lost} sessions the endpoint's previous process held were lost with it "
-                "(their calls were in its memory); their feedback and calls are answered 410",
+                f"serve: {lost} sessions the endpoint's previous process held open were lost "
+                "with it (their calls were in its memory); their feedback and calls are "
+                "answered 410",
+                flush=True,
+            )
+        if restored := self.book.counts["restored"]:
+            print(
+                f"serve: {restored} committed sessions the previous process had not written "
+                f"are taken up ({len(self.book.groups)} groups waiting for more members)",
                 flush=True,
             )
         app = build_app(
@@ -114,10 +132,8 @@ class ServeMode:
             while True:
                 await asyncio.sleep(poll_s)
                 ready = self.book.take_ready()
-                for sid in [
-                    s for s in self.sessions.sessions if self.book.done.get(s) == "expired"
-                ]:
-                    self.sessions.pop(sid)  # never rewarded in time: its calls are not trained
+                for sid in [s for s in self.sessions.sessions if not self.book.is_open(s)]:
+                    self.sessions.pop(sid)  # committed (frozen) or expired: it takes no calls
                 self.sessions.drop_unused(ecfg.feedback_window)  # nothing recorded, idle
                 if ready:
                     steps += 1
@@ -139,8 +155,8 @@ class ServeMode:
         return {"explore_steps": steps, "stopped_by_trainer": stopped}
 
     async def stop(self) -> None:
-        """Stop the endpoint (no more calls); what the book holds is not written (a process
-        started again answers its sessions 410: `endpoint.session_log`)."""
+        """Stop the endpoint (no more calls). What the book holds committed is on disk (a
+        process started again writes it); sessions still open are lost (answered 410)."""
         if self.endpoint is not None:
             await self.endpoint.stop()
             self.endpoint = None
@@ -148,17 +164,33 @@ class ServeMode:
             self.book.log.close()
             self.book.log = None
 
+    def freeze(self, session_id: str) -> dict[str, Any]:
+        """What is written of a session, taken at its commit (`FeedbackBook.freeze`, kept on
+        disk with it): its ledger's trajectories (unrewarded; `experiences` rewards them) and
+        the ledger's counts. A committed session takes no calls: `run` lets its handle go."""
+        assert self.sessions is not None
+        handle = self.sessions.sessions.get(session_id)
+        if handle is None:  # feedback and commit only: no call was made in it
+            return {"experiences": [], "ledger": {}}
+        return {
+            "experiences": [e.to_dict() for e in handle.extract_experiences()],
+            "ledger": dataclasses.asdict(handle.ledger_stats()),
+        }
+
     async def _write_step(self, ready: list[ReadySession]) -> None:
-        """One serve step: the ready sessions' experiences in one write, with the cursor."""
+        """One serve step: the ready sessions' experiences in one write, with the cursor. On
+        disk as being written in this step first, as trained after (module doc)."""
         ex = self.explorer
         step = self.step + 1
+        ids = [r.session_id for r in ready]
+        assert self.book is not None
+        self.book.writing(ids, step)
         exps, ledgers = self.experiences(step, ready)
         t0 = time.perf_counter()
         cursor = Cursor(self.name, step, self.written + len(ready))
         await ex._write(exps, cursor)
         self.step, self.written = step, cursor.tasks
-        assert self.book is not None
-        self.book.written([r.session_id for r in ready])
+        self.book.written(ids)
         metrics = {
             **(rollout_metrics(exps, "rollout/") if exps else {}),
             **{f"serve/{k}": float(v) for k, v in self.book.counts.items()},
@@ -173,23 +205,26 @@ class ServeMode:
     def experiences(
         self, step: int, ready: list[ReadySession]
     ) -> tuple[list[Experience], LedgerStats]:
-        """The ready sessions' trajectories (their ledgers), rewarded: the session's reward, or
-        the sum of its calls' rewards over the calls each trajectory holds, then
-        `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions committed with one
-        `group` share a group id (GRPO compares them); others are groups of their own."""
-        assert self.sessions is not None
+        """The ready sessions' trajectories (as frozen at their commits: `freeze`), rewarded:
+        the session's reward, or the sum of its calls' rewards over the calls each trajectory
+        holds, then `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions
+        committed with one `group` share a group id (GRPO compares them); others are groups of
+        their own."""
         out: list[Experience] = []
         stats = LedgerStats()
         groups: dict[str, int] = {}
+        names = {f.name for f in dataclasses.fields(LedgerStats)}
         for r in ready:
-            handle = self.sessions.pop(r.session_id)
-            if handle is None:  # feedback and commit only: no call was made in it
+            frozen = r.frozen or {}
+            if not frozen.get("experiences"):  # feedback and commit only: no call was made
                 continue
-            stats = stats.merged(handle.ledger_stats())
+            ledger = {k: v for k, v in frozen["ledger"].items() if k in names}
+            stats = stats.merged(LedgerStats(**ledger))
             by_record = r.record_rewards()
             key = r.group if r.group is not None else f"session:{r.session_id}"
             task = groups.setdefault(key, len(groups))
-            for e in handle.extract_experiences():
+            for row in frozen["experiences"]:
+                e = Experience.from_dict(row)
                 turns = e.info.get("turns", [])
                 e.reward = (
                     r.reward
