@@ -35,9 +35,20 @@ def test_explicit_global_counts() -> None:
     close(Aggregator("seq-mean-token-sum-norm", num_seqs=2, norm_length=7)(LOSS, MASK), 0.5)  # 7/14
 
 
+def test_a_row_with_no_trained_token_leaves_the_sequence_count() -> None:
+    # 4 sequences, row 2 excluded (all-zero mask): the seq-mean modes average over the 3 others
+    loss = torch.tensor([[1.0, 2.0], [3.0, 5.0], [7.0, 9.0], [4.0, 6.0]])
+    mask = torch.tensor([[True, True], [True, False], [False, False], [True, True]])
+    # token means: row 0 (1+2)/2 = 1.5, row 1 3/1 = 3, row 3 (4+6)/2 = 5 → (1.5 + 3 + 5)/3
+    close(Aggregator("seq-mean-token-mean")(loss, mask), 9.5 / 3)
+    # token sums 3, 3, 10 → 16/3; with L = 2: 16/(3·2)
+    close(Aggregator("seq-mean-token-sum")(loss, mask), 16 / 3)
+    close(Aggregator("seq-mean-token-sum-norm")(loss, mask), 16 / 6)
+
+
 def test_empty_sequence_and_empty_mask() -> None:
     mask = torch.tensor([[True, True, False], [False, False, False]])
-    close(Aggregator("seq-mean-token-mean")(LOSS, mask), 0.75)  # (1.5 + 0)/2: empty row adds 0
+    close(Aggregator("seq-mean-token-mean")(LOSS, mask), 1.5)  # 1.5/1: the empty row is no seq
     none = torch.zeros(2, 3, dtype=torch.bool)
     for mode in LOSS_AGG_MODES:
         close(Aggregator(mode)(LOSS, none), 0.0)
@@ -64,7 +75,7 @@ def agg_oracle(mode: str, loss: list[list[float]], mask: list[list[bool]]) -> fl
         sum(x for x, m in zip(lr, mr, strict=True) if m) for lr, mr in zip(loss, mask, strict=True)
     ]
     seq_lens = [sum(mr) for mr in mask]
-    n_seqs, horizon = len(loss), len(loss[0])
+    n_seqs, horizon = sum(1 for n in seq_lens if n > 0), len(loss[0])
     if mode == "token-mean":
         return sum(seq_sums) / n_tokens
     if mode == "token-sum":
@@ -105,7 +116,7 @@ def test_micro_batch_invariance(mode: str, seed: int) -> None:
     agg = Aggregator(
         mode,
         num_tokens=float(mask.sum()),
-        num_seqs=float(len(mask)),
+        num_seqs=float(mask.any(dim=-1).sum()),
         norm_length=float(mask.shape[1]),
     )
     total = torch.zeros((), dtype=loss.dtype)

@@ -86,3 +86,18 @@ def test_collate_refusals():
     ]
     with pytest.raises(ValueError, match="with and without token_level_reward"):
         collate(mixed, pad_id=0)
+
+
+def test_rows_without_a_trained_token_are_no_sequences_of_the_batch() -> None:
+    # 4 rows, one excluded by its workflow (action mask zeroed): N_seqs of the seq-mean modes
+    # is 3, for the batch and for any subset of its rows
+    from trinity.workflows.base import exclude_from_training
+
+    exps = [
+        Experience(tokens=torch.tensor([5, 6, 7, 8]), prompt_length=2, eid=EID(run=i))
+        for i in range(4)
+    ]
+    exclude_from_training(exps[2:3], "judge_inconsistent")
+    batch = collate(exps, pad_id=0)
+    assert batch.num_seqs() == 3
+    assert batch.num_seqs(torch.tensor([False, True, True, False])) == 1

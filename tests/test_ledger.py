@@ -62,18 +62,65 @@ def test_a_prompt_that_does_not_extend_opens_a_counted_segment_never_realigned()
     assert led.stats.segments == 3 and led.stats.drift == 1
 
 
-def test_continuing_a_record_that_is_no_longer_a_tip_forks_the_history():
+def test_going_back_to_an_earlier_turn_trains_the_branch_the_agent_continued_only():
     led = SessionLedger("s")
     led.record([sample([1], [2], [-0.2])], fingerprint="f")
     led.record([sample([1, 2, 3], [4], [-0.4])], fingerprint="f")  # extends: tokens 1 2 3 4
-    led.record([sample([1, 2, 5], [6], [-0.6])], fingerprint="f")  # also continues [1, 2]
+    led.record([sample([1, 2, 5], [6], [-0.6])], fingerprint="f")  # goes back to [1, 2]
     assert led.stats.forks == 1 and led.stats.segments == 2 and led.stats.drift == 0
-    a, b = led.extract_experiences(reward=1.0)
-    assert a.tokens.tolist() == [1, 2, 3, 4] and b.tokens.tolist() == [1, 2, 5, 6]
-    # the shared sampled token 2 keeps mask 1 and its logprob in both episodes
-    assert b.action_mask.tolist() == [True, False, True]
-    assert b.logprobs.tolist() == pytest.approx([-0.2, 0.0, -0.6])
-    assert a.eid.run != b.eid.run
+    # the fork holds the shared history (token 2, sampled: mask 1) and is where the episode
+    # went on: it alone is trained; the abandoned branch [3, 4] is not, and is counted
+    (e,) = led.extract_experiences(reward=1.0)
+    assert e.tokens.tolist() == [1, 2, 5, 6] and e.action_mask.tolist() == [True, False, True]
+    assert e.logprobs.tolist() == pytest.approx([-0.2, 0.0, -0.6])
+    assert (e.eid.run, e.eid.step, e.reward, e.info["opened_by"]) == (0, 0, 1.0, "fork")
+    assert led.stats.unchosen == 1 and led.stats.metrics()["ledger_unchosen"] == 1.0
+
+
+def test_a_mid_session_fork_the_agent_did_not_continue_is_not_trained():
+    # turn 0; turn 1 sampled n=3 (the first sample extends the trajectory, the others fork
+    # its history); turn 2 continues the third sample: the episode is that path, trained once
+    led = SessionLedger("s")
+    led.record([sample([1, 2, 3], [4, 5], [-0.1, -0.2])], fingerprint="f")
+    turn1 = [1, 2, 3, 4, 5, 6]
+    led.record(
+        [sample(turn1, [7], [-0.7]), sample(turn1, [8], [-0.8]), sample(turn1, [9], [-0.9])],
+        fingerprint="f",
+    )
+    led.record([sample([*turn1, 9, 10], [11], [-1.1])], fingerprint="f")
+    assert (led.stats.forks, led.stats.unchosen) == (2, 2)
+    # every branch is the one episode: a mapping keyed by it rewards the path
+    (e,) = led.extract_experiences(reward={0: 0.5})
+    assert e.tokens.tolist() == [1, 2, 3, 4, 5, 6, 9, 10, 11]
+    # response positions 4 5 | 6 | 9 | 10 | 11: turn 0, delta, turn 1's third sample, turn 2
+    assert e.action_mask.tolist() == [True, True, False, True, False, True]
+    assert (e.eid.run, e.eid.step, e.reward) == (0, 0, 0.5)
+    assert [t[2] for t in e.info["turns"]] == ["s/0/0", "s/1/2", "s/2/0"]
+    assert {t.episode for t in led.trajectories} == {0}
+
+
+def test_a_fork_at_the_last_call_trains_its_first_sample():
+    # nothing continued any of the n samples: the first is the path (OpenAI's choices[0])
+    led = SessionLedger("s")
+    led.record([sample([1], [2], [-0.2])], fingerprint="f")
+    led.record([sample([1, 2, 3], [4], [-0.4]), sample([1, 2, 3], [5], [-0.5])], fingerprint="f")
+    (e,) = led.extract_experiences(reward=1.0)
+    assert e.tokens.tolist() == [1, 2, 3, 4] and led.stats.unchosen == 1
+
+
+def test_a_fork_of_a_drift_part_keeps_the_episode_s_earlier_parts():
+    # part 0 [1 -> 2]; drift opens part 1 [7 -> 8], continued [7 8 9 -> 10]; then the agent
+    # goes back into part 1 ([7 8 11 -> 12], a fork of it): trained are part 0 and the fork,
+    # as parts 0 and 1 of one episode; the abandoned part [7 8 9 10] is left out
+    led = SessionLedger("s")
+    (r0,) = led.record([sample([1], [2], [-0.2])], fingerprint="f")
+    led.record([sample([7], [8], [-0.8])], fingerprint="f", intent=Intent(r0, "history_edit"))
+    led.record([sample([7, 8, 9], [10], [-1.0])], fingerprint="f")
+    led.record([sample([7, 8, 11], [12], [-1.2])], fingerprint="f")
+    assert (led.stats.drift, led.stats.forks, led.stats.unchosen) == (1, 1, 1)
+    first, second = led.extract_experiences(reward=1.0)
+    assert first.tokens.tolist() == [1, 2] and second.tokens.tolist() == [7, 8, 11, 12]
+    assert [(e.eid.run, e.eid.step) for e in (first, second)] == [(0, 0), (0, 1)]
 
 
 def test_samples_of_one_call_are_episodes_and_versions_and_truncation_are_kept():
@@ -99,24 +146,25 @@ def test_a_truncated_prompt_s_stand_in_token_is_not_trained():
     assert mask_prompt_truncated([e], [[1, 2]]) == 1  # the explorer's masking finds it too
 
 
-def _two_turns_and_a_fork() -> SessionLedger:
-    """Turn 0 [4, 5] parses as a call, turn 1 [8] is malformed; a second sample of turn 1
-    continues from turn 0 as a fork holding turn 0's record too."""
+def _two_turns() -> SessionLedger:
+    """Turn 0 [4, 5] parses as a call, turn 1 [8] is malformed."""
     led = SessionLedger("s")
     led.record([sample([1, 2, 3], [4, 5], [-0.1, -0.2])], fingerprint="f")
     led.record([sample([1, 2, 3, 4, 5, 6, 7], [8], [-0.3])], fingerprint="f")
-    led.record([sample([1, 2, 3, 4, 5, 6, 7], [9, 9], [-0.4, -0.4])], fingerprint="f")
     led.note_tool_calls("s/0/0", "ok")
     led.note_tool_calls("s/1/0", "malformed", "tool call 0: bad JSON")
     return led
 
 
 def test_tool_call_parses_are_kept_per_turn_and_counted():
-    led = _two_turns_and_a_fork()
-    a, b = led.extract_experiences(reward=1.0)
+    led = _two_turns()
+    (a,) = led.extract_experiences(reward=1.0)
     assert a.info["turns"] == [[0, 2, "s/0/0"], [4, 5, "s/1/0"]]
     assert a.info["tool_calls"] == ["ok", "malformed"]
     assert a.info["tool_call_errors"] == {"1": "tool call 0: bad JSON"}
+    # turn 1 again, continued from turn 0 as a fork holding turn 0's record (and its parse)
+    led.record([sample([1, 2, 3, 4, 5, 6, 7], [9, 9], [-0.4, -0.4])], fingerprint="f")
+    (b,) = led.extract_experiences(reward=1.0)  # the branch the session went on with
     assert b.info["tool_calls"] == ["ok", None]  # the fork's own turn was not parsed
     assert (led.stats.tool_calls_ok, led.stats.tool_calls_malformed) == (1, 1)
     assert led.stats.merged(led.stats).metrics()["ledger_tool_calls_malformed"] == 2.0
@@ -132,7 +180,7 @@ def test_tool_call_parses_are_kept_per_turn_and_counted():
 
 def test_malformed_policy_masks_or_penalizes_exactly_the_malformed_turns():
     # response positions: 4 5 (turn 0, ok) | 6 7 (delta) | 8 (turn 1, malformed)
-    led = _two_turns_and_a_fork()
+    led = _two_turns()
     kept = led.extract_experiences(reward=1.0)
     assert apply_malformed_policy(kept, "keep", -1.0) == 0
     assert kept[0].action_mask.tolist() == [True, True, False, False, True]
@@ -140,13 +188,26 @@ def test_malformed_policy_masks_or_penalizes_exactly_the_malformed_turns():
     assert apply_malformed_policy(masked, "mask", -1.0) == 1
     assert masked[0].action_mask.tolist() == [True, True, False, False, False]
     assert masked[0].reward == 1.0 and masked[0].info["malformed_masked"] == 1
-    assert masked[1].action_mask.tolist() == [True, True, False, False, True, True]  # untouched
     penalized = led.extract_experiences(reward=1.0)
     assert apply_malformed_policy(penalized, "penalize", -0.25) == 1
-    assert [e.reward for e in penalized] == [0.75, 1.0]
+    assert [e.reward for e in penalized] == [0.75]
     assert penalized[0].action_mask.tolist() == [True, True, False, False, True]
     with pytest.raises(ValueError, match="gave it no reward"):
         apply_malformed_policy(led.extract_experiences(), "penalize", -1.0)
+
+
+def test_a_malformed_reply_penalizes_its_whole_episode_once():
+    # part 0 holds a malformed reply; drift opens part 1 of the same episode: both rows carry
+    # the episode's reward minus the one penalty, so the episode's reward is r - 0.25 whether
+    # a baseline reads part 0 or part 1 (not r - 0.25 on one part and r on the other)
+    led = _two_turns()
+    (r1,) = [r for r in led.records.values() if r.call == 1]
+    led.record([sample([1, 2, 3, 9], [10], [-1.0])], fingerprint="f", intent=Intent(r1, "x"))
+    rows = led.extract_experiences(reward=1.0)
+    assert [(e.eid.run, e.eid.step) for e in rows] == [(0, 0), (0, 1)]
+    assert apply_malformed_policy(rows, "penalize", -0.25) == 1
+    assert [e.reward for e in rows] == [0.75, 0.75]
+    assert [e.info["malformed_penalty"] for e in rows] == [-0.25, -0.25]
 
 
 def test_logprobs_must_match_the_completion():

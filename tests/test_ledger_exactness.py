@@ -196,10 +196,15 @@ def check_calls(handle: TaskModelHandle, calls: list, tally: Tally) -> None:
             exact &= rec.model_version == s.model_version and rec.finish_reason == s.finish_reason
         tally.exact_calls += exact
     # mask 1 exactly on the completions of a trajectory's records; logprob 0 everywhere else
-    for traj, exp in zip(ledger.trajectories, ledger.extract_experiences(reward=1.0), strict=True):
+    for traj in ledger.trajectories:
         spans = {k for r in traj.records for k in range(len(r.prompt_ids), r.end)}
         assert {k for k, m in enumerate(traj.sampled) if m} == spans
         assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.sampled, strict=True) if not m)
+    # the experiences are the trained trajectories (fork branches left behind are not), as held
+    trained = sorted(t.index for path in ledger.trained_paths() for t in path)
+    assert len(ledger.trajectories) - len(trained) == ledger.stats.unchosen
+    exps = ledger.extract_experiences(reward=1.0)
+    for traj, exp in zip([ledger.trajectories[i] for i in trained], exps, strict=True):
         p = traj.prompt_length
         assert exp.tokens.tolist() == traj.tokens and exp.prompt_length == p
         assert exp.action_mask.tolist() == traj.sampled[p:]

@@ -105,6 +105,36 @@ def test_groups_are_written_whole_under_ids_no_other_write_had(tmp_path, tiny_mo
     assert (cursor.step, cursor.tasks) == (3, 5)
 
 
+def test_a_drifting_session_is_one_episode_of_its_group_with_its_whole_return(
+    tmp_path, tiny_model_dir
+):
+    """The agent edits a reply it sends back: the session is two segments (drift). Both rows
+    are one episode of the group (one run, steps 0 and 1), each with the session's return (the
+    sum of its calls' rewards, 0.25 + 0.5), so a group baseline counts the session once."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+
+    async def main() -> tuple[list, Any]:
+        serve = _serving("serve_a", QueueStorage(tmp_path / "buffer.db"), tokenizer)
+        assert serve.sessions is not None and serve.book is not None
+        handle = serve.sessions.handle("d")
+        [s0] = await handle.chat(USER)
+        edited = [*USER, {"role": "assistant", "content": "3 (edited)"},
+                  {"role": "user", "content": "sure?"}]  # fmt: skip
+        [s1] = await handle.chat(edited)
+        for i, s in enumerate((s0, s1)):
+            serve.book.called("d", f"d-{i}", [s.info["call_id"]])
+            serve.book.feedback("d", 0.25 * (i + 1), key=f"d-{i}", call_id=f"d-{i}")
+        serve.book.commit("d", "q", 2)
+        await _episode(serve, "e", "q", 2)  # reward len("e") = 1
+        return serve.experiences(1, serve.book.take_ready())
+
+    experiences, stats = asyncio.run(main())
+    assert stats.drift == 1
+    rows = [(e.info["session_id"], e.eid.run, e.eid.step, e.reward) for e in experiences]
+    assert rows == [("d", 0, 0, 0.75), ("d", 0, 1, 0.75), ("e", 1, 0, 1.0)]
+    assert len({e.eid.group for e in experiences}) == 1
+
+
 def test_a_long_session_keeps_each_message_once_and_unchanged_by_its_caller(tiny_model_dir):
     """50 calls, each the history so far plus an answer and a new question: the session keeps
     99 messages, not the 2,500 a copy of every call's whole history would be, and a caller

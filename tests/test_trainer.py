@@ -252,3 +252,27 @@ def test_sum_norm_without_max_response_tokens_is_a_config_error(tmp_path, tiny_m
             tmp_path, tiny_model_dir, agg="seq-mean-token-sum-norm", max_response_tokens="null"
         )
     make_config(tmp_path, tiny_model_dir, agg="token-mean", max_response_tokens="null")  # fine
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum"])
+def test_excluded_rows_leave_the_sequence_count(tmp_path, tiny_model_dir, agg: str) -> None:
+    """A row kept out of training (mask zeroed) adds nothing and is no sequence: every
+    micro-batch's loss is scaled by N_seqs = 5 of the 6 rows."""
+    from trinity.workflows.base import exclude_from_training
+
+    cfg = make_config(tmp_path, tiny_model_dir, micro_batch_size_per_gpu=2, agg=agg,
+                      use_dynamic_bsz="false", algo="kl_loss_fn: none")  # fmt: skip
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    exps = experiences(vocab)
+    exclude_from_training(exps[4:5], "test")
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    seen = []
+    loss_fn = trainer.algo.policy_loss_fn
+
+    def capture(inp, **kw):
+        seen.append(kw["agg"].num_seqs)
+        return loss_fn(inp, **kw)
+
+    trainer.algo = dataclasses.replace(trainer.algo, policy_loss_fn=capture)
+    trainer.train_step(exps)
+    assert set(seen) == {5.0}

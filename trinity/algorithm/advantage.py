@@ -6,8 +6,12 @@ One signature for every advantage fn (`trinity.algorithm.inputs`):
 
 `inp.group_ids` marks responses to the same prompt (any integers, not necessarily contiguous).
 An outcome advantage's per-sequence scalar is broadcast over the masked response tokens and is 0
-on unmasked ones. All functions are vectorised over groups (`torch.unique` + `index_add_`); the
-tests compare them with plain loop oracles.
+on unmasked ones. Every baseline (a group's mean, std, leave-one-out sum, the batch mean) is
+taken over episodes, not rows: the rows of an episode split into parts (the ledger's drift
+segments, a step-wise workflow's turns; they share (group, run)) count once, with one reward,
+and each gets its episode's advantage (`trinity.algorithm.episodes`). All functions are
+vectorised over groups (`torch.unique` + `index_add_`); the tests compare them with plain loop
+oracles.
 
 Group statistics are computed in float64 and a group whose rewards are all equal (max == min) is
 zero-centred with zero spread exactly, so a flat group gives advantage 0 whatever rounding its mean
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trinity.algorithm.episodes import per_episode
 from trinity.algorithm.inputs import AdvantageInput
 from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
@@ -134,7 +139,9 @@ def grpo_advantage(
         A_i = (r_i - mean_g) / (std_B + epsilon)      (std_cal_level="batch": the std of every
                                                        reward of the batch, arXiv:2508.08221)
 
-    std_g is the unbiased (n-1) standard deviation, as `torch.std` and verl. A group of size 1 gets
+    r_i is row i's episode's reward and the group statistics run over the group's episodes (n =
+    episodes, each counted once however many rows it was split into; module doc). std_g is the
+    unbiased (n-1) standard deviation, as `torch.std` and verl. A group of size 1 gets
     mean 0 and std 1 (verl's convention), i.e. A = r / (1 + epsilon). A larger group whose rewards
     are all equal gets exactly A = 0 (statistics in float64, flat groups detected by max == min).
     With `std_threshold`, a group whose std_g ≤ threshold, and a group of one, gets A = 0.
@@ -147,22 +154,24 @@ def grpo_advantage(
     (arXiv:2503.20783).
 
     Args:
-        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        inp: rewards [N], group_ids [N], run_ids [N], step_ids [N], response_mask [N, T] are
+            read.
         epsilon: added to the std.
         std_normalize: divide by the std (False = mean-only, Dr. GRPO).
         std_threshold: groups with std_g at or below it get 0 (None = off).
-        std_cal_level: "group" (std_g) or "batch" (std of the whole batch's rewards).
+        std_cal_level: "group" (std_g) or "batch" (std of the whole batch's episode rewards).
     Returns:
         (advantages [N, T], returns [N, T]).
     """
+    episode, rewards, groups = per_episode(inp)  # [N], [E], [E]
     scores = grpo_scores(
-        inp.rewards,
-        inp.group_ids,
+        rewards,
+        groups,
         epsilon=epsilon,
         std_normalize=std_normalize,
         std_threshold=std_threshold,
         std_cal_level=std_cal_level,
-    )
+    )[episode]  # [N]
     adv = _broadcast(scores.to(_out_dtype(inp.rewards)), inp.response_mask)
     return adv, adv.clone()
 
@@ -173,24 +182,26 @@ def rloo_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
 
         A_i = r_i - (1 / (n - 1)) · Σ_{j≠i in group} r_j = n/(n-1) · (r_i - mean_g)
 
-    A group of size 1 has no other sample to form a baseline; we give it advantage 0 (no learning
-    signal) rather than verl's raw reward. A group whose rewards are all equal gets exactly 0
-    (float64 statistics, max == min test). Returns = advantages.
+    Over the group's episodes (n episodes; every row of one gets its advantage). A group of size 1
+    has no other sample to form a baseline; we give it advantage 0 (no learning signal) rather
+    than verl's raw reward. A group whose rewards are all equal gets exactly 0 (float64
+    statistics, max == min test). Returns = advantages.
 
     Paper: "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
     Feedback in LLMs" (arXiv:2402.14740).
 
     Args:
-        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        inp: rewards [N], group_ids [N], run_ids [N], step_ids [N], response_mask [N, T] are
+            read.
     Returns:
         (advantages [N, T], returns [N, T]).
     """
     dtype = _out_dtype(inp.rewards)
-    r = inp.rewards.to(torch.float64)
-    count, total, _, flat = group_stats(r, inp.group_ids)  # [N], float64
+    episode, r, groups = per_episode(inp)  # [N], [E], [E]
+    count, total, _, flat = group_stats(r, groups)  # [E], float64
     others = (count - 1).clamp(min=1)
     baseline = (total - r) / others
-    scores = torch.where((count > 1) & ~flat, r - baseline, torch.zeros_like(r))
+    scores = torch.where((count > 1) & ~flat, r - baseline, torch.zeros_like(r))[episode]
     adv = _broadcast(scores.to(dtype), inp.response_mask)
     return adv, adv.clone()
 
@@ -204,15 +215,18 @@ def reinforce_advantage(
     """REINFORCE outcome advantage: returns G_i = r_i, advantages A_i = r_i - b.
 
         b = 0                    (baseline="none")
-        b = mean_j r_j           (baseline="batch_mean", over the whole batch, groups ignored)
+        b = mean_j r_j           (baseline="batch_mean", over the whole batch's episodes, groups
+                                  ignored)
 
-    The batch mean is taken in float64 and a batch of equal rewards gets exactly A = 0.
+    The batch mean is taken in float64 over episodes (an episode split into parts counts once)
+    and a batch of equal rewards gets exactly A = 0.
 
     Paper: Williams, "Simple Statistical Gradient-Following Algorithms for Connectionist
     Reinforcement Learning" (Machine Learning 8, 1992; no arXiv id).
 
     Args:
-        inp: rewards [N] and response_mask [N, T] are read (groups are ignored).
+        inp: rewards [N] and response_mask [N, T] are read (groups are ignored; with
+            baseline="batch_mean" run_ids [N] and step_ids [N] too, for episodes).
         baseline: "none" | "batch_mean".
     Returns:
         (advantages [N, T], returns [N, T]).
@@ -223,7 +237,8 @@ def reinforce_advantage(
         scores = r
     elif baseline == "batch_mean":
         flat = r.numel() == 0 or bool(r.max() == r.min())
-        scores = torch.zeros_like(r) if flat else r - r.mean()
+        _, r_e, _ = per_episode(inp)
+        scores = torch.zeros_like(r) if flat else r - r_e.mean()
     else:
         raise ValueError(f"unknown reinforce baseline {baseline!r}. Valid: none, batch_mean")
     m = inp.response_mask
@@ -290,7 +305,8 @@ def reinforce_plus_plus_advantage(
 def reinforce_plus_plus_baseline_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch.
 
-        s_i  = r_i - mean_g              (a group of one: mean 0, as verl)
+        s_i  = r_i - mean_g              (over the group's episodes; a group of one: mean 0, as
+                                          verl)
         A_it = (s_i - μ) / sqrt(σ² + 1e-8)    μ, σ² (unbiased): of s over all masked tokens
 
     verl's `reinforce_plus_plus_baseline`. Returns = advantages.
@@ -299,14 +315,15 @@ def reinforce_plus_plus_baseline_advantage(inp: AdvantageInput) -> tuple[Tensor,
     (arXiv:2501.03262), the variant with a group baseline for several samples per prompt.
 
     Args:
-        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        inp: rewards [N], group_ids [N], run_ids [N], step_ids [N], response_mask [N, T] are
+            read.
     Returns:
         (advantages [N, T], returns [N, T]), 0 on unmasked tokens.
     """
     dtype = _out_dtype(inp.rewards)
-    r = inp.rewards.to(torch.float64)
-    count, total, _, _ = group_stats(r, inp.group_ids)
-    scores = r - torch.where(count == 1, torch.zeros_like(total), total / count)
+    episode, r, groups = per_episode(inp)  # [N], [E], [E]
+    count, total, _, _ = group_stats(r, groups)
+    scores = (r - torch.where(count == 1, torch.zeros_like(total), total / count))[episode]
     m = inp.response_mask.bool()
     tiled = scores.unsqueeze(-1) * m
     adv = _masked_whiten(tiled, m) * m

@@ -6,9 +6,14 @@
 - ``token-sum``:               Σ_{i,t} ℓ·m                       (no normalisation: the loss scale
   grows with the batch's token count)
 - ``seq-mean-token-sum``:      Σ_i (Σ_t ℓ·m) / N_seqs
-- ``seq-mean-token-mean``:     Σ_i (Σ_t ℓ·m / Σ_t m) / N_seqs   (a sequence with no masked token adds 0)
+- ``seq-mean-token-mean``:     Σ_i (Σ_t ℓ·m / Σ_t m) / N_seqs
 - ``seq-mean-token-sum-norm``: Σ_i (Σ_t ℓ·m) / (N_seqs · L)      (Dr. GRPO, "Understanding R1-Zero-Like
   Training: A Critical Perspective", arXiv:2503.20783; L = a fixed horizon)
+
+N_seqs counts the sequences with at least one masked token: a row with none (kept out of training
+by its workflow, built on a truncated prompt, rejected whole by the off-policy correction) adds
+nothing to the sum and is no sequence of the mean either, as verl's "exclude fully masked
+sequences" (a batch of 4 with one such row averages over the other 3, not 4).
 
 Departure from verl: the counts N_tokens and N_seqs may be the GLOBAL counts of the whole train
 (mini-)batch, so that aggregating each micro-batch with them and summing the results equals
@@ -63,7 +68,8 @@ class Aggregator:
         mode: one of `LOSS_AGG_MODES`.
         num_tokens: masked tokens in the whole train batch (micro-batch invariance); None = this
             call's own `mask.sum()`.
-        num_seqs: sequences in the whole train batch; None = this call's `loss_mat.shape[0]`.
+        num_seqs: sequences with a masked token in the whole train batch (module doc); None =
+            this call's own count, rows of `mask` with a True.
         norm_length: horizon L of ``seq-mean-token-sum-norm`` (the trainer passes
             `model.max_response_tokens`, fixed for the run); None = `loss_mat.shape[-1]`.
 
@@ -83,7 +89,7 @@ class Aggregator:
         masked = torch.where(
             m, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
         )
-        num_seqs = float(loss_mat.shape[0]) if self.num_seqs is None else self.num_seqs
+        num_seqs = float(m.any(dim=-1).sum()) if self.num_seqs is None else self.num_seqs
         if self.mode == "token-mean":
             n = float(m.sum()) if self.num_tokens is None else self.num_tokens
             return masked.sum() / _safe(n)
@@ -102,10 +108,12 @@ class Aggregator:
     def seq_mean(self, seq_losses: Tensor, per: int = 1) -> Tensor:
         """Σ_i ℓ_i / (N_seqs / per): the mean of a sequence-level loss over the whole batch, for
         losses defined per sequence (GMPO) or per `per` sequences (DPO: per pair, `per=2`),
-        whatever `mode` is. Micro-batch invariant like the modes (global N_seqs).
+        whatever `mode` is. Micro-batch invariant like the modes (global N_seqs, which leaves
+        out rows with no masked token: their sequence loss must be 0).
 
         Args:
-            seq_losses: [B / per] one loss per sequence (or per group of `per` rows).
+            seq_losses: [B / per] one loss per sequence (or per group of `per` rows); without
+                `num_seqs` every one counts.
         """
         n = float(seq_losses.shape[0] * per) if self.num_seqs is None else self.num_seqs
         return seq_losses.sum() / _safe(n / per)

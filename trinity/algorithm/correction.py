@@ -14,7 +14,7 @@ importance sampling, TIS) or drops (masked importance sampling, MIS) what came f
     rollout_rs: tokens (token) or whole rows (sequence, geometric) whose w lies outside
                 [rollout_rs_threshold_lower, rollout_rs_threshold] leave the train mask, and
                 so the aggregation's token count; a row left with no trained token leaves
-                the sequence count too (`rejected_rows`), so a seq-mean mode averages over
+                the sequence count too (`Batch.num_seqs`), so a seq-mean mode averages over
                 the sequences that are trained
 
 With π_old recomputed by the trainer (it always is when a correction is on), the PPO clip on
@@ -137,9 +137,9 @@ def rollout_correction(
 def rejected_rows(mask: Tensor, keep: Tensor) -> Tensor:
     """Rows the correction rejected entirely: a trained token before, none after.
 
-    Such a row is no longer a sequence of the batch: the trainer takes it out of N_seqs, the
-    seq-mean modes' denominator (`trinity.algorithm.aggregation`). A row that never had a
-    trained token (a zero-mask experience) is not "rejected" and keeps counting as before.
+    Such a row is no longer a sequence of the batch: with no trained token it is out of N_seqs,
+    the seq-mean modes' denominator (`trinity.algorithm.aggregation`), as a row that never had
+    one (a zero-mask experience) is; this count is what `rs_rejected_seq_frac` reports.
 
     Args:
         mask: [B, T] bool, trained tokens before the correction.

@@ -97,7 +97,8 @@ class AdvantageInput(_Fields):
         token_rewards: [N, T] float, per-token rewards (the outcome reward on the last trained
             token, minus any KL penalty); what token-level returns (GAE, REINFORCE++) discount.
         run_ids: [N] long, the episode of a row within its group: the rows of one multi-step
-            episode (one row per turn) share (group, run).
+            episode (one row per turn, or the ledger's drift segments) share (group, run), and
+            every baseline counts such an episode once (`trinity.algorithm.episodes`).
         step_ids: [N] long, the turn of a row within its episode (0 for single-turn rows).
         values: [N, T] float critic values V(s_t), or None without a critic.
         logprob: [N, T] float log π_old of the response tokens (the policy being trained, before

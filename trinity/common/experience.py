@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -222,6 +223,26 @@ class Experience:
 for _name in _TENSORS:
     if _name in Experience.__dict__:
         delattr(Experience, _name)
+
+
+def episode_rows(experiences: Sequence[Experience]) -> list[list[int]]:
+    """The rows of each episode (indexes into `experiences`), episodes in the order of their
+    first row. Rows sharing EID group and run are one episode's parts (the ledger's drift
+    segments, a step-wise workflow's turns); an episode has one row per step, so a row that
+    repeats a step of its (group, run) starts another episode: rows left at run 0, step 0 are
+    one episode each. The rule `trinity.algorithm.episodes.episode_index` applies to a batch."""
+    seen: dict[tuple, int] = {}  # (group, run, step) -> its rows so far
+    where: dict[tuple, int] = {}  # (group, run, occurrence) -> its episode's place in `out`
+    out: list[list[int]] = []
+    for i, e in enumerate(experiences):
+        part = (e.eid.group, e.eid.run, e.eid.step)
+        occurrence = seen[part] = seen.get(part, -1) + 1
+        key = (e.eid.group, e.eid.run, occurrence)
+        if key not in where:
+            where[key] = len(out)
+            out.append([])
+        out[where[key]].append(i)
+    return out
 
 
 def _pack(t: torch.Tensor | None) -> Packed | None:

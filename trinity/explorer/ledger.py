@@ -20,10 +20,19 @@ tokens exactly the prompt ids that were sent.
 
 Continuing a record that is no longer its trajectory's tip (a second sample of the same turn, or
 a workflow going back to an earlier turn) *forks*: a new trajectory starts with a copy of the
-shared history (its sampled tokens keep mask 1: each episode took them) and is counted in
-`forks`. Episodes: a trajectory opened by a fresh prompt or a fork is a new episode; one opened by
-drift belongs to the episode it was meant to continue, as its next part (`EID.run` = episode,
-`EID.step` = part, so step-wise advantages see a split episode whole).
+shared history (its sampled tokens keep mask 1) and is counted in `forks`.
+
+Episodes and credit. A trajectory opened by a fresh prompt is a new episode (`EID.run`); one
+opened by drift or a fork stays in the episode of the trajectory it came from (its `parent`).
+An episode's reward is for the path it took, so only that path is trained: the branch holding
+the episode's latest record (the first sample of its latest call: a later call continuing
+another sample moves the path there), and, through drift, the earlier parts it continues
+(`trained_paths`; its parts are `EID.step` 0, 1, ...). A fork branch the episode did not go on
+with is left out of the experiences, counted in `unchosen`: its shared history is in the chosen
+branch already, and the chosen path's reward says nothing of it. Branches meant to be episodes
+of their own (a search over continuations, each rewarded) are sessions of their own
+(`TaskModelHandle.session()`), whose first prompt is the shared history: then it is a prompt
+(mask 0), trained in no branch twice.
 """
 
 from __future__ import annotations
@@ -99,13 +108,13 @@ class Trajectory:
 
     index: int
     episode: int  # EID.run of its experience
-    part: int  # EID.step: 0, or the drift segment's place in its episode
     prompt_length: int  # the first call's prompt
     tokens: list[int]
     sampled: list[bool]  # per token of `tokens` (prompt positions False)
     logprobs: list[float]  # per token of `tokens` (0 where not sampled)
     records: list[CallRecord] = field(default_factory=list)
     opened_by: str = "new"  # "new", "fork" or "drift:<reason>"
+    parent: int | None = None  # the trajectory a fork copied, or a drift part meant to continue
 
     def turn_spans(self) -> list[tuple[int, int, str]]:
         """(start, end, call_id) of each record's completion, in response coordinates
@@ -133,6 +142,7 @@ class LedgerStats:
     segments: int = 0  # trajectories opened (fresh prompts, drift and forks)
     drift: int = 0  # segments opened by a call that meant to continue a conversation
     forks: int = 0  # trajectories opened from a record that was no longer a tip
+    unchosen: int = 0  # fork branches their episode did not go on with: not trained
     bridged: int = 0  # records whose prompt extended held tokens (merged)
     tool_calls_ok: int = 0  # replies a tool-call parser read as calls (`note_tool_calls`)
     tool_calls_malformed: int = 0  # replies that tried to call a tool and did not parse
@@ -156,6 +166,7 @@ class LedgerStats:
             "ledger_segments": float(self.segments),
             "ledger_drift": float(self.drift),
             "ledger_forks": float(self.forks),
+            "ledger_unchosen": float(self.unchosen),
             "ledger_bridged": float(self.bridged),
             "ledger_tool_calls_ok": float(self.tool_calls_ok),
             "ledger_tool_calls_malformed": float(self.tool_calls_malformed),
@@ -241,6 +252,7 @@ class SessionLedger:
             self._by_end.setdefault(rec.end, []).append(rec)
             self.stats.samples += 1
             out.append(rec)
+        self.stats.unchosen = len(self.trajectories) - sum(map(len, self.trained_paths()))
         return out
 
     def note_tool_calls(self, call_id: str, status: str, error: str = "") -> None:
@@ -274,14 +286,14 @@ class SessionLedger:
             end = parent.end
             fork = Trajectory(
                 index=len(self.trajectories),
-                episode=self._new_episode(),
-                part=0,
+                episode=traj.episode,
                 prompt_length=traj.prompt_length,
                 tokens=traj.tokens[:end],
                 sampled=traj.sampled[:end],
                 logprobs=traj.logprobs[:end],
                 records=[r for r in traj.records if r.end <= end],
                 opened_by="fork",
+                parent=traj.index,
             )
             self.trajectories.append(fork)
             self.stats.segments += 1
@@ -294,24 +306,23 @@ class SessionLedger:
         return traj
 
     def _open(self, prompt: list[int], intent: Intent) -> Trajectory:
-        episode, part, opened_by = None, 0, "new"
+        episode, parent, opened_by = None, None, "new"
         if intent.continues is not None:
             reason = intent.reason or "not_extended"
             self.stats.drift += 1
             self.stats.drift_reasons[reason] = self.stats.drift_reasons.get(reason, 0) + 1
-            meant = self.trajectories[intent.continues.trajectory]
-            episode = meant.episode
-            part = 1 + max(t.part for t in self.trajectories if t.episode == episode)
+            parent = intent.continues.trajectory
+            episode = self.trajectories[parent].episode
             opened_by = f"drift:{reason}"
         traj = Trajectory(
             index=len(self.trajectories),
             episode=self._new_episode() if episode is None else episode,
-            part=part,
             prompt_length=len(prompt),
             tokens=list(prompt),
             sampled=[False] * len(prompt),
             logprobs=[0.0] * len(prompt),
             opened_by=opened_by,
+            parent=parent,
         )
         self.trajectories.append(traj)
         self.stats.segments += 1
@@ -322,6 +333,33 @@ class SessionLedger:
 
     # -- reading -------------------------------------------------------------------------------
 
+    def trained_paths(self) -> list[list[Trajectory]]:
+        """Per episode (in the order episodes opened), the trajectories its reward trains, in
+        order: its parts 0, 1, ... (module doc).
+
+        1. the tip: the trajectory holding the episode's latest record (the first sample of
+           its latest call)
+        2. walk back through `parent`: a drift part's parent is the part before it (on the
+           path); a fork's parent is not (the fork holds the history they share), but the
+           walk goes on through it to the parts before that
+        """
+        tips: dict[int, CallRecord] = {}
+        for rec in self.records.values():  # in recording order: a later call replaces
+            episode = self.trajectories[rec.trajectory].episode
+            if episode not in tips or rec.call > tips[episode].call:
+                tips[episode] = rec
+        paths = []
+        for rec in tips.values():
+            cur = self.trajectories[rec.trajectory]
+            path = [cur]
+            while cur.parent is not None:
+                parent = self.trajectories[cur.parent]
+                if cur.opened_by.startswith("drift"):
+                    path.append(parent)
+                cur = parent
+            paths.append(path[::-1])
+        return paths
+
     def extract_experiences(
         self,
         reward: float | Mapping[int, float] | None = None,
@@ -330,7 +368,9 @@ class SessionLedger:
         info: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None,
     ) -> list[Experience]:
-        """One MULTI_TURN experience per trajectory, in the order they were opened.
+        """One MULTI_TURN experience per trajectory of each episode's trained path
+        (`trained_paths`; `EID.step` = its place in the path), in the order they were opened;
+        fork branches off the paths are left out (`LedgerStats.unchosen`).
 
         tokens: the trajectory; prompt_length: its first prompt; logprobs (engine, 0 where not
         sampled) and action_mask (1 on sampled tokens only) over everything after the prompt,
@@ -342,8 +382,11 @@ class SessionLedger:
         turn's parse status (None: not parsed) and `info["tool_call_errors"]` the malformed
         ones' errors by turn index.
         """
+        steps = {t.index: i for path in self.trained_paths() for i, t in enumerate(path)}
         out = []
         for traj in self.trajectories:
+            if traj.index not in steps:  # a branch its episode did not go on with
+                continue
             p = traj.prompt_length
             if isinstance(reward, Mapping):
                 if traj.episode not in reward:
@@ -362,7 +405,7 @@ class SessionLedger:
                     logprobs=torch.tensor(traj.logprobs[p:], dtype=torch.float32),
                     action_mask=torch.tensor(traj.sampled[p:], dtype=torch.bool),
                     reward=r,
-                    eid=EID(run=run_offset + traj.episode, step=traj.part),
+                    eid=EID(run=run_offset + traj.episode, step=steps[traj.index]),
                     model_version=min(versions),
                     truncated=traj.records[-1].finish_reason == "length",
                     kind=ExperienceKind.MULTI_TURN,

@@ -205,14 +205,19 @@ class ServeMode:
     def experiences(
         self, step: int, ready: list[ReadySession]
     ) -> tuple[list[Experience], LedgerStats]:
-        """The ready sessions' trajectories (as frozen at their commits: `freeze`), rewarded:
-        the session's reward, or the sum of its calls' rewards over the calls each trajectory
-        holds, then `explorer.malformed_tool_calls`; and their ledgers' counts. Sessions
-        committed with one `group` share a group id (GRPO compares them); others are groups of
-        their own."""
+        """The ready sessions' trained trajectories (as frozen at their commits: `freeze`; the
+        ledgers' `extract_experiences` leaves out fork branches the agent did not go on with),
+        then `explorer.malformed_tool_calls`; and their ledgers' counts.
+
+        A session is one episode of its group: its rows (drift segments, or another prompt the
+        agent sent in it) share the session's run, steps 0, 1, ..., so a group baseline counts
+        the session once, and every row carries the session's return: its reward, or the sum
+        of the rewards of the calls its rows hold (each call once). Sessions committed with one
+        `group` share a group id (GRPO compares them); others are groups of their own."""
         out: list[Experience] = []
         stats = LedgerStats()
         groups: dict[str, int] = {}
+        runs: dict[str, int] = {}  # the run of each group's latest session
         names = {f.name for f in dataclasses.fields(LedgerStats)}
         for r in ready:
             frozen = r.frozen or {}
@@ -220,18 +225,18 @@ class ServeMode:
                 continue
             ledger = {k: v for k, v in frozen["ledger"].items() if k in names}
             stats = stats.merged(LedgerStats(**ledger))
-            by_record = r.record_rewards()
             key = r.group if r.group is not None else f"session:{r.session_id}"
             task = groups.setdefault(key, len(groups))
-            for row in frozen["experiences"]:
-                e = Experience.from_dict(row)
-                turns = e.info.get("turns", [])
-                e.reward = (
-                    r.reward
-                    if r.reward is not None
-                    else sum(by_record.get(cid, 0.0) for _, _, cid in turns)
-                )
-                e.eid = EID(batch=step, task=task, run=len(out), suffix=f"serve/{self.name}")
+            run = runs[key] = runs.get(key, -1) + 1
+            rows = [Experience.from_dict(row) for row in frozen["experiences"]]
+            reward = r.reward
+            if reward is None:
+                by_record = r.record_rewards()
+                held = dict.fromkeys(cid for e in rows for _, _, cid in e.info.get("turns", []))
+                reward = sum(by_record.get(cid, 0.0) for cid in held)
+            for part, e in enumerate(rows):
+                e.reward = reward
+                e.eid = EID(batch=step, task=task, run=run, step=part, suffix=f"serve/{self.name}")
                 e.info["session_id"] = r.session_id
                 out.append(e)
         apply_configured_policy(self.cfg, out)

@@ -12,7 +12,8 @@ on the experience under every policy; the policy decides what the trainer sees:
   already reflects what followed);
 - mask: the reply's tokens get action mask 0, so no gradient pushes toward or away from them, and the
   rest of the trajectory is trained;
-- penalize: `penalty` is added to the experience's reward once per malformed reply, so group
+- penalize: `penalty` is added to the episode's reward once per malformed reply, on every row of
+  the episode (its drift segments share its reward: `common.experience.episode_rows`), so group
   baselines (GRPO) rank a malformed episode below its siblings.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from trinity.common.experience import Experience
+from trinity.common.experience import Experience, episode_rows
 
 
 def malformed_spans(e: Experience) -> list[tuple[int, int]]:
@@ -37,30 +38,37 @@ def malformed_spans(e: Experience) -> list[tuple[int, int]]:
 
 def apply_malformed_policy(experiences: Iterable[Experience], policy: str, penalty: float) -> int:
     """Apply `policy` ('keep', 'mask' or 'penalize') to `experiences` in place; returns the
-    number of malformed replies it acted on (0 under 'keep'). A penalised experience must have
+    number of malformed replies it acted on (0 under 'keep'). 'penalize' charges an episode's
+    malformed replies (over all its rows) to every row of it. A penalised experience must have
     a reward: ValueError otherwise (its workflow left it unrewarded)."""
     if policy not in ("keep", "mask", "penalize"):
         raise ValueError(f"malformed_tool_calls.policy {policy!r}: keep, mask or penalize")
-    acted = 0
-    for e in experiences:
-        spans = malformed_spans(e)
-        if not spans or policy == "keep":
-            continue
-        if policy == "mask":
+    exps = list(experiences)
+    spans = [malformed_spans(e) for e in exps]
+    if policy == "keep":
+        return 0
+    if policy == "mask":
+        for e, own in zip(exps, spans, strict=True):
             assert e.action_mask is not None  # filled by Experience.__post_init__
-            for start, end in spans:
+            for start, end in own:
                 e.action_mask[start:end] = False
-            e.info["malformed_masked"] = len(spans)
-        else:
+            if own:
+                e.info["malformed_masked"] = len(own)
+        return sum(map(len, spans))
+    for rows in episode_rows(exps):
+        count = sum(len(spans[i]) for i in rows)
+        if not count:
+            continue
+        for i in rows:
+            e = exps[i]
             if e.reward is None:
                 raise ValueError(
-                    f"experience {e.eid}: {len(spans)} malformed tool call(s) to penalize, "
-                    "but its workflow gave it no reward"
+                    f"experience {e.eid}: {count} malformed tool call(s) in its episode to "
+                    "penalize, but its workflow gave it no reward"
                 )
-            e.reward = float(e.reward) + penalty * len(spans)
-            e.info["malformed_penalty"] = penalty * len(spans)
-        acted += len(spans)
-    return acted
+            e.reward = float(e.reward) + penalty * count
+            e.info["malformed_penalty"] = penalty * count
+    return sum(map(len, spans))
 
 
 def apply_configured_policy(cfg: Any, experiences: Iterable[Experience]) -> int:

@@ -45,14 +45,15 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
     values: torch.Tensor | None = None  # [B, R] the critic's V(s_t) the advantages used
-    rejected: torch.Tensor | None = None  # [B] bool: the correction dropped every trained token
 
     def num_seqs(self, rows: torch.Tensor | None = None) -> int:
-        """Sequences the aggregation counts (N_seqs): every row (or every row where `rows` [B]
-        bool is True) except those the off-policy correction rejected entirely."""
-        counted = torch.ones(len(self), dtype=torch.bool) if rows is None else rows.bool()
-        if self.rejected is not None:
-            counted = counted & ~self.rejected
+        """Sequences the aggregation counts (N_seqs): the rows (where `rows` [B] bool is True)
+        with a trained token. A row with none (excluded by its workflow, built on a truncated
+        prompt, rejected whole by the off-policy correction, which takes its tokens out of
+        `response_mask`) trains nothing and leaves the seq-mean denominators."""
+        counted = self.response_mask.any(dim=-1)
+        if rows is not None:
+            counted = counted & rows.bool()
         return int(counted.sum())
 
     @property

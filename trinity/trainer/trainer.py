@@ -24,7 +24,7 @@ import torch
 
 from trinity.algorithm import Aggregator, resolve_algorithm
 from trinity.algorithm.algorithms import record_flag
-from trinity.algorithm.correction import mismatch_metrics, rejected_rows, rollout_correction
+from trinity.algorithm.correction import mismatch_metrics, rollout_correction
 from trinity.algorithm.entropy import entropy_term_has_gradient
 from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token_rewards
 from trinity.algorithm.kl_controller import AdaptiveKLController
@@ -350,8 +350,7 @@ class Trainer:
             rollout_rs_threshold=corr.rollout_rs_threshold,
             rollout_rs_threshold_lower=corr.rollout_rs_threshold_lower,
         )
-        batch.rejected = rejected_rows(batch.response_mask, keep)  # [B], leave N_seqs
-        batch.is_weights, batch.response_mask = weights, keep
+        batch.is_weights, batch.response_mask = weights, keep  # a row rejected whole: no seq
         return {f"off_policy/{k}": v for k, v in m.items()}
 
     def _update(
@@ -468,7 +467,7 @@ class Trainer:
 
     def _aggregator(self, mask: torch.Tensor, rows: int) -> Aggregator:
         """`loss_agg_mode` with the counts of a whole (mini-)batch: its trained tokens `mask`
-        [B, R] and its `rows` (`Batch.num_seqs`: rows the correction rejected do not count)."""
+        [B, R] and its `rows` (`Batch.num_seqs`: rows with no trained token do not count)."""
         return Aggregator(
             self.algo.loss_agg_mode,
             num_tokens=float(mask.sum()),

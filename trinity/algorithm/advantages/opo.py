@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.advantage import ADVANTAGE_FN, _broadcast, _out_dtype, group_stats
+from trinity.algorithm.episodes import episode_sums, per_episode
 from trinity.algorithm.inputs import AdvantageInput
 
 
@@ -16,7 +17,8 @@ from trinity.algorithm.inputs import AdvantageInput
 def opo_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
     """On-Policy RL with Optimal reward baseline (OPO).
 
-        L_j = trained tokens of response j
+        L_j = trained tokens of episode j (over all its rows; the baseline runs over the
+              group's episodes, each counted once: `trinity.algorithm.episodes`)
         b_g = Σ_{j in g} L_j · r_j / Σ_{j in g} L_j          (length-weighted group mean)
         A_i = r_i - b_g
 
@@ -31,20 +33,21 @@ def opo_advantage(inp: AdvantageInput) -> tuple[Tensor, Tensor]:
     pairs it with exactly on-policy updates (one update per batch) and no KL term.
 
     Args:
-        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        inp: rewards [N], group_ids [N], run_ids [N], step_ids [N], response_mask [N, T] are
+            read.
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    r = inp.rewards.to(torch.float64)
-    lengths = inp.response_mask.sum(dim=-1).to(torch.float64)  # [N]
-    count, _, _, flat = group_stats(r, inp.group_ids)
-    _, inv = torch.unique(inp.group_ids, return_inverse=True)  # [N] in 0..G-1
+    episode, r, groups = per_episode(inp)  # [N], [E], [E]
+    lengths = episode_sums(inp.response_mask.sum(dim=-1), episode, r.numel())  # [E]
+    count, _, _, flat = group_stats(r, groups)
+    _, inv = torch.unique(groups, return_inverse=True)  # [E] in 0..G-1
     g = int(inv.max()) + 1 if inv.numel() else 0
     zeros = torch.zeros(g, dtype=torch.float64, device=r.device)
-    weighted = zeros.clone().index_add_(0, inv, lengths * r)[inv]  # [N] Σ L·r of the group
-    total_len = zeros.clone().index_add_(0, inv, lengths)[inv]  # [N] Σ L of the group
+    weighted = zeros.clone().index_add_(0, inv, lengths * r)[inv]  # [E] Σ L·r of the group
+    total_len = zeros.clone().index_add_(0, inv, lengths)[inv]  # [E] Σ L of the group
     baseline = torch.where(total_len > 0, weighted / total_len.clamp(min=1), 0.0)
     baseline = torch.where(count == 1, 0.0, baseline)
-    scores = torch.where(flat & (count > 1), 0.0, r - baseline)
+    scores = torch.where(flat & (count > 1), 0.0, r - baseline)[episode]
     adv = _broadcast(scores.to(_out_dtype(inp.rewards)), inp.response_mask)
     return adv, adv.clone()

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.advantage import ADVANTAGE_FN, _broadcast, _out_dtype
+from trinity.algorithm.episodes import per_episode
 from trinity.algorithm.inputs import AdvantageInput
 
 
@@ -44,7 +45,8 @@ def passk_advantage(
 ) -> tuple[Tensor, Tensor]:
     """Pass@k training's analytic advantage for binary rewards (`passk_group_scores`).
 
-    A response is right when its reward exceeds `threshold`. Optimising pass@k instead of mean
+    A response is right when its reward exceeds `threshold`; a group's n responses are its
+    episodes, each counted once (`trinity.algorithm.episodes`). Optimising pass@k instead of mean
     reward keeps a wrong answer's penalty small while the group still passes, which keeps
     exploring. With k = 1 it is GRPO on 0/1 rewards with the population std (σ = sqrt(p(1-p))).
     Returns = advantages.
@@ -53,17 +55,19 @@ def passk_advantage(
     Reasoning Models" (arXiv:2508.10751).
 
     Args:
-        inp: rewards [N], group_ids [N], response_mask [N, T] are read.
+        inp: rewards [N], group_ids [N], run_ids [N], step_ids [N], response_mask [N, T] are
+            read.
         k: subset size >= 1 (a smaller group uses its own size).
         threshold: rewards above it count as right.
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    scores = torch.zeros(inp.rewards.shape[0], dtype=torch.float64)
-    right = (inp.rewards > threshold).tolist()
-    for g in torch.unique(inp.group_ids).tolist():
-        rows = (inp.group_ids == g).nonzero().flatten().tolist()
-        for row, a in zip(rows, passk_group_scores([right[i] for i in rows], k), strict=True):
-            scores[row] = a
-    adv = _broadcast(scores.to(_out_dtype(inp.rewards)), inp.response_mask)
+    episode, rewards, groups = per_episode(inp)  # [N], [E], [E]
+    scores = torch.zeros(rewards.shape[0], dtype=torch.float64)  # [E]
+    right = (rewards > threshold).tolist()
+    for g in torch.unique(groups).tolist():
+        eps = (groups == g).nonzero().flatten().tolist()
+        for e, a in zip(eps, passk_group_scores([right[i] for i in eps], k), strict=True):
+            scores[e] = a
+    adv = _broadcast(scores[episode].to(_out_dtype(inp.rewards)), inp.response_mask)
     return adv, adv.clone()

@@ -9,14 +9,8 @@ import torch
 from torch import Tensor
 
 from trinity.algorithm.advantage import ADVANTAGE_FN, _broadcast, _out_dtype, grpo_scores
+from trinity.algorithm.episodes import episode_index
 from trinity.algorithm.inputs import AdvantageInput
-
-
-def episodes(group_ids: Tensor, run_ids: Tensor) -> tuple[Tensor, int]:
-    """Each row's episode index (rows sharing (group, run)) and the number of episodes."""
-    keys = torch.stack([group_ids.long(), run_ids.long()], dim=-1)  # [N, 2]
-    _, inv = torch.unique(keys, dim=0, return_inverse=True)
-    return inv, (int(inv.max()) + 1 if inv.numel() else 0)
 
 
 @ADVANTAGE_FN.register("step_wise_grpo")
@@ -34,7 +28,8 @@ def step_wise_grpo_advantage(
         s_e  = GRPO score of R_e among the episodes of its task (`grpo_advantage`'s options)
         A_it = s_e(i) · m_it          (÷ the episode's number of turns with enable_step_norm)
 
-    Rows of one episode share (group id, run id); a turn's row is one step of it. Rewards of the
+    Rows of one episode share (group id, run id); a turn's row is one step of it
+    (`trinity.algorithm.episodes.episode_index`). Rewards of the
     earlier turns are ignored, as in Trinity-RFT's `step_wise_grpo` (after rLLM). Returns =
     advantages.
 
@@ -48,7 +43,7 @@ def step_wise_grpo_advantage(
     Returns:
         (advantages [N, T], returns [N, T]).
     """
-    ep, n_ep = episodes(inp.group_ids, inp.run_ids)  # [N]
+    ep, n_ep = episode_index(inp.group_ids, inp.run_ids, inp.step_ids)  # [N]
     steps = inp.step_ids.long()
     zeros_l = torch.zeros(n_ep, dtype=torch.long, device=steps.device)
     last_step = zeros_l.scatter_reduce(0, ep, steps, "amax", include_self=False)  # [E]
