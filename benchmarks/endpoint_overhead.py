@@ -7,15 +7,23 @@ sampling. `--sessions` concurrent conversations of `--turns` turns each (a reply
 turn), through:
   direct      BatchingClient.generate on ids the caller tokenised itself (no ledger, no template)
   handle      TaskModelHandle.chat: the chat template, the ledger, bridged prompts
-  http        the same conversations through the OpenAI-compatible endpoint with the real
-              openai AsyncOpenAI client (sessions by header), in a process of its own
-Rows: p50 / p90 ms per call and the p50 added over `direct` (targets: handle and http add
-<= 5 ms at p50 with 16 sessions). Then the cost of preparing turn 4 and turn 64 of one long
-conversation (rendering the delta, not the history: target turn 64 <= 2 x turn 4).
+  http        the same conversations through the OpenAI-compatible endpoint, from agents in a
+              process of their own speaking its wire format (httpx; sessions by header)
+  http_openai the same with the openai AsyncOpenAI client (its own parsing costs the agent
+              several ms per call, in the agent's process)
+Rows: p50 / p90 ms per call and the p50 added over `direct`; and the endpoint process's CPU
+per call (time.process_time over the row / its calls; the agents' process is not counted) and
+what it adds over `direct` (target: handle and http add <= 5 ms at 16 sessions). With an
+instant engine, 16 sessions that call again at once keep one event loop always busy, so a
+call's latency holds the other sessions' work (about 16 x its CPU): the CPU per call is the
+overhead, the latency its queueing at that load. Then the cost of preparing turn 4 and turn 64
+of one long conversation (rendering the delta, not the history: target turn 64 <= 2 x turn 4).
 
 Then streaming, with a real model (`--model`, SmolLM2-135M by default) on an engine thread of
 its own, as in the explorer's process: the time to the first streamed token of a chat call
-against the stream's decode step (target <= 2 steps), and /health's latency while an n=16
+against the stream's decode step (target <= 2 steps), beside the engine's own time to its first
+token (the same call on the model handle, no HTTP: the prefill), so what streaming adds is
+their difference; and /health's latency while an n=16
 stream of 256 tokens runs (target < 100 ms). The clients of these rows run on threads of their
 own, not on the endpoint's event loop.
 Writes benchmarks/results/endpoint_overhead.json.
@@ -106,27 +114,36 @@ async def run_handle(client, tokenizer, sessions: int, turns: int) -> list[float
     return calls
 
 
-def _agents(url: str, sessions: int, turns: int, out: Any) -> None:
-    """The HTTP row's agents, in a process of their own (as real agents are): `sessions`
-    conversations with the openai client; puts the per-call seconds on `out`."""
+def _agents(url: str, sessions: int, turns: int, out: Any, client: str) -> None:
+    """The HTTP rows' agents, in a process of their own (as real agents are): `sessions`
+    conversations over the OpenAI wire format, with `client` "httpx" (the bare HTTP client)
+    or "openai" (its AsyncOpenAI); puts the per-call seconds on `out`."""
+    import httpx
     import openai
 
     async def main() -> list[float]:
         calls: list[float] = []
         oai = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+        http = httpx.AsyncClient(base_url=url, timeout=600)
+
+        async def call(msgs: list[dict], head: dict) -> str:
+            if client == "openai":
+                r = await oai.chat.completions.create(
+                    model="bench", messages=msgs, max_tokens=16, extra_headers=head
+                )
+                return r.choices[0].message.content or ""
+            body = {"model": "bench", "messages": msgs, "max_tokens": 16}
+            r = await http.post("/chat/completions", json=body, headers=head)
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"]
 
         async def conversation(i: int) -> None:
             msgs = [{"role": "user", "content": f"user {i}: question"}]
             head = {"X-Session-Id": f"s{i}"}
             for t in range(turns):
-                r = await timed(
-                    calls,
-                    oai.chat.completions.create(
-                        model="bench", messages=msgs, max_tokens=16, extra_headers=head
-                    ),
-                )
+                reply = await timed(calls, call(msgs, head))
                 msgs += [
-                    {"role": "assistant", "content": r.choices[0].message.content},
+                    {"role": "assistant", "content": reply},
                     {"role": "user", "content": f"turn {t}"},
                 ]
 
@@ -134,18 +151,21 @@ def _agents(url: str, sessions: int, turns: int, out: Any) -> None:
             await asyncio.gather(*(conversation(i) for i in range(sessions)))
         finally:
             await oai.close()
+            await http.aclose()
         return calls
 
     out.put(asyncio.run(main()))
 
 
-async def run_http(client, tokenizer, sessions: int, turns: int) -> list[float]:
+async def run_http(
+    client, tokenizer, sessions: int, turns: int, agent_client: str = "httpx"
+) -> list[float]:
     source = EngineSessions(client, tokenizer, SamplingParams(n=1, max_tokens=16), "bench")
     server = EndpointServer(build_app(source))
     url = await server.start()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    agents = ctx.Process(target=_agents, args=(url, sessions, turns, out))
+    agents = ctx.Process(target=_agents, args=(url, sessions, turns, out, agent_client))
     try:
         agents.start()
         calls = await asyncio.to_thread(out.get, timeout=600)
@@ -212,14 +232,26 @@ def _health_while(url: str, streaming: threading.Event) -> list[float]:
     return out
 
 
+async def _engine_first_token(client: Any, tokenizer: Any, msgs: list[dict]) -> float:
+    """Seconds to the first token of the same chat call on a model handle (no HTTP)."""
+    handle = TaskModelHandle(client, tokenizer, SamplingParams(n=1, max_tokens=128))
+    t0, first = time.perf_counter(), []
+
+    def heard(version: int, tokens: list) -> None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+
+    await handle.chat(msgs, watch=heard)
+    return first[0]
+
+
 async def streaming(model: str, repeats: int) -> dict:
     """Time to the first token and /health under an n=16 stream (module doc)."""
     path = resolve_model_path(model)
     tokenizer = load_tokenizer(path)
     engine = InThread(lambda: HFRolloutEngine(path, seed=0))
-    source = EngineSessions(
-        BatchingClient([engine]), tokenizer, SamplingParams(n=1, max_tokens=256), "bench"
-    )
+    client = BatchingClient([engine])
+    source = EngineSessions(client, tokenizer, SamplingParams(n=1, max_tokens=256), "bench")
     server = EndpointServer(build_app(source))
     url = await server.start()
     chat = url + "/chat/completions"
@@ -228,11 +260,12 @@ async def streaming(model: str, repeats: int) -> dict:
     body["stream_options"] = {"include_usage": True}
     try:
         await asyncio.to_thread(_stream_once, chat, body)  # warm-up
-        ttft, step = [], []
-        for _ in range(repeats):
+        ttft, step, direct = [], [], []
+        for _ in range(repeats):  # interleaved: both see the same machine state
             first, rest, tokens = await asyncio.to_thread(_stream_once, chat, body)
             ttft.append(first)
             step.append(rest / max(1, tokens - 1))
+            direct.append(await _engine_first_token(client, tokenizer, msgs))
         streaming_now = threading.Event()
         health = asyncio.ensure_future(
             asyncio.to_thread(_health_while, url.removesuffix("/v1") + "/health", streaming_now)
@@ -253,6 +286,8 @@ async def streaming(model: str, repeats: int) -> dict:
         "first_token_ms": [1000 * x for x in ttft],
         "decode_step_ms": [1000 * x for x in step],
         "first_token_in_steps": ratios,
+        "engine_first_token_ms": [1000 * x for x in direct],
+        "streaming_adds_ms": [1000 * (f - d) for f, d in zip(ttft, direct, strict=True)],
         "health_during_n16_stream": {
             "polls": len(latencies),
             "p50_ms": 1000 * latencies[len(latencies) // 2],
@@ -266,14 +301,27 @@ async def main_async(args) -> dict:
     tokenizer = load_tokenizer(str(model_dir))
     client = BatchingClient([InProcess(InstantEngine(tokenizer))])
     await run_handle(client, tokenizer, 2, 2)  # warm-up: template compile, one-time check
-    rows: dict[str, list[float]] = {"direct": [], "handle": [], "http": []}
+    await run_http(client, tokenizer, 1, 1)  # warm-up: the agents' process start, imports
+    rows: dict[str, list[float]] = {"direct": [], "handle": [], "http": [], "http_openai": []}
+    cpu_s = dict.fromkeys(rows, 0.0)
     for _ in range(args.repeats):  # interleaved: the three see the same machine state
-        rows["direct"] += await run_direct(client, tokenizer, args.sessions, args.turns)
-        rows["handle"] += await run_handle(client, tokenizer, args.sessions, args.turns)
-        rows["http"] += await run_http(client, tokenizer, args.sessions, args.turns)
+        for name, run in (
+            ("direct", run_direct(client, tokenizer, args.sessions, args.turns)),
+            ("handle", run_handle(client, tokenizer, args.sessions, args.turns)),
+            ("http", run_http(client, tokenizer, args.sessions, args.turns)),
+            ("http_openai", run_http(client, tokenizer, args.sessions, args.turns, "openai")),
+        ):
+            cpu = time.process_time()  # this process's: the endpoint's, not the agents'
+            rows[name] += await run
+            cpu_s[name] += time.process_time() - cpu
     table = {k: percentiles(v) for k, v in rows.items()}
-    for k in ("handle", "http"):
-        table[k]["p50_added_ms"] = table[k]["p50_ms"] - table["direct"]["p50_ms"]
+    for k in rows:
+        table[k]["cpu_ms_per_call"] = 1000 * cpu_s[k] / len(rows[k])
+        if k != "direct":
+            table[k]["p50_added_ms"] = table[k]["p50_ms"] - table["direct"]["p50_ms"]
+            table[k]["cpu_ms_added"] = (
+                table[k]["cpu_ms_per_call"] - table["direct"]["cpu_ms_per_call"]
+            )
     costs = await turn_costs(client, tokenizer)
     # the median over turns 3..5 and 62..64: one turn's cost is a few hundred microseconds
     t4 = statistics.median(costs[t] for t in (3, 4, 5))
@@ -306,10 +354,15 @@ def main() -> None:
     print(
         f"{args.sessions} concurrent sessions x {args.turns} turns, {out['calls_per_row']} calls each"
     )
-    print(f"{'path':8} {'p50 ms':>8} {'p90 ms':>8} {'p50 added':>10}")
+    print(
+        f"{'path':12} {'p50 ms':>8} {'p90 ms':>8} {'p50 added':>10} {'CPU ms/call':>12} {'added':>6}"
+    )
     for k, v in out["calls"].items():
         added = f"{v['p50_added_ms']:10.2f}" if "p50_added_ms" in v else f"{'':10}"
-        print(f"{k:8} {v['p50_ms']:8.2f} {v['p90_ms']:8.2f} {added}")
+        cpu = f"{v['cpu_ms_added']:6.2f}" if "cpu_ms_added" in v else f"{'':6}"
+        print(
+            f"{k:12} {v['p50_ms']:8.2f} {v['p90_ms']:8.2f} {added} {v['cpu_ms_per_call']:12.2f} {cpu}"
+        )
     print(
         f"prepare turn 4: {out['prepare_turn4_ms']:.3f} ms, turn 64: {out['prepare_turn64_ms']:.3f}"
         f" ms, ratio {out['turn64_over_turn4']:.2f}"
@@ -319,7 +372,9 @@ def main() -> None:
         fmt = lambda xs: " / ".join(f"{x:.1f}" for x in xs)  # noqa: E731
         print(
             f"streaming, {st['model']}: first token {fmt(st['first_token_ms'])} ms, decode step "
-            f"{fmt(st['decode_step_ms'])} ms: {fmt(st['first_token_in_steps'])} steps"
+            f"{fmt(st['decode_step_ms'])} ms: {fmt(st['first_token_in_steps'])} steps; the "
+            f"engine's own first token {fmt(st['engine_first_token_ms'])} ms, streaming adds "
+            f"{fmt(st['streaming_adds_ms'])} ms"
         )
         h = st["health_during_n16_stream"]
         print(f"/health during an n=16 stream: p50 {h['p50_ms']:.1f} ms, max {h['max_ms']:.1f} ms"
