@@ -28,6 +28,7 @@ from trinity.common.placement import on_node
 from trinity.common.service_host import hosted
 from trinity.common.startup import StartupMarks, process_started_at
 from trinity.config import resolve
+from trinity.config.problems import ConfigError, Problem
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
@@ -89,7 +90,12 @@ class StageParts:
         } | resources
         if share:
             options |= {"get_if_exists": True, "lifetime": "detached"}
-        actor = ray.remote(cls).options(**options).remote(*args)
+        try:
+            actor = ray.remote(cls).options(**options).remote(*args)
+        except ray.exceptions.ActorAlreadyExistsError:
+            if share:
+                raise
+            raise _taken(self.stage.cfg, role) from None
         if share:
             if refs.get(actor.attach.remote(self.stage.role)) and not self.attached:
                 self.joined_live_run = True
@@ -113,6 +119,24 @@ class StageParts:
         for a in self.attached:  # the last process of the run to let go ends a shared actor
             if refs.get(a.detach.remote(self.stage.role)) == 0:
                 ray.kill(a)
+
+
+def _taken(cfg: Any, role: str) -> ConfigError:
+    """Another live process of the run already runs `role` under its name (Ray refused it)."""
+    if role.startswith("explorer/"):
+        return ConfigError(
+            [
+                Problem(
+                    "explorer.name",
+                    f"{cfg.explorer.name!r} is running in another process of run "
+                    f"{cfg.name!r} already; give each explorer or serve process of one run its "
+                    f"own name (e.g. --set explorer.name={cfg.explorer.name}-2)",
+                )
+            ]
+        )
+    return ConfigError(
+        [Problem("", f"{role} is running in another process of run {cfg.name!r} already")]
+    )
 
 
 @dataclass
