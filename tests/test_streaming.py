@@ -257,6 +257,7 @@ def test_a_client_gone_mid_stream_leaves_nothing_recorded(gated):
     ):
         events = _events(r.iter_lines())
         next(events), next(events)  # the role, the first token: then the client hangs up
+    time.sleep(0.3)  # the endpoint hears the hang-up (the engine still waits)
     engine.go.set()
     time.sleep(0.5)  # the engine's last step has come and gone
     handle = served.sessions.sessions["gone"]
@@ -348,3 +349,32 @@ def test_health_answers_while_a_long_n16_stream_runs(tiny_model_dir, tokenizer):
         assert answered_mid_stream >= 3
     finally:
         served.close()
+
+
+def test_a_stream_cut_before_its_first_chunk_still_ends_its_call():
+    """Starlette never starts the body of a stream whose client is gone already, so cleanup in
+    the body would not run: the answer's own end cancels the call and frees its in-flight slot."""
+    from trinity.endpoint.app import _Streamed
+
+    started, ended = [], []
+
+    async def body():
+        started.append(True)
+        yield "data: x\n\n"
+
+    async def end() -> None:
+        ended.append(True)
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        await asyncio.sleep(0.05)  # the client is gone: the disconnect wins the race
+
+    async def main() -> None:
+        response = _Streamed(body(), end, media_type="text/event-stream")
+        scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+        await response(scope, receive, send)
+
+    asyncio.run(main())
+    assert ended == [True] and started == []

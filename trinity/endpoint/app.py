@@ -228,7 +228,18 @@ def build_app(
                 return [(c.message["content"] or "", c.finish_reason) for c in ends]
             return [(reply_text(s, handle), finish_of(s)) for s in samples]
 
-        async def body() -> AsyncIterator[str]:
+        over: list[bool] = []
+
+        async def ended() -> None:  # the stream's end, or the client gone (even before it began)
+            if over:
+                return
+            over.append(True)
+            if not work.done():  # nothing of an unfinished call is recorded
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+            release()
+
+        async def chunks() -> AsyncIterator[str]:
             try:
                 async for piece in live_chunks(
                     kind, hd, heard, work, handle, stops=req.stops(),
@@ -237,14 +248,11 @@ def build_app(
                     finish=finish,
                 ):  # fmt: skip
                     yield piece
-            finally:
-                if not work.done():  # the client hung up mid-stream
-                    work.cancel()
-                    await asyncio.gather(work, return_exceptions=True)
-                release()
+            finally:  # at once when the client hangs up mid-stream
+                await ended()
 
         headers = {SESSION_HEADER: sid, VERSION_HEADER: str(version)}
-        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+        return _Streamed(chunks(), ended, media_type="text/event-stream", headers=headers)
 
     def sampling(req: ChatRequest | CompletionRequest, limit: int | None) -> dict[str, Any]:
         """The call's sampling args. temperature, top_p, top_k and max_tokens a request leaves
@@ -400,6 +408,22 @@ def build_app(
         app.get(prefix + "/v1/models")(models)
     app.get("/health")(health)
     return app
+
+
+class _Streamed(StreamingResponse):
+    """A streamed answer that runs `ended()` once it is over, however it ends: sent whole,
+    failed, or cut by the client hanging up, before its first chunk included (Starlette then
+    never starts the body, so a `finally` inside it would not run)."""
+
+    def __init__(self, content: Any, ended: Any, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._ended = ended
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._ended()
 
 
 def usage_on(req: ChatRequest | CompletionRequest) -> bool:
