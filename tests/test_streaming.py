@@ -378,3 +378,65 @@ def test_a_stream_cut_before_its_first_chunk_still_ends_its_call():
 
     asyncio.run(main())
     assert ended == [True] and started == []
+
+
+def test_a_resent_call_that_samples_other_tokens_ends_the_stream_with_an_error(tokenizer):
+    """An engine restarted between calls answers from older weights; the call is sent again
+    with the current ones and samples other tokens: the text already streamed is not the reply,
+    so the stream ends with an error instead of a mix of the two samplings."""
+    from trinity.common.rollout import Sample
+    from trinity.endpoint.streaming import live_chunks
+
+    class Handle:
+        def decode(self, ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def main() -> list[str]:
+        heard = Heard(1)
+        heard(0, [(0, 0, 11, -0.1, "Hello")])  # the first sampling, sent
+        heard(1, [(0, 0, 12, -0.2, "Good"), (0, 1, 13, -0.3, "bye")])  # the resent call's
+        work = asyncio.get_running_loop().create_future()
+        work.set_result([Sample([1], [12, 13], [-0.2, -0.3], "stop", 1)])
+        chunks = live_chunks(
+            "chat", {"id": "x"}, heard, work, Handle(), stops=(), logprobs=False,
+            include_usage=False, finish=lambda samples: [("Goodbye", "stop")],
+        )  # fmt: skip
+        return [c async for c in chunks]
+
+    out = asyncio.run(main())
+    assert heard_error(out) == "diverged"
+    assert not any("Goodbye" in c or "bye" in c for c in out)
+
+
+def heard_error(chunks: list[str]) -> str | None:
+    for c in chunks:
+        body = json.loads(c.removeprefix("data: "))
+        if "error" in body:
+            return body["error"]["code"]
+    return None
+
+
+def test_a_streamed_call_queued_on_a_closed_in_thread_engine_fails_instead_of_hanging():
+    class Slow:
+        def wait(self) -> None:
+            time.sleep(0.5)
+
+        def steps(self):
+            yield 1
+
+    async def main() -> BaseException | None:
+        engine = InThread(Slow)
+        running = engine.wait.remote()  # the thread's next job: the stream queues behind it
+        stream = engine.steps.options(num_returns="streaming").remote()
+        await asyncio.to_thread(engine.close)  # cancels the queued stream
+        await running
+        try:
+            async with asyncio.timeout(10):
+                async for ref in stream:
+                    await ref
+        except RuntimeError as e:
+            return e
+        return None
+
+    error = asyncio.run(main())
+    assert error is not None and "closed" in str(error)

@@ -134,6 +134,7 @@ class FeedbackBook:
         this endpoint (its cursor), which settles a write the kill interrupted."""
         self.window_s, self.clock, self.retention_s = window_s, clock, retention_s
         self.log, self.freeze = log, freeze
+        self._log_forgot_at = float("-inf")  # when the log last forgot (the book's clock)
         self.sessions: dict[str, SessionBook] = {}
         self.done: dict[str, str] = {}  # session id -> "trained" | "expired" | "lost"
         self.keys: dict[str, tuple] = {}  # idempotency key -> the post it took
@@ -180,9 +181,9 @@ class FeedbackBook:
             raise self._gone(session_id)
         book = self.sessions.get(session_id)
         if book is None:
-            book = self.sessions[session_id] = SessionBook()
-            if self.log is not None:
+            if self.log is not None:  # on disk first: a failed write leaves no session behind
                 self.log.opened(session_id)
+            book = self.sessions[session_id] = SessionBook()
         book.touched_at = self.clock()
         return book
 
@@ -358,7 +359,9 @@ class FeedbackBook:
                     break
                 del at[name], kept[name]
                 forgot += 1
-        if forgot and self.log is not None:  # the same, on disk (in wall-clock time)
+        # the same, on disk (in wall-clock time), at most once a minute: a delete is an fsync
+        if forgot and self.log is not None and self.clock() - self._log_forgot_at >= 60:
+            self._log_forgot_at = self.clock()
             self.log.forget(time.time() - (self.clock() - before))
 
 

@@ -54,6 +54,8 @@ CREATE TABLE IF NOT EXISTS serve_feedback (
     call_id TEXT, turn INTEGER, at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_feedback_session ON serve_feedback(session_id);
+CREATE INDEX IF NOT EXISTS idx_feedback_at ON serve_feedback(at);
+CREATE INDEX IF NOT EXISTS idx_session_ended ON serve_session(state, at);
 CREATE TABLE IF NOT EXISTS serve_commit (
     id TEXT PRIMARY KEY, grp TEXT, group_size INTEGER, calls TEXT NOT NULL,
     records TEXT NOT NULL, frozen TEXT NOT NULL, at REAL NOT NULL, step INTEGER

@@ -28,6 +28,11 @@ from trinity.endpoint.bodies import Choice, chat_logprobs, completion_logprobs, 
 from trinity.explorer.model_client import TaskModelHandle
 
 DONE = "data: [DONE]\n\n"
+DIVERGED = (  # the stream's last event when a resent call sampled other tokens (`Heard`)
+    'data: {"error": {"message": "an engine was restarted mid-reply and sampled it again with '
+    'other weights: the text sent so far is not the reply; call again", "type": '
+    '"server_error", "param": null, "code": "diverged"}}\n\n'
+)
 
 
 def sse(obj: Any) -> str:
@@ -43,12 +48,15 @@ class Heard:
         self.logprobs: list[list[float]] = [[] for _ in range(n)]
         self.text = [""] * n
         self.version: int | None = None
+        self.diverged = False  # a resent call sampled other tokens than those already sent
         self.first: asyncio.Future = asyncio.get_running_loop().create_future()
         self._news = asyncio.Event()
 
     def __call__(self, version: int, tokens: list[tuple[int, int, int, float, str]]) -> None:
         for j, position, token, logprob, text in tokens:
             if position < len(self.ids[j]):  # sent again after an engine crash: heard already
+                # (the same token, its key being the same, unless the weights changed between)
+                self.diverged |= self.ids[j][position] != token
                 continue
             self.ids[j].append(token)
             self.logprobs[j].append(logprob)
@@ -115,6 +123,9 @@ async def live_chunks(
             yield sse({**head, "choices": [_role(j)], **({"usage": None} if include_usage else {})})
     while True:
         over = work.done()
+        if heard.diverged:  # before any of the other sampling's text is sent
+            yield DIVERGED
+            return
         for j in range(n):
             text = releasable(heard.text[j], stops)
             if len(text) > len(sent[j]):
@@ -130,9 +141,12 @@ async def live_chunks(
     except Exception as e:  # after the first chunk, a failure is the stream's last event
         yield sse({"error": _error_body(e)})
         return
+    if heard.diverged or any(not c.startswith(sent[j]) for j, (c, _) in enumerate(ends)):
+        yield DIVERGED
+        return
     for j, (s, (content, reason)) in enumerate(zip(samples, ends, strict=True)):
         ids, lps = s.response_ids[sent_tokens[j] :], s.logprobs[sent_tokens[j] :]
-        rest = content[len(sent[j]) :] if content.startswith(sent[j]) else ""
+        rest = content[len(sent[j]) :]
         if rest:
             yield chunk(j, rest, ids, lps)
             ids, lps = [], []

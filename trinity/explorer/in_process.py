@@ -111,11 +111,17 @@ class _ThreadCall:
             try:
                 for item in call():
                     send(item, None)
-            except Exception as e:
+            except BaseException as e:  # handed to the caller, as Ray hands a task's error
                 send(None, e)
-            send(_END, None)
+            finally:
+                send(_END, None)
 
-        owner._submit(iterate)
+        def never_ran(job: Future) -> None:  # cancelled before its turn (`close`)
+            if job.cancelled():
+                send(None, RuntimeError("the in-process engine was closed before this call ran"))
+                send(_END, None)
+
+        owner._submit(iterate).add_done_callback(never_ran)
         return self._items(loop, items)
 
     @staticmethod

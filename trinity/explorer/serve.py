@@ -184,8 +184,8 @@ class ServeMode:
         step = self.step + 1
         ids = [r.session_id for r in ready]
         assert self.book is not None
+        exps, ledgers = self.experiences(step, ready)  # a failure here marks nothing on disk
         self.book.writing(ids, step)
-        exps, ledgers = self.experiences(step, ready)
         t0 = time.perf_counter()
         cursor = Cursor(self.name, step, self.written + len(ready))
         await ex._write(exps, cursor)
