@@ -183,3 +183,29 @@ def test_micro_batches_with_global_counts_sum_to_the_whole_batch(name: str, mode
     (g_whole,) = torch.autograd.grad(whole, logprob)
     (g_parts,) = torch.autograd.grad(sum(parts), logprob)
     close(g_parts, g_whole, atol=1e-12)
+
+
+def test_dpo_pairs_count_whole_and_a_pair_with_no_trained_token_is_no_pair() -> None:
+    """Pair 0 is the by-hand pair above (ℓ = softplus(-β·1.5)); pair 1's rejected row is fully
+    masked (h = 0.5 - 0: ℓ = softplus(-β·0.5)), so it is still one whole pair; pair 2 has no
+    trained token: it trains nothing and is no pair. Loss = (ℓ_0 + ℓ_1) / 2."""
+    from types import SimpleNamespace
+
+    from trinity.trainer.batch import Batch
+
+    pair = [[-1.0, -1.0], [-2.0, -1.0]]
+    ref_pair = [[-1.5, -1.0], [-1.0, -1.0]]
+    logprob = leaf(pair * 3)
+    ref = torch.tensor(ref_pair * 3, dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [0, 0], [0, 0], [0, 0]], dtype=torch.bool)
+    n = Batch.num_seqs(SimpleNamespace(response_mask=mask), unit=2)
+    assert n == 4  # two pairs of two rows; the row-by-row count would be 3
+    zeros = torch.zeros(6, 2, dtype=torch.float64)
+    beta = 0.1
+
+    def softplus(x: float) -> float:
+        return math.log1p(math.exp(x))
+
+    agg = Aggregator("token-mean", float(mask.sum()), float(n))
+    loss, _ = call("dpo", logprob, zeros, zeros, mask=mask, ref=ref, agg=agg, beta=beta)
+    close(loss, (softplus(-beta * 1.5) + softplus(-beta * 0.5)) / 2, atol=1e-12)

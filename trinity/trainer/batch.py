@@ -46,12 +46,16 @@ class Batch:
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
     values: torch.Tensor | None = None  # [B, R] the critic's V(s_t) the advantages used
 
-    def num_seqs(self, rows: torch.Tensor | None = None) -> int:
+    def num_seqs(self, rows: torch.Tensor | None = None, unit: int = 1) -> int:
         """Sequences the aggregation counts (N_seqs): the rows (where `rows` [B] bool is True)
         with a trained token. A row with none (excluded by its workflow, built on a truncated
         prompt, rejected whole by the off-policy correction, which takes its tokens out of
-        `response_mask`) trains nothing and leaves the seq-mean denominators."""
+        `response_mask`) trains nothing and leaves the seq-mean denominators. `unit`: rows
+        that make one loss term (2: a DPO pair) count whole when any of them has a trained
+        token, so a pair is never half a pair."""
         counted = self.response_mask.any(dim=-1)
+        if unit > 1:
+            counted = counted.view(-1, unit).any(dim=-1).repeat_interleave(unit)
         if rows is not None:
             counted = counted & rows.bool()
         return int(counted.sum())

@@ -368,7 +368,7 @@ class Trainer:
                 rows = torch.arange(m0, min(m0 + mini, b))
                 mini_batch = batch.select(rows)
                 mask, expert = mini_batch.response_mask, mini_batch.expert_mask
-                agg = self._aggregator(mask, mini_batch.num_seqs())
+                agg = self._aggregator(mask, mini_batch.num_seqs(unit=self.unit))
                 part_aggs = None
                 if expert.any():  # each part over its own counts
                     part_aggs = {

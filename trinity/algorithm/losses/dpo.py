@@ -79,6 +79,9 @@ def dpo_loss(
         losses = losses - label_smoothing * F.logsigmoid(-beta * h)
     else:
         losses = (h - 1.0 / (2.0 * beta)) ** 2
+    # a pair with no trained token (both prompts truncated) trains nothing and is no pair
+    trained = inp.action_mask.bool().any(dim=-1).view(-1, 2).any(dim=-1)  # [P]
+    losses = torch.where(trained, losses, torch.zeros_like(losses))
     loss = agg.seq_mean(losses, per=2)
     cw, cl = (beta * chosen.detach()), (beta * rejected.detach())
 
