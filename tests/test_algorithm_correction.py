@@ -203,7 +203,7 @@ def _trainer_and_batch(
     # the engine's logprobs: the model's own, each moved by up to ±0.8 (a stale, noisy engine)
     batch = collate(exps, trainer.pad_id)
     with torch.no_grad():
-        lp = trainer._logprobs_no_grad(trainer.model, batch, micro_batches(batch, len(exps)))
+        lp = trainer._logprobs_no_grad(trainer.policy, batch, micro_batches(batch, len(exps)))
     g = torch.Generator().manual_seed(1)
     for i, e in enumerate(exps):
         n = e.response_length

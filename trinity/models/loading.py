@@ -173,6 +173,18 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> An
     return model.to(device).eval()
 
 
+def build_empty_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> Any:
+    """The model of a model folder built from its config alone, with no weights read: call it
+    under `torch.device("meta")` for a model that takes no memory until its weights arrive
+    (the trainer's ranks other than 0, `trinity.trainer.sharding`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    quiet_transformers()
+    p = _check_model_dir(path, "build_empty_model")
+    config = AutoConfig.from_pretrained(str(p))
+    return AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype, device))
+
+
 def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
     """`state` without a tensor that is the very tensor of an earlier name (a tied output
     embedding, `lm_head.weight` = `model.embed_tokens.weight`): what is saved or sent once, and

@@ -42,6 +42,7 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _REPLACED = re.compile(r"^\.global_step_(\d+)\.old$")
 
 TRAINER_STATE = "trainer_state.pt"
+OPTIMIZER = "optimizer"  # a sharded trainer's optimizer state (DCP), any world size loads it
 LEASES = "buffer_leases.json"
 MANIFEST = "checkpoint_manifest.json"
 
@@ -53,21 +54,22 @@ def trained_leases(checkpoint: Path | None) -> list[int]:
     return [int(i) for i in json.loads((Path(checkpoint) / LEASES).read_text())]
 
 
-def save_weights(model: Any, folder: Path) -> None:
+def save_weights(model: Any, folder: Path, state: dict[str, Any] | None = None) -> None:
     """`model`'s weights as `model.safetensors` with its `config.json` (and
     `generation_config.json`), what `save_pretrained` writes for a model in one file, read by
     `from_pretrained` unchanged: a tensor tied to an earlier one (the output embedding) is
     written once, under its first name. Tensors are written from where they are, without
     `save_pretrained`'s copy of the whole model (a second copy of the weights at the save's
     peak; docs/real_model.md); only a tensor that is not contiguous, or that shares its
-    storage with another one without being it, is copied."""
+    storage with another one without being it, is copied. `state`: the weights to write
+    instead of the model's own (a sharded model's, gathered: `sharding.full_state`)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
-    tensors = for_safetensors(model.state_dict())
+    tensors = for_safetensors(model.state_dict() if state is None else state)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -86,11 +88,7 @@ def save_hf_checkpoint(
     (`buffer_leases.json`) when given, and prune to the newest `keep` checkpoints.
     `extra_files(folder)` writes more files (the critic's weights) into the folder before it is
     sealed and returns state to add to `trainer_state`."""
-    root.mkdir(parents=True, exist_ok=True)
-    finish_interrupted(root)
-    final = root / f"global_step_{step}"
-    tmp = root / f".global_step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = begin_checkpoint(root, step)
     # 1.
     save_weights(model, tmp)
     tokenizer.save_pretrained(tmp)
@@ -100,6 +98,31 @@ def save_hf_checkpoint(
         import torch  # here only: the driver lists and picks checkpoints without it
 
         torch.save(trainer_state, tmp / TRAINER_STATE)
+    return seal_checkpoint(root, step, tmp, keep, leases)
+
+
+def temp_folder(root: Path, step: int) -> Path:
+    """Where checkpoint `step` is written before it is sealed under its name."""
+    return root / f".global_step_{step}.tmp"
+
+
+def begin_checkpoint(root: Path, step: int) -> Path:
+    """The empty folder to write checkpoint `step` into (`temp_folder`), after finishing what
+    an interrupted save left under `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    finish_interrupted(root)
+    tmp = temp_folder(root, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def seal_checkpoint(
+    root: Path, step: int, tmp: Path, keep: int | None, leases: list[int] | None = None
+) -> Path:
+    """Seal the written folder `tmp` as `root/global_step_<step>` (module docstring, steps 1 to
+    4), with the buffer `leases` its steps trained, and prune to the newest `keep`."""
+    final = root / f"global_step_{step}"
     if leases is not None:
         (tmp / LEASES).write_text(json.dumps(leases))
     files = _files(tmp)

@@ -22,8 +22,20 @@ from trinity.algorithm.value_loss import clipped_value_loss
 from trinity.models import load_model
 from trinity.trainer.batch import Batch
 from trinity.trainer.optim import build_optimizer
+from trinity.trainer.parallel import Ranks, idle_rows
+from trinity.trainer.sharding import (
+    build_sharded,
+    full_state,
+    load_full_state,
+    load_named_optimizer_state,
+    load_optimizer,
+    named_optimizer_state,
+    save_optimizer,
+    scalar,
+)
 
 CRITIC_WEIGHTS = "critic/model.safetensors"  # a subfolder: the policy's loader reads *.safetensors
+CRITIC_OPTIMIZER = "critic/optimizer"  # a sharded critic's optimizer state (DCP)
 
 
 class ValueModel(torch.nn.Module):
@@ -52,10 +64,21 @@ class ValueModel(torch.nn.Module):
 class Critic:
     """The value model with its own optimizer (`trainer.critic`)."""
 
-    def __init__(self, config: Any, path: str, device: str) -> None:
+    def __init__(
+        self, config: Any, path: str, device: str, ranks: Ranks | None = None, sharded: bool = False
+    ) -> None:
+        """`ranks`, `sharded`: as the policy's (`Trainer`): every rank loads the value model and
+        keeps its shards (its forward is a whole pass: it is its own FSDP root)."""
         self.config = config
         ccfg = config.trainer.critic
-        self.model = ValueModel(path, config.trainer.dtype, device)
+        self.ranks, self.sharded = ranks or Ranks(), sharded
+
+        def load() -> ValueModel:
+            return ValueModel(path, config.trainer.dtype, device)
+
+        self.model = (
+            build_sharded(load, self.ranks, device, root=lambda m: m) if sharded else load()
+        )
         self.model.train()
         self.cliprange = ccfg.cliprange_value
         self.warmup_steps = ccfg.warmup_steps
@@ -70,17 +93,22 @@ class Critic:
         )
 
     @torch.no_grad()
-    def values(self, batch: Batch, mbs: list[torch.Tensor]) -> torch.Tensor:
-        """V [B, R] of every row, in micro-batches, no grad."""
+    def values(self, batch: Batch, mbs: list[torch.Tensor | None]) -> torch.Tensor:
+        """V [B, R] of every row, no grad: this rank's micro-batches `mbs` (None: an idle one),
+        summed with the other ranks' rows."""
         out = torch.zeros_like(batch.rollout_logprobs)
         for idx in mbs:
-            mb = batch.select(idx)
-            v = self.model(mb)
-            out[idx, : v.shape[1]] = v
-        return out
+            v = self.model(batch.select(idx) if idx is not None else idle_rows(batch))
+            if idx is not None:
+                out[idx, : v.shape[1]] = v
+        return self.ranks.all_sum(out)
 
     def update(
-        self, batch: Batch, mbs: list[torch.Tensor], loss_agg_mode: str, clip_grad: float | None
+        self,
+        batch: Batch,
+        mbs: list[torch.Tensor | None],
+        loss_agg_mode: str,
+        clip_grad: float | None,
     ) -> dict[str, float]:
         """One optimizer step on the clipped value loss toward `batch.returns`."""
         assert self.optimizer is not None and self.scheduler is not None, "plan() first"
@@ -95,42 +123,63 @@ class Critic:
         n_tok = max(float(batch.response_mask.sum()), 1.0)
         sums: dict[str, float] = {}
         for idx in mbs:
-            mb = batch.select(idx)
+            mb = batch.select(idx) if idx is not None else idle_rows(batch)
             assert mb.values is not None and mb.returns is not None
             loss, m = clipped_value_loss(
                 self.model(mb), mb.values, mb.returns, mb.response_mask, agg=agg,
                 cliprange_value=self.cliprange,
             )  # fmt: skip
             loss.backward()
+            if idx is None:  # an idle micro-batch: the ranks' collectives, no term
+                continue
             share = float(mb.response_mask.sum()) / n_tok
             for k, v in m.items():
                 sums[f"critic/{k}"] = sums.get(f"critic/{k}", 0.0) + v * (
                     1.0 if k == "vf_loss" else share
                 )
+        sums = self.ranks.sum_metrics(sums)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip_grad or float("inf")
         )
         self.optimizer.step()
         self.scheduler.step()
-        sums["critic/grad_norm"] = float(grad_norm)
+        sums["critic/grad_norm"] = scalar(grad_norm)
         sums["critic/lr"] = self.scheduler.get_last_lr()[0]
         return sums
 
     # -- checkpoints -------------------------------------------------------------------------
 
     def save(self, folder: Path) -> dict[str, Any]:
-        """Weights into `folder/critic/model.safetensors`; returns the optimizer state to keep."""
-        state = {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
-        (folder / CRITIC_WEIGHTS).parent.mkdir(exist_ok=True)
-        save_file(state, str(folder / CRITIC_WEIGHTS))
+        """Weights into `folder/critic/model.safetensors`; returns the state to keep in the
+        trainer state. Sharded (every rank calls it): rank 0 writes the gathered weights and
+        each rank its optimizer shards (`critic/optimizer`, DCP)."""
         assert self.optimizer is not None and self.scheduler is not None
-        return {
-            "critic_optimizer": self.optimizer.state_dict(),
-            "critic_scheduler": self.scheduler.state_dict(),
-        }
+        if self.sharded:
+            weights = full_state(self.model)
+            save_optimizer(self.model, self.optimizer, folder, CRITIC_OPTIMIZER)
+            optimizer = None
+        else:
+            weights = self.model.state_dict()
+            optimizer = self.optimizer.state_dict()
+        if self.ranks.rank == 0:
+            state = {k: v.detach().contiguous() for k, v in weights.items()}
+            (folder / CRITIC_WEIGHTS).parent.mkdir(exist_ok=True)
+            save_file(state, str(folder / CRITIC_WEIGHTS))
+        return {"critic_optimizer": optimizer, "critic_scheduler": self.scheduler.state_dict()}
 
     def load(self, folder: Path, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(load_file(str(folder / CRITIC_WEIGHTS)))
+        """What `save` wrote, at this world size whatever the saving one was."""
         assert self.optimizer is not None and self.scheduler is not None
-        self.optimizer.load_state_dict(state["critic_optimizer"])
+        if self.sharded:
+            lead = self.ranks.rank == 0
+            load_full_state(self.model, load_file(str(folder / CRITIC_WEIGHTS)) if lead else {})
+        else:
+            self.model.load_state_dict(load_file(str(folder / CRITIC_WEIGHTS)))
+        if (folder / CRITIC_OPTIMIZER).is_dir():
+            load_optimizer(self.model, self.optimizer, folder, CRITIC_OPTIMIZER)
+        elif self.sharded:  # saved by one process: its state by parameter index
+            named = named_optimizer_state(self.model, state["critic_optimizer"])
+            load_named_optimizer_state(self.model, self.optimizer, named)
+        else:
+            self.optimizer.load_state_dict(state["critic_optimizer"])
         self.scheduler.load_state_dict(state["critic_scheduler"])

@@ -1,8 +1,11 @@
 """The train step: sample → old/ref logprobs → advantages → losses → optimizer step.
 
-One PyTorch model on one device (`trainer.trainer_strategy: torch`). Gradient accumulation is exact:
-every micro-batch's loss is aggregated with the counts of the WHOLE train batch (`Aggregator`), so
-summing micro-batch gradients equals one big batch's gradient for every `loss_agg_mode`.
+One PyTorch model on one device (`trainer.trainer_strategy: torch`), or one rank of several
+(`fsdp2`: the model's parameters sharded over the ranks, each rank forwarding its own rows;
+`trinity.trainer.parallel` and `sharding`). Gradient accumulation is exact: every micro-batch's
+loss is aggregated with the counts of the WHOLE train batch (`Aggregator`), so summing
+micro-batch gradients, over micro-batches and over ranks, equals one big batch's gradient for
+every `loss_agg_mode`.
 
 Old logprobs: with one optimizer update per train step (`ppo_epochs: 1`, one mini-batch) the
 weights that would "recompute" them are the weights being trained, so the detached logprobs of the
@@ -34,13 +37,33 @@ from trinity.common.experience import Experience
 from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
-from trinity.models.loading import load_weights
-from trinity.trainer.batch import Batch, collate, micro_batches, scatter_rows
-from trinity.trainer.checkpoint import TRAINER_STATE, save_hf_checkpoint
+from trinity.models.loading import build_empty_model, distinct_tensors, load_weights
+from trinity.trainer.batch import Batch, collate, scatter_rows
+from trinity.trainer.checkpoint import (
+    OPTIMIZER,
+    TRAINER_STATE,
+    begin_checkpoint,
+    save_hf_checkpoint,
+    save_weights,
+    seal_checkpoint,
+    temp_folder,
+)
 from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
+from trinity.trainer.parallel import Ranks, idle_rows
 from trinity.trainer.sft_data import auxiliary_readers
+from trinity.trainer.sharding import (
+    PassRoot,
+    build_sharded,
+    full_state,
+    load_full_state,
+    load_named_optimizer_state,
+    load_optimizer,
+    named_optimizer_state,
+    save_optimizer,
+    scalar,
+)
 
 # seconds without a step before the trainer trims its heap: far above the gap between steps
 # whose batches are ready (milliseconds), below an on-policy run's rollout phase (seconds)
@@ -60,11 +83,14 @@ class Trainer:
         model_path: str,
         total_steps: int | None,
         num_threads: int | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         """`num_threads`: torch threads (the launcher's resource plan); None =
         `trainer.num_threads`, else every core. `total_steps`: the lr schedule's horizon; None:
         not known yet, `plan` it before the first step (the runner loads the model while the
-        run is still planning its steps)."""
+        run is still planning its steps). `ranks`: this process's place among the trainer's
+        ranks (`trainer_strategy: fsdp2`; its process group joined already); None: one
+        process, nothing sharded."""
         tcfg = config.trainer
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserves: choose explicitly
         torch.set_num_threads(num_threads or tcfg.num_threads or os.cpu_count() or 1)
@@ -85,11 +111,16 @@ class Trainer:
             self.algo.entropy_loss_fn, self.algo.entropy_loss_fn_args
         )
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.sharded = ranks is not None
+        self.ranks = ranks or Ranks()
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(
             path, custom_chat_template=config.model.custom_chat_template
         )
-        self.model = load_model(path, dtype=tcfg.dtype, device=self.device)
+        # the policy as one pass (`sharding.PassRoot`: the FSDP root when sharded); self.model
+        # is the transformers model inside it
+        self.policy = self._load(path)
+        self.model = self.policy.module
         self.model.train()
         self.model.config.use_cache = False
         if tcfg.enable_gradient_checkpointing:  # decoder layers recompute in backward
@@ -100,14 +131,14 @@ class Trainer:
         self.critic: Critic | None = None
         if self.algo.spec.use_critic:
             critic_path = resolve_model_path(config.model.critic_model_path or model_path)
-            self.critic = Critic(config, critic_path, self.device)
+            self.critic = Critic(config, critic_path, self.device, self.ranks, self.sharded)
         self.ref_model = None
         if self.algo.use_reference:
             ref_path = path
             if self.algo.spec.teacher_from_auxiliary:  # on-policy distillation's teacher
                 ref_path = resolve_model_path(config.explorer.auxiliary_models[0].model_path)
                 check_same_vocabulary(self.tokenizer, load_tokenizer(ref_path), ref_path)
-            self.ref_model = load_model(ref_path, dtype=tcfg.dtype, device=self.device)
+            self.ref_model = self._load(ref_path)
             self.ref_model.requires_grad_(False)
         self.pad_id = (
             self.tokenizer.pad_token_id
@@ -149,6 +180,22 @@ class Trainer:
                     "algorithm.overlong_penalty needs model.max_response_tokens (L_max)"
                 )
             self.overlong = (horizon, ocfg.buffer_len or max(1, horizon // 5), ocfg.penalty_factor)
+
+    def _load(self, path: str) -> PassRoot:
+        """The model at `path` as a `PassRoot`: sharded over the ranks (rank 0 reads it, the
+        others build it empty and receive their shards), or whole in this process."""
+        dtype = self.config.trainer.dtype
+
+        def load() -> Any:
+            return load_model(path, dtype=dtype, device=self.device)
+
+        if not self.sharded:
+            return PassRoot(load())
+
+        def empty() -> Any:
+            return build_empty_model(path, dtype=dtype, device=self.device)
+
+        return build_sharded(load, self.ranks, self.device, build_meta=empty)
 
     def plan(self, total_steps: int | None) -> None:
         """Build the optimizer and its lr schedule over `total_steps` train steps (None: no
@@ -210,7 +257,10 @@ class Trainer:
         ctx = SampleContext(step=self.step + 1, auxiliary=self.auxiliary)
         experiences = a.sample_strategy(experiences, ctx, **a.sample_strategy_args)
         batch = collate(experiences, self.pad_id)
-        mbs = micro_batches(batch, tcfg.micro_batch_size_per_gpu, self._token_budget(), self.unit)
+        # this rank's micro-batches (all of them in one process; None: an idle one)
+        mbs = self.ranks.micro_batches(
+            batch, tcfg.micro_batch_size_per_gpu, self._token_budget(), self.unit
+        )
         correction = self.config.algorithm.rollout_correction
         # decoupled PPO: a correction weighs by π_old/μ, so π_old is known before the update
         recompute_old = (
@@ -225,7 +275,7 @@ class Trainer:
                     batch.ref_logprobs = self._logprobs_no_grad(self.ref_model, batch, mbs)
             if recompute_old:
                 with timers("old_logprob"):
-                    batch.old_logprobs = self._logprobs_no_grad(self.model, batch, mbs)
+                    batch.old_logprobs = self._logprobs_no_grad(self.policy, batch, mbs)
             if self.critic is not None:
                 with timers("values"):
                     batch.values = self.critic.values(batch, mbs)
@@ -379,7 +429,7 @@ class Trainer:
                             mask & expert[:, None], mini_batch.num_seqs(expert)
                         ),
                     }
-                parts = micro_batches(
+                parts = self.ranks.micro_batches(
                     mini_batch,
                     self.config.trainer.micro_batch_size_per_gpu,
                     self._token_budget(),
@@ -387,7 +437,11 @@ class Trainer:
                 )
                 optimizer.zero_grad(set_to_none=True)
                 n_tok = max(float(mini_batch.response_mask.sum()), 1.0)
+                update: dict[str, float] = {}
                 for idx in parts:
+                    if idx is None:  # an idle micro-batch: the ranks' collectives, no term
+                        self._micro_step(idle_rows(mini_batch, self.unit), agg, True, part_aggs)
+                        continue
                     mb = mini_batch.select(idx)
                     m = self._micro_step(mb, agg, recompute_old, part_aggs)
                     if not recompute_old:
@@ -398,13 +452,18 @@ class Trainer:
                     share = float(mb.response_mask.sum()) / n_tok
                     for k, v in m.items():
                         w = 1.0 if k.rsplit("/", 1)[-1] in ADDITIVE_METRICS else share
-                        sums[k] = sums.get(k, 0.0) + v * w
+                        update[k] = update.get(k, 0.0) + v * w
+                for k, v in self.ranks.sum_metrics(update).items():  # every rank's rows
+                    sums[k] = sums.get(k, 0.0) + v
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.clip_grad or float("inf")
                 )
                 optimizer.step()
-                sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(grad_norm)
+                sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + scalar(grad_norm)
                 n_updates += 1
+        if not recompute_old:  # each rank filled its rows
+            assert batch.old_logprobs is not None
+            self.ranks.all_sum(batch.old_logprobs)
         return {k: v / n_updates for k, v in sums.items()}
 
     def _micro_step(
@@ -418,8 +477,8 @@ class Trainer:
         (`part_aggs`: the usual and expert rows' own aggregators, when the batch mixes them)."""
         a = self.algo
         tcfg = self.config.trainer
-        logprob, entropy = response_logprobs(
-            self.model,
+        logprob, entropy = self.policy(
+            response_logprobs,
             mb,
             tcfg.logprob_chunk_size,
             lean=tcfg.lean_lm_head,
@@ -476,27 +535,45 @@ class Trainer:
         )
 
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, batch: Batch, mbs: list[torch.Tensor]
+        self, model: PassRoot, batch: Batch, mbs: list[torch.Tensor | None]
     ) -> torch.Tensor:
+        """Logprobs [B, R] of every row of `batch`: this rank's micro-batches `mbs`, summed
+        with the other ranks' rows."""
         out = torch.zeros_like(batch.rollout_logprobs)
+        tcfg = self.config.trainer
         for idx in mbs:
-            mb = batch.select(idx)
-            tcfg = self.config.trainer
-            lp, _ = response_logprobs(
-                model,
+            mb = batch.select(idx) if idx is not None else idle_rows(batch, self.unit)
+            lp, _ = model(
+                response_logprobs,
                 mb,
                 tcfg.logprob_chunk_size,
                 with_entropy=False,
                 share_prefix=tcfg.share_prompt_prefix,
             )
-            out[idx, : lp.shape[1]] = lp
-        return out
+            if idx is not None:
+                out[idx, : lp.shape[1]] = lp
+        return self.ranks.all_sum(out)
 
     def _token_budget(self) -> int | None:
         t = self.config.trainer
         return t.max_token_len_per_gpu if t.use_dynamic_bsz else None
 
     # -- weights out -------------------------------------------------------------------------
+
+    def sync_state(self) -> dict[str, torch.Tensor]:
+        """The weights a sync publishes, each tied tensor once. Sharded: gathered whole on rank
+        0 (a collective every rank calls; the others get {})."""
+        if self.sharded:
+            return full_state(self.model)
+        return distinct_tensors(self.model.state_dict())
+
+    def publish(self, method: str, step: int, sync_dir: Path) -> tuple[int, list[Any]]:
+        """Publish the weights of `step` with sync method `method`'s trainer half: (bytes
+        sent, the payload the synchronizer holds)."""
+        from trinity.sync.method import state_nbytes, sync_method
+
+        state = self.sync_state()
+        return state_nbytes(state), sync_method(method).send(state, step, sync_dir)
 
     def save_checkpoint(
         self,
@@ -506,36 +583,71 @@ class Trainer:
         leases: list[int] | None = None,
     ) -> Path:
         """Weights plus the trainer state that resuming needs (`extra`: the caller's own;
-        `leases`: the buffer leases trained since the last checkpoint)."""
+        `leases`: the buffer leases trained since the last checkpoint).
+
+        One process: `save_hf_checkpoint`, the optimizer state in `trainer_state.pt`. Sharded,
+        every rank calls it (collectives): each writes its optimizer shards with DCP into
+        `optimizer/` (loadable at any world size, one process included), rank 0 the gathered
+        weights as the Hugging Face export, the trainer state and the seal."""
         keep = self.config.trainer.max_checkpoints_to_keep
         optimizer, scheduler = self._planned()
         state = {
             "step": step,
-            "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
         }
-        extra = self.critic.save if self.critic is not None else None
-        return save_hf_checkpoint(
-            self.model, self.tokenizer, root, step, keep, state, leases, extra_files=extra
-        )
+        if not self.sharded:
+            state["optimizer"] = optimizer.state_dict()
+            files = self.critic.save if self.critic is not None else None
+            return save_hf_checkpoint(
+                self.model, self.tokenizer, root, step, keep, state, leases, extra_files=files
+            )
+        import torch.distributed as dist
+
+        lead = self.ranks.rank == 0
+        tmp = begin_checkpoint(root, step) if lead else temp_folder(root, step)
+        dist.barrier()  # the folder exists, empty
+        save_optimizer(self.model, optimizer, tmp, OPTIMIZER)
+        weights = self.sync_state()
+        if self.critic is not None:
+            state.update(self.critic.save(tmp))
+        if lead:
+            save_weights(self.model, tmp, weights)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(state, tmp / TRAINER_STATE)
+            seal_checkpoint(root, step, tmp, keep, leases)
+        dist.barrier()  # sealed: every rank's save returns a durable checkpoint
+        return root / f"global_step_{step}"
 
     def resume(self, checkpoint: Path) -> dict[str, Any]:
-        """Load weights, optimizer, scheduler and RNG states saved by `save_checkpoint`.
+        """Load weights, optimizer, scheduler and RNG states saved by `save_checkpoint`, at
+        this trainer's world size whatever the saving one was.
 
         The model was built from the run's start model (so the reference model, if any, stays
         that one); the checkpoint's weights replace the policy's. Returns the saved state.
         """
         from trinity.sync.method import sync_method
 
-        tensors = sync_method("checkpoint").receive([str(checkpoint)])
-        load_weights(self.model, tensors, str(checkpoint))
         state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
         optimizer, scheduler = self._planned()
-        optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:  # rank 0 reads the export, every rank takes its shards
+            lead = self.ranks.rank == 0
+            tensors = sync_method("checkpoint").receive([str(checkpoint)]) if lead else {}
+            load_full_state(self.model, tensors)
+        else:
+            tensors = sync_method("checkpoint").receive([str(checkpoint)])
+            load_weights(self.model, tensors, str(checkpoint))
+        del tensors
+        if (checkpoint / OPTIMIZER).is_dir():  # saved by ranks (DCP)
+            load_optimizer(self.model, optimizer, checkpoint, OPTIMIZER)
+        elif self.sharded:  # saved by one process: its state by parameter index
+            named = named_optimizer_state(self.model, state["optimizer"])
+            load_named_optimizer_state(self.model, optimizer, named)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load(checkpoint, state)

@@ -1,0 +1,174 @@
+"""A sharded trainer: its ranks as Ray actors in one placement group, driven through the
+`Trainer`'s own interface (`ShardedTrainer`), so the trainer's loop (`runner.py`) drives one
+process and many alike.
+
+    trainer: {trainer_strategy: fsdp2, world_size: 2}
+
+1. a placement group of `world_size` bundles (each rank's cores, and one GPU on GPUs): packed on
+   one node, or spread over the run's nodes (`cluster.node_num` > 1), one process per rank;
+2. rank 0 picks a rendezvous address; every rank joins one process group (gloo on CPU, NCCL on
+   CUDA) and builds its `Trainer` with its place (`parallel.Ranks`): rank 0 reads the weights,
+   the others receive their shards (`sharding.build_sharded`);
+3. each call (plan, train step, checkpoint, resume, publish) goes to every rank at once, with
+   the same arguments (a train batch is put in the object store once): the ranks meet in their
+   collectives; rank 0's answer is the answer.
+
+The plan (which rank on which node, its cores and GPUs) is printed when the ranks are up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trinity.common import refs
+
+
+class TrainerRank:
+    """One rank of a sharded trainer (a Ray actor): a `Trainer` on its shards."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        from trinity.trainer.parallel import Ranks
+
+        self.ranks = Ranks(rank, world)
+        self.trainer: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """Where the process group meets (asked of rank 0)."""
+        from trinity.trainer.sharding import free_address
+
+        return free_address()
+
+    def build(
+        self,
+        address: tuple[str, int],
+        config: Any,
+        model_path: str,
+        total_steps: int | None,
+        num_threads: int | None,
+    ) -> dict[str, Any]:
+        """Join the process group and build this rank's trainer; returns where it runs."""
+        from trinity.trainer.sharding import init_process_group
+        from trinity.trainer.trainer import Trainer
+
+        device = init_process_group(self.ranks, address)
+        self.trainer = Trainer(config, model_path, total_steps, num_threads, ranks=self.ranks)
+        import torch
+
+        return {
+            "rank": self.ranks.rank,
+            "node": ray.get_runtime_context().get_node_id(),
+            "device": device,
+            "threads": torch.get_num_threads(),
+        }
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`Trainer.<method>(*args, **kwargs)` on this rank."""
+        return getattr(self.trainer, method)(*args, **kwargs)
+
+    def publish(self, method: str, step: int, sync_dir: str) -> tuple[int, list[Any]]:
+        """Gather the weights (every rank) and publish them with sync method `method` (rank 0):
+        (bytes sent, the payload; rank 0's)."""
+        from trinity.sync.method import state_nbytes, sync_method
+
+        state = self.trainer.sync_state()
+        if self.ranks.rank != 0:
+            return 0, []
+        return state_nbytes(state), sync_method(method).send(state, step, Path(sync_dir))
+
+
+class ShardedTrainer:
+    """The `Trainer` interface over `world` rank actors (module docstring)."""
+
+    def __init__(
+        self,
+        config: Any,
+        model_path: str,
+        total_steps: int | None,
+        world: int,
+        num_threads: int | None,
+        num_cpus: float,
+        num_gpus: float,
+        nodes: list[str] | None = None,
+    ) -> None:
+        """`num_threads`, `num_cpus`, `num_gpus`: each rank's; `nodes`: the run's nodes (ranks
+        spread over them), or none (packed)."""
+        from trinity.algorithm import resolve_algorithm
+        from trinity.models import load_tokenizer, resolve_model_path
+
+        self.world = world
+        # 1.
+        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        strategy = "SPREAD" if nodes and len(nodes) > 1 else "PACK"
+        self.group = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
+        refs.get(self.group.ready())
+        actor = ray.remote(TrainerRank)
+        self.ranks = [
+            actor.options(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=i
+                ),
+            ).remote(i, world)
+            for i in range(world)
+        ]
+        # 2.
+        address = refs.get(self.ranks[0].address.remote())
+        self.placed = refs.get(
+            [
+                r.build.remote(address, config, model_path, total_steps, num_threads)
+                for r in self.ranks
+            ]
+        )
+        self.algo = resolve_algorithm(config.algorithm)
+        self.tokenizer = load_tokenizer(
+            resolve_model_path(model_path), custom_chat_template=config.model.custom_chat_template
+        )
+
+    def describe(self) -> str:
+        """One line: each rank's node, device and threads."""
+        ranks = "; ".join(
+            f"rank {p['rank']} on node {p['node'][:12]} ({p['device']}, {p['threads']} threads)"
+            for p in self.placed
+        )
+        return f"trainer: fsdp2 over {self.world} ranks: {ranks}"
+
+    # 3.
+    def _all(self, method: str, *args: Any) -> Any:
+        return refs.get([r.call.remote(method, *args) for r in self.ranks])[0]
+
+    def plan(self, total_steps: int | None) -> None:
+        self._all("plan", total_steps)
+
+    def train_step(self, experiences: list[Any]) -> dict[str, float]:
+        return self._all("train_step", ray.put(experiences))
+
+    def save_checkpoint(
+        self,
+        root: Path,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        leases: list[int] | None = None,
+    ) -> Path:
+        return self._all("save_checkpoint", root, step, extra, leases)
+
+    def resume(self, checkpoint: Path) -> dict[str, Any]:
+        return self._all("resume", checkpoint)
+
+    def release_training_state(self) -> None:
+        self._all("release_training_state")
+
+    def publish(self, method: str, step: int, sync_dir: Path) -> tuple[int, list[Any]]:
+        """(bytes sent, payload) of the weights of `step` (`TrainerRank.publish`)."""
+        return refs.get([r.publish.remote(method, step, str(sync_dir)) for r in self.ranks])[0]
+
+    def close(self) -> None:
+        """Stop the ranks and free their placement group."""
+        for r in self.ranks:
+            ray.kill(r)
+        remove_placement_group(self.group)
