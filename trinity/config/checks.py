@@ -295,6 +295,36 @@ def _one_process_is_one_local_process(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("trainer", "cluster.one_process", "synchronizer.sync_method")
+def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
+    """A sharded trainer (`trainer_strategy: fsdp2`) is `world_size` processes of its own."""
+    t = cfg.trainer
+    sharded = t.trainer_strategy in ("fsdp", "fsdp2")
+    if not sharded:
+        if (t.world_size or 1) > 1:
+            yield Problem(
+                "trainer.world_size",
+                f"{t.world_size} ranks need a sharded trainer: set trainer.trainer_strategy: "
+                "fsdp2 (torch is one process)",
+            )
+        return
+    if cfg.mode in ("explore", "bench", "serve"):
+        return
+    if cfg.cluster.one_process:
+        yield Problem(
+            "cluster.one_process",
+            f"trainer.trainer_strategy {t.trainer_strategy}: the trainer's ranks are processes "
+            "of their own, not objects of the run's one process; remove one_process",
+        )
+    if cfg.synchronizer.sync_method == "shared":
+        yield Problem(
+            "synchronizer.sync_method",
+            f"trainer.trainer_strategy {t.trainer_strategy}: shared maps the trainer's own "
+            "tensors into the engines, and a sharded trainer holds only shards; use memory, "
+            "checkpoint or nccl",
+        )
+
+
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
     for path, storage, _ in cfg.buffer.explorer_input.storages():

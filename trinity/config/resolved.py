@@ -55,7 +55,7 @@ class ResolvedConfig:
     micro_batch_size: int  # experiences per micro-batch per GPU (fixed-size mode)
     use_dynamic_bsz: bool  # micro-batches packed by tokens instead of a fixed size
     max_token_len_per_micro_batch: int | None  # tokens per micro-batch per GPU (dynamic mode)
-    grad_accum_steps: int | None  # micro-batches per train step; None = dynamic (token packing)
+    grad_accum_steps: int | None  # micro-batches per train step (per rank); None = dynamic
     total_steps: int | None  # None = from taskset size × total_epochs at run time, or (mode
     # train reading a queue) until every writer has closed the buffer
     total_steps_source: str  # "" when None
@@ -68,8 +68,10 @@ class ResolvedConfig:
     sync_method_source: str
     engine_type: str  # rollout engine of explorer.rollout_model
     engine_type_source: str
-    trainer_strategy: str  # torch | fsdp | fsdp2
+    trainer_strategy: str  # torch | fsdp2 (fsdp is sharded by FSDP2)
     trainer_strategy_source: str
+    trainer_world_size: int  # ranks of the trainer (1 with torch)
+    trainer_world_size_source: str
     ppo_epochs: int  # passes over each train batch
     ppo_mini_batch_size: int | None  # experiences per optimizer update; None = whole batch
     grad_clip: float  # max global gradient norm
@@ -169,6 +171,13 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     elif save is None:
         save_source = "unset: a tenth of the steps planned at run time"
     clip = cfg.trainer.grad_clip
+    if chosen["trainer_strategy"][0] == "fsdp":
+        chosen["trainer_strategy"] = (
+            "fsdp2",
+            "trainer.trainer_strategy fsdp (verl's FSDP1): sharded by FSDP2 here, the same "
+            "parameter sharding with PyTorch's current API",
+        )
+    world, world_source = trainer_world_size(cfg, chosen["trainer_strategy"][0])
     return ResolvedConfig(
         run_dir=f"{cfg.checkpoint_root_dir.rstrip('/')}/{cfg.project}/{cfg.name}",
         mode=cfg.mode,
@@ -182,7 +191,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         micro_batch_size=micro,
         use_dynamic_bsz=dynamic,
         max_token_len_per_micro_batch=cfg.trainer.max_token_len_per_gpu,
-        grad_accum_steps=None if dynamic else math.ceil(train_batch / micro),
+        grad_accum_steps=None if dynamic else math.ceil(math.ceil(train_batch / world) / micro),
         total_steps=total,
         total_steps_source=total_source,
         save_interval=save,
@@ -191,10 +200,30 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         sync_offset=cfg.synchronizer.sync_offset,
         **{key: value for key, (value, _) in chosen.items()},
         **{f"{key}_source": why for key, (_, why) in chosen.items()},
+        trainer_world_size=world,
+        trainer_world_size_source=world_source,
         ppo_epochs=cfg.trainer.ppo_epochs,
         ppo_mini_batch_size=cfg.trainer.ppo_mini_batch_size,
         grad_clip=clip if clip is not None else cfg.algorithm.optimizer.clip_grad,
     )
+
+
+def trainer_world_size(cfg: TrinityConfig, strategy: str) -> tuple[int, str]:
+    """The trainer's ranks and where the number came from (`trainer.world_size`'s doc)."""
+    if strategy != "fsdp2":
+        return 1, "one process (trainer_strategy torch)"
+    if cfg.trainer.world_size is not None:
+        return cfg.trainer.world_size, "trainer.world_size"
+    c, rm = cfg.cluster, cfg.explorer.rollout_model
+    if c.gpu_per_node:
+        total = (c.node_num or 1) * c.gpu_per_node
+        engines = rm.engine_num * rm.tensor_parallel_size if cfg.mode != "train" else 0
+        if total > engines:
+            return total - engines, (
+                f"unset: {total} GPUs (cluster.node_num × gpu_per_node) less {engines} for the "
+                "rollout engines"
+            )
+    return 1, "unset: 1 (set trainer.world_size)"
 
 
 def format_batch_table(r: ResolvedConfig) -> str:
@@ -211,6 +240,11 @@ def format_batch_table(r: ResolvedConfig) -> str:
         micro_note = "trainer.micro_batch_size_per_gpu, per GPU"
         accum = str(r.grad_accum_steps)
         accum_note = f"gradient accumulation = ceil({r.train_batch_size} / {r.micro_batch_size})"
+        if r.trainer_world_size > 1:
+            accum_note = (
+                f"per rank: ceil(ceil({r.train_batch_size} / {r.trainer_world_size} ranks) / "
+                f"{r.micro_batch_size})"
+            )
     if r.total_steps is not None or r.total_steps_source:
         steps = (str(r.total_steps) if r.total_steps is not None else "open", r.total_steps_source)
     else:
@@ -230,6 +264,11 @@ def format_batch_table(r: ResolvedConfig) -> str:
         ("experiences per train step", str(r.train_batch_size), train_note),
         (*micro, micro_note),
         ("micro-batches per train step", accum, accum_note),
+        *(
+            [("trainer ranks", str(r.trainer_world_size), r.trainer_world_size_source)]
+            if r.trainer_strategy == "fsdp2"
+            else []
+        ),
         ("total steps", *steps),
         ("train steps per checkpoint", checkpoint, r.save_interval_source),
         ("train steps per weight sync", str(r.sync_interval), "synchronizer.sync_interval"),

@@ -394,12 +394,16 @@ class TrainerConfig(ConfigSection):
     ] = None
     """Trinity-RFT's training backend: 'verl' or 'tinker' (a remote service); None = the built-in
     PyTorch trainer. Not the same key as trainer_strategy."""
-    trainer_strategy: Annotated[
-        Literal["torch", "fsdp", "fsdp2"] | None,
-        Refused(("fsdp", "fsdp2"), "multi-rank training; use torch"),
-    ] = None
-    """'torch' = single process on one device; 'fsdp'/'fsdp2' = sharded data parallel; None = the
-    best available here ('torch', see resolve())."""
+    trainer_strategy: Literal["torch", "fsdp", "fsdp2"] | None = None
+    """'torch' = one process on one device; 'fsdp2' = `world_size` processes (Ray actors in a
+    placement group), the models' parameters, gradients and optimizer state sharded over them
+    with PyTorch FSDP2 and the batch split between them (trinity/trainer/ranks.py); 'fsdp'
+    (verl's FSDP1) is sharded by FSDP2 here too; None = 'torch' (see resolve())."""
+    world_size: int | None = Field(None, ge=1)
+    """Ranks of a sharded trainer (`trainer_strategy: fsdp2`; unit: processes, one GPU each on
+    GPUs). None = the GPUs the cluster has beyond the rollout engines' (node_num × gpu_per_node
+    − engine_num × tensor_parallel_size, Trinity-RFT's rule) when `cluster.gpu_per_node` is set,
+    else 1. Each rank takes an equal part of the trainer's cores."""
     ulysses_sequence_parallel_size: Annotated[int, NotBuilt("sequence parallelism", inert=(1,))] = (
         Field(1, ge=1)
     )
@@ -449,7 +453,8 @@ class TrainerConfig(ConfigSection):
     samples of a task share their prompt): its KV cache is gathered to the samples, whose
     responses attend to it (trinity/trainer/prefix.py). Logprobs and gradients equal one pass up
     to float rounding; used where it cuts a tenth of the positions or more, never under gradient
-    checkpointing. False: one pass over every row's whole sequence."""
+    checkpointing nor in a sharded trainer (FSDP2 frees a layer's gathered weights after each of
+    its calls). False: one pass over every row's whole sequence."""
     malloc_mmap_threshold_mb: int | None = Field(None, ge=1, le=32)
     """Fix glibc's mmap threshold in the trainer's process (unit: MiB): every allocation at least
     this large gets its own pages and returns them to the OS when freed, instead of glibc's

@@ -290,11 +290,20 @@ def _start_parts(
     trainer = None
     if stage.trains:
         assert plan.trainer is not None
+        share, threads, reserve = plan.trainer, plan.trainer.threads, {}
+        r = resolve(cfg)
+        world = r.trainer_world_size
+        if r.trainer_strategy == "fsdp2":  # the share goes to the ranks
+            threads = max(1, threads // world)
+            rank_share = (share.num_cpus / world, share.num_gpus / world)
+            reserve = {"num_cpus": 0, "num_gpus": 0}
+        else:
+            rank_share = (0.0, 0.0)
+            reserve = {"num_cpus": share.num_cpus, "num_gpus": share.num_gpus}
         trainer = parts.start(
             TrainerRunner, "trainer", cfg, model_path, str(stage.stage_dir), buffer, sync,
-            ctx.hub, offset, plan.trainer.threads, compute=True,
-            num_cpus=plan.trainer.num_cpus, num_gpus=plan.trainer.num_gpus,
-            **on_node(ctx.nodes, 0),
+            ctx.hub, offset, threads, rank_share, ctx.nodes, compute=True,
+            **reserve, **on_node(ctx.nodes, 0),
         )  # fmt: skip
     return Started(sync, buffer, explorer, trainer, resume, continuing)
 

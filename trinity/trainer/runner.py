@@ -15,14 +15,15 @@ from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
 from trinity.config.resolved import overlaps_in_one_process, resolve
-from trinity.models.loading import BUILD_LOCK, distinct_tensors
-from trinity.sync.method import state_nbytes, sync_method
+from trinity.models.loading import BUILD_LOCK
+from trinity.sync.method import sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.checkpoint import trained_leases
 
 # The trainer (torch, transformers) is imported when the actor is made: the driver imports this
 # module only to start the actor, and stays free of torch.
 if TYPE_CHECKING:
+    from trinity.trainer.ranks import ShardedTrainer
     from trinity.trainer.sft_data import DatasetSource
     from trinity.trainer.trainer import Trainer
 
@@ -38,7 +39,12 @@ class TrainerRunner:
         hub: Any,
         step_offset: int,
         num_threads: int | None = None,
+        rank_share: tuple[float, float] = (1.0, 0.0),
+        nodes: list[str] | None = None,
     ) -> None:
+        """`num_threads`: the trainer's torch threads; with `trainer_strategy: fsdp2`, those of
+        each rank, as `rank_share` is each rank's (CPUs, GPUs) and `nodes` the run's nodes the
+        ranks spread over (`trinity.trainer.ranks`)."""
         # the trainer's torch and transformers, before the start-up timeline's `imports` mark
 
         self.startup = StartupMarks("trainer")  # its process start, its imports done
@@ -46,13 +52,14 @@ class TrainerRunner:
         self.cfg = config
         self.resolved = resolve(config)  # the stage's derived numbers, once
         self.num_threads = num_threads
+        self.rank_share, self.nodes = rank_share, nodes
         self.model_path = model_path
         self.stage_dir = Path(stage_dir)
         self.buffer = buffer
         self.synchronizer = synchronizer
         self.hub = hub
         self.step_offset = step_offset
-        self.trainer: Trainer | None = None
+        self.trainer: Trainer | ShardedTrainer | None = None
         self.dataset: DatasetSource | None = None
         self.unacked: list[int] = []  # buffer leases read since the last checkpoint
         self._on_request = False  # sync_style explorer_driven: publish when an explorer asks
@@ -86,10 +93,21 @@ class TrainerRunner:
         self._started_at = started_at
         return {"dataset_size": size}
 
-    def _build(self, total_steps: int | None) -> Trainer:
+    def _build(self, total_steps: int | None) -> Trainer | ShardedTrainer:
         """The trainer (on the lane), while no other model of this process builds. In a
         one-process run whose sides overlap, its threads are a part of the process's cores
-        that it lends while it does not train (`common.core_shares`)."""
+        that it lends while it does not train (`common.core_shares`). A sharded trainer's
+        ranks are actors of their own (`trinity.trainer.ranks`), their plan printed."""
+        if self.resolved.trainer_strategy == "fsdp2":
+            from trinity.trainer.ranks import ShardedTrainer
+
+            cpus, gpus = self.rank_share
+            sharded = ShardedTrainer(
+                self.cfg, self.model_path, total_steps, self.resolved.trainer_world_size,
+                self.num_threads, cpus, gpus, self.nodes,
+            )  # fmt: skip
+            print(sharded.describe(), flush=True)
+            return sharded
         with BUILD_LOCK:  # engines in this process (cluster.one_process) build one at a time
             import torch
 
@@ -297,23 +315,16 @@ class TrainerRunner:
             ):
                 self._read_metrics = self._publish(step)
 
-    def _send(self, method: Any, step: int) -> tuple[dict[str, Any], list[Any]]:
-        """The trainer half of a sync (on the lane): the weights and what `method` sends."""
-        assert self.trainer is not None
-        state = distinct_tensors(self.trainer.model.state_dict())  # a tied tensor once
-        return state, method.send(state, step, self.stage_dir / "sync")
-
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:
-        """Publish the weights of `step` with the configured sync method's trainer half."""
+        """Publish the weights of `step` with the configured sync method's trainer half (on
+        the lane; a sharded trainer's ranks gather them and rank 0 sends)."""
         assert self.trainer is not None
         t0 = time.perf_counter()
-        method = sync_method(self.resolved.sync_method)
-        state, payload = self.lane.run(self._send, method, step)
+        nbytes, payload = self.lane.run(
+            self.trainer.publish, self.resolved.sync_method, step, self.stage_dir / "sync"
+        )
         refs.get(self.synchronizer.publish.remote(step, payload))
-        return {
-            "sync/publish_s": time.perf_counter() - t0,
-            "sync/bytes": float(state_nbytes(state)),
-        }
+        return {"sync/publish_s": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
 
 
 def staleness_metrics(versions: list[int], trained_with: int) -> dict[str, float]:

@@ -121,6 +121,9 @@ class Trainer:
         # is the transformers model inside it
         self.policy = self._load(path)
         self.model = self.policy.module
+        # the shared-prefix pass runs each decoder layer twice in one forward, which FSDP2's
+        # per-layer gather and free does not support in backward: one pass per row when sharded
+        self.share_prefix = tcfg.share_prompt_prefix and not self.sharded
         self.model.train()
         self.model.config.use_cache = False
         if tcfg.enable_gradient_checkpointing:  # decoder layers recompute in backward
@@ -482,7 +485,7 @@ class Trainer:
             mb,
             tcfg.logprob_chunk_size,
             lean=tcfg.lean_lm_head,
-            share_prefix=tcfg.share_prompt_prefix,
+            share_prefix=self.share_prefix,
             entropy_grad=self.entropy_grad,
         )
         mask = mb.response_mask
@@ -548,7 +551,7 @@ class Trainer:
                 mb,
                 tcfg.logprob_chunk_size,
                 with_entropy=False,
-                share_prefix=tcfg.share_prompt_prefix,
+                share_prefix=self.share_prefix,
             )
             if idx is not None:
                 out[idx, : lp.shape[1]] = lp
