@@ -5,7 +5,8 @@ process and many alike.
     trainer: {trainer_strategy: fsdp2, world_size: 2}
 
 1. a placement group of `world_size` bundles (each rank's cores, and one GPU on GPUs): packed on
-   one node, or spread over the run's nodes (`cluster.node_num` > 1), one process per rank;
+   one node, or spread over the run's nodes (`cluster.node_num` > 1: one rank per node when
+   there are as many nodes as ranks, `STRICT_SPREAD`), one process per rank;
 2. rank 0 picks a rendezvous address; every rank joins one process group (gloo on CPU, NCCL on
    CUDA) and builds its `Trainer` with its place (`parallel.Ranks`): rank 0 reads the weights,
    the others receive their shards (`sharding.build_sharded`);
@@ -103,7 +104,9 @@ class ShardedTrainer:
         self.world = world
         # 1.
         bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
-        strategy = "SPREAD" if nodes and len(nodes) > 1 else "PACK"
+        strategy = "PACK"  # one node: the bundles together
+        if nodes and len(nodes) > 1:  # one rank per node while there are nodes enough
+            strategy = "STRICT_SPREAD" if world <= len(nodes) else "SPREAD"
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
         refs.get(self.group.ready())
         actor = ray.remote(TrainerRank)
