@@ -77,7 +77,6 @@ def test_refusals_name_the_key_and_feature() -> None:
         "explorer.rollout_model.reasoning_parser",
         "explorer.auxiliary_models[0].tensor_parallel_size",
         "monitor.detailed_stats",
-        "trainer.trainer_strategy",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
     assert "LoRA" in probs["model.lora_configs"]
     assert "evaluation metric" in probs["monitor.detailed_stats"]  # swanlab is built
@@ -115,14 +114,14 @@ def test_stage_keys_are_checked_in_each_stage() -> None:
             "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
             "stages": [
                 {"stage_name": "a", "algorithm": {"repeat_times": 2}},
-                {"stage_name": "b", "trainer": {"trainer_strategy": "fsdp2"}},
+                {"stage_name": "b", "trainer": {"ulysses_sequence_parallel_size": 2}},
             ],
         }
     )
     probs = [str(p) for p in not_built_problems(cfg)]
     assert probs == [
-        "stages[1].trainer.trainer_strategy: 'fsdp2' is not built yet "
-        "(multi-rank training; use torch)"
+        "stages[1].trainer.ulysses_sequence_parallel_size: not built yet: sequence "
+        "parallelism; remove the key (or set its default) to run"
     ]
 
 
