@@ -106,6 +106,12 @@ CASES = {
     ),
     # PPO: a sharded critic, its values and its update
     "ppo_critic": ("ppo", {**FIXED, "algo": "kl_loss_fn: none"}, 6),
+    # activation checkpointing inside the sharded layers, the lean LM head inside the root pass
+    "checkpointing_lean_head": (
+        "grpo",
+        {**FIXED, "enable_gradient_checkpointing": "true", "lean_lm_head": "true"},
+        6,
+    ),
 }
 
 

@@ -51,6 +51,14 @@ def test_world_size_is_the_key_or_the_gpus_beyond_the_engines() -> None:
             "synchronizer.sync_method",
             "holds only shards",
         ),
+        (
+            {
+                "trainer": {"trainer_strategy": "fsdp2"},
+                "algorithm": {"algorithm_type": "grpo", "optimizer": {"state_dtype": "bfloat16"}},
+            },
+            "algorithm.optimizer.state_dtype",
+            "stochastic rounding",
+        ),
     ],
 )
 def test_what_a_sharded_trainer_cannot_run_with_is_refused(sections, path, words) -> None:

@@ -295,7 +295,7 @@ def _one_process_is_one_local_process(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
-@_check("trainer", "cluster.one_process", "synchronizer.sync_method")
+@_check("trainer", "cluster.one_process", "synchronizer.sync_method", "algorithm.optimizer")
 def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
     """A sharded trainer (`trainer_strategy: fsdp2`) is `world_size` processes of its own."""
     t = cfg.trainer
@@ -322,6 +322,13 @@ def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
             f"trainer.trainer_strategy {t.trainer_strategy}: shared maps the trainer's own "
             "tensors into the engines, and a sharded trainer holds only shards; use memory, "
             "checkpoint or nccl",
+        )
+    if cfg.algorithm.optimizer.state_dtype == "bfloat16":
+        yield Problem(
+            "algorithm.optimizer.state_dtype",
+            f"not built yet with trainer.trainer_strategy {t.trainer_strategy}: bf16 moments "
+            "with stochastic rounding on sharded parameters; use float32 (sharding already "
+            "divides the moments' memory by the ranks)",
         )
 
 
