@@ -115,7 +115,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# the first case runs in `make test`; the others with the slow tests (each starts 2 ranks)
+@pytest.mark.parametrize(
+    "case",
+    [
+        c if c == "grpo_kl_idle_micro_batch" else pytest.param(c, marks=pytest.mark.slow)
+        for c in CASES
+    ],
+)
 def test_two_ranks_make_the_updates_of_one_process(tmp_path, tiny_model_dir, case):
     algorithm_type, kw, rows = CASES[case]
     cfg = config(tmp_path, tiny_model_dir, algorithm_type, **kw)
@@ -182,6 +189,7 @@ def test_a_sharded_checkpoint_resumes_bit_exactly_and_loads_at_another_world_siz
             assert torch.equal(by_name[n][k], state[k]), (n, k)
 
 
+@pytest.mark.slow  # 2 ranks started again
 def test_a_one_process_checkpoint_resumes_on_two_ranks(tmp_path, tiny_model_dir):
     """A `torch` trainer's checkpoint (optimizer state by parameter index in trainer_state.pt)
     resumes on 2 ranks: the same next step as the one process resumed from it."""
@@ -202,6 +210,7 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks(tmp_path, tiny_model_dir)
     assert got["train/loss"] == pytest.approx(expected["train/loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # 2 ranks per method
 @pytest.mark.parametrize("method", ["memory", "checkpoint"])
 def test_a_sharded_trainer_publishes_the_gathered_weights(tmp_path, tiny_model_dir, method):
     """What an engine receives is every parameter, whole (the tied LM head once), and the bytes
@@ -235,6 +244,7 @@ def trained_steps(run_dir):
     return [r["step"] for r in recs if "train/loss" in r]
 
 
+@pytest.mark.slow  # 2 ranks started again
 def test_trinity_run_trains_on_two_ranks(tmp_path, tiny_model_dir):
     """`trinity run` (mode both) with a 2-rank trainer: the plan is printed, every step trains,
     and each checkpoint holds both ranks' optimizer shards."""
@@ -294,3 +304,22 @@ def test_trainer_ranks_go_to_different_nodes(tmp_path, tiny_model_dir):
         cluster.shutdown()
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_a_failing_rank_stops_every_rank_at_once(tmp_path, tiny_model_dir):
+    """A token id out of the vocabulary in rank 1's rows fails rank 1's forward while rank 0
+    waits for it in a collective: the step raises rank 1's error at once (not after the
+    process group's 10-minute timeout), and the ranks are stopped."""
+    import time
+
+    cfg = config(tmp_path, tiny_model_dir, **FIXED)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    exps = experiences(vocab)
+    exps[-1].tokens[0] = vocab + 5  # rows 3-5 are rank 1's
+    st = sharded(cfg, tiny_model_dir)
+    t0 = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"IndexError|index out of range"):
+        st.train_step(exps)
+    assert time.monotonic() - t0 < 60
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        st.train_step(experiences(vocab))

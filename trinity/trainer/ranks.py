@@ -102,6 +102,8 @@ class ShardedTrainer:
         from trinity.models import load_tokenizer, resolve_model_path
 
         self.world = world
+        self.failed: str | None = None  # why the ranks were stopped
+        self.closed = False
         # 1.
         bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
         strategy = "PACK"  # one node: the bundles together
@@ -122,7 +124,7 @@ class ShardedTrainer:
         ]
         # 2.
         address = refs.get(self.ranks[0].address.remote())
-        self.placed = refs.get(
+        self.placed = self._gather(
             [
                 r.build.remote(address, config, model_path, total_steps, num_threads)
                 for r in self.ranks
@@ -143,7 +145,24 @@ class ShardedTrainer:
 
     # 3.
     def _all(self, method: str, *args: Any) -> Any:
-        return refs.get([r.call.remote(method, *args) for r in self.ranks])[0]
+        return self._gather([r.call.remote(method, *args) for r in self.ranks])[0]
+
+    def _gather(self, calls: list[Any]) -> list[Any]:
+        """Every rank's answer, once every rank answered. A rank that fails leaves the others
+        waiting in a collective (until the process group's timeout): the first failure stops
+        every rank at once and is raised."""
+        if self.failed is not None:
+            raise RuntimeError(f"the trainer's ranks were stopped: {self.failed}")
+        pending = list(calls)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                refs.get(ready[0])
+            except BaseException as e:
+                self.failed = f"rank {calls.index(ready[0])} failed: {type(e).__name__}"
+                self.close()
+                raise
+        return refs.get(calls)
 
     def plan(self, total_steps: int | None) -> None:
         self._all("plan", total_steps)
@@ -168,10 +187,13 @@ class ShardedTrainer:
 
     def publish(self, method: str, step: int, sync_dir: Path) -> tuple[int, list[Any]]:
         """(bytes sent, payload) of the weights of `step` (`TrainerRank.publish`)."""
-        return refs.get([r.publish.remote(method, step, str(sync_dir)) for r in self.ranks])[0]
+        return self._gather([r.publish.remote(method, step, str(sync_dir)) for r in self.ranks])[0]
 
     def close(self) -> None:
-        """Stop the ranks and free their placement group."""
+        """Stop the ranks and free their placement group (once)."""
+        if self.closed:
+            return
+        self.closed = True
         for r in self.ranks:
             ray.kill(r)
         remove_placement_group(self.group)
