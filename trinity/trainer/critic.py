@@ -27,9 +27,7 @@ from trinity.trainer.sharding import (
     build_sharded,
     full_state,
     load_full_state,
-    load_named_optimizer_state,
-    load_optimizer,
-    named_optimizer_state,
+    restore_optimizer,
     save_optimizer,
     scalar,
 )
@@ -175,11 +173,6 @@ class Critic:
             load_full_state(self.model, load_file(str(folder / CRITIC_WEIGHTS)) if lead else {})
         else:
             self.model.load_state_dict(load_file(str(folder / CRITIC_WEIGHTS)))
-        if (folder / CRITIC_OPTIMIZER).is_dir():
-            load_optimizer(self.model, self.optimizer, folder, CRITIC_OPTIMIZER)
-        elif self.sharded:  # saved by one process: its state by parameter index
-            named = named_optimizer_state(self.model, state["critic_optimizer"])
-            load_named_optimizer_state(self.model, self.optimizer, named)
-        else:
-            self.optimizer.load_state_dict(state["critic_optimizer"])
+        saved = state.get("critic_optimizer")  # by one process; ranks write it with DCP
+        restore_optimizer(self.model, self.optimizer, folder, CRITIC_OPTIMIZER, saved, self.sharded)
         self.scheduler.load_state_dict(state["critic_scheduler"])

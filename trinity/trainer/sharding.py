@@ -202,6 +202,28 @@ def _plain(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, PassRoot) else model
 
 
+def restore_optimizer(
+    model: torch.nn.Module,
+    optimizer: Any,
+    folder: Path,
+    key: str,
+    saved: dict[str, Any] | None,
+    sharded: bool,
+) -> None:
+    """Load an optimizer state from a checkpoint folder, whichever world size saved it: the DCP
+    folder `folder/key` ranks write (`save_optimizer`), else `saved`, a one-process
+    `state_dict()` by parameter index (into shards: keyed by name first)."""
+    if (folder / key).is_dir():
+        load_optimizer(model, optimizer, folder, key)
+    elif saved is None:
+        raise ValueError(f"{folder} holds no optimizer state ({key}/ or in its trainer state)")
+    elif sharded:
+        named = named_optimizer_state(_plain(model), saved)
+        load_named_optimizer_state(_plain(model), optimizer, named)
+    else:
+        optimizer.load_state_dict(saved)
+
+
 def named_optimizer_state(model: torch.nn.Module, legacy: dict[str, Any]) -> dict[str, Any]:
     """A one-process optimizer `state_dict()` (keyed by parameter index, in the order
     `build_optimizer` passed them: the trainable parameters, each once) keyed by parameter

@@ -58,9 +58,7 @@ from trinity.trainer.sharding import (
     build_sharded,
     full_state,
     load_full_state,
-    load_named_optimizer_state,
-    load_optimizer,
-    named_optimizer_state,
+    restore_optimizer,
     save_optimizer,
     scalar,
 )
@@ -644,13 +642,8 @@ class Trainer:
             tensors = sync_method("checkpoint").receive([str(checkpoint)])
             load_weights(self.model, tensors, str(checkpoint))
         del tensors
-        if (checkpoint / OPTIMIZER).is_dir():  # saved by ranks (DCP)
-            load_optimizer(self.model, optimizer, checkpoint, OPTIMIZER)
-        elif self.sharded:  # saved by one process: its state by parameter index
-            named = named_optimizer_state(self.model, state["optimizer"])
-            load_named_optimizer_state(self.model, optimizer, named)
-        else:
-            optimizer.load_state_dict(state["optimizer"])
+        saved = state.get("optimizer")  # by one process; ranks write OPTIMIZER/ (DCP)
+        restore_optimizer(self.model, optimizer, checkpoint, OPTIMIZER, saved, self.sharded)
         scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load(checkpoint, state)
