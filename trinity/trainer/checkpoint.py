@@ -53,21 +53,22 @@ def trained_leases(checkpoint: Path | None) -> list[int]:
     return [int(i) for i in json.loads((Path(checkpoint) / LEASES).read_text())]
 
 
-def save_weights(model: Any, folder: Path) -> None:
+def save_weights(model: Any, folder: Path, weights: dict[str, Any] | None = None) -> None:
     """`model`'s weights as `model.safetensors` with its `config.json` (and
     `generation_config.json`), what `save_pretrained` writes for a model in one file, read by
     `from_pretrained` unchanged: a tensor tied to an earlier one (the output embedding) is
     written once, under its first name. Tensors are written from where they are, without
     `save_pretrained`'s copy of the whole model (a second copy of the weights at the save's
     peak; docs/real_model.md); only a tensor that is not contiguous, or that shares its
-    storage with another one without being it, is copied."""
+    storage with another one without being it, is copied. `weights`: the tensors to write
+    instead of `model.state_dict()` (a LoRA policy's merged weights, `trainer.lora.export`)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
-    tensors = for_safetensors(model.state_dict())
+    tensors = for_safetensors(model.state_dict() if weights is None else weights)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -80,19 +81,20 @@ def save_hf_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     leases: list[int] | None = None,
     extra_files: Callable[[Path], dict[str, Any]] | None = None,
+    weights: dict[str, Any] | None = None,
 ) -> Path:
     """Write `root/global_step_<step>` durably (module docstring: when this returns, it survives
     a crash and a power loss), with `trainer_state.pt` and the buffer `leases` its steps trained
     (`buffer_leases.json`) when given, and prune to the newest `keep` checkpoints.
     `extra_files(folder)` writes more files (the critic's weights) into the folder before it is
-    sealed and returns state to add to `trainer_state`."""
+    sealed and returns state to add to `trainer_state`. `weights`: see `save_weights`."""
     root.mkdir(parents=True, exist_ok=True)
     finish_interrupted(root)
     final = root / f"global_step_{step}"
     tmp = root / f".global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     # 1.
-    save_weights(model, tmp)
+    save_weights(model, tmp, weights)
     tokenizer.save_pretrained(tmp)
     if extra_files is not None:
         trainer_state = {**(trainer_state or {}), **extra_files(tmp)}

@@ -15,7 +15,7 @@ from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
 from trinity.common.startup import StartupMarks
 from trinity.config.resolved import overlaps_in_one_process, resolve
-from trinity.models.loading import BUILD_LOCK, distinct_tensors
+from trinity.models.loading import BUILD_LOCK
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.sync.schedule import trainer_publishes_after
 from trinity.trainer.checkpoint import trained_leases
@@ -300,7 +300,7 @@ class TrainerRunner:
     def _send(self, method: Any, step: int) -> tuple[dict[str, Any], list[Any]]:
         """The trainer half of a sync (on the lane): the weights and what `method` sends."""
         assert self.trainer is not None
-        state = distinct_tensors(self.trainer.model.state_dict())  # a tied tensor once
+        state = self.trainer.sync_state()  # a tied tensor once; with LoRA the adapter only
         return state, method.send(state, step, self.stage_dir / "sync")
 
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:
@@ -310,10 +310,13 @@ class TrainerRunner:
         method = sync_method(self.resolved.sync_method)
         state, payload = self.lane.run(self._send, method, step)
         refs.get(self.synchronizer.publish.remote(step, payload))
-        return {
+        out = {
             "sync/publish_s": time.perf_counter() - t0,
             "sync/bytes": float(state_nbytes(state)),
         }
+        if self.trainer.full_sync_nbytes is not None:  # LoRA: what full weights would move
+            out["sync/full_bytes"] = float(self.trainer.full_sync_nbytes)
+        return out
 
 
 def staleness_metrics(versions: list[int], trained_with: int) -> dict[str, float]:

@@ -34,7 +34,8 @@ from trinity.common.experience import Experience
 from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
-from trinity.models.loading import load_weights
+from trinity.models.loading import distinct_tensors, load_weights
+from trinity.trainer import lora
 from trinity.trainer.batch import Batch, collate, micro_batches, scatter_rows
 from trinity.trainer.checkpoint import TRAINER_STATE, save_hf_checkpoint
 from trinity.trainer.critic import Critic
@@ -94,6 +95,12 @@ class Trainer:
         self.model.config.use_cache = False
         if tcfg.enable_gradient_checkpointing:  # decoder layers recompute in backward
             enable_checkpointing(self.model)
+        # model.lora_configs: only an adapter trains and syncs; the base is frozen (trainer/lora.py)
+        self.lora = lora.lora_settings(config)
+        self.full_sync_nbytes: int | None = None  # with LoRA: bytes a full-weights sync moves
+        if self.lora is not None:
+            self.model = lora.wrap(self.model, self.lora)
+            self.full_sync_nbytes = lora.full_nbytes(self.model)
         self.peak_rss = PeakRss()  # this process's peak RSS per train step
         # buffer.trainer_input.auxiliary_buffers: readers a sample strategy may draw from
         self.auxiliary = auxiliary_readers(config, self.tokenizer)
@@ -102,7 +109,13 @@ class Trainer:
             critic_path = resolve_model_path(config.model.critic_model_path or model_path)
             self.critic = Critic(config, critic_path, self.device)
         self.ref_model = None
-        if self.algo.use_reference:
+        # with LoRA the reference is the base: the policy with its adapter off (no second copy)
+        self.ref_is_base = (
+            self.lora is not None
+            and self.algo.use_reference
+            and not self.algo.spec.teacher_from_auxiliary
+        )
+        if self.algo.use_reference and not self.ref_is_base:
             ref_path = path
             if self.algo.spec.teacher_from_auxiliary:  # on-policy distillation's teacher
                 ref_path = resolve_model_path(config.explorer.auxiliary_models[0].model_path)
@@ -223,6 +236,9 @@ class Trainer:
             if self.ref_model is not None:
                 with timers("ref"):
                     batch.ref_logprobs = self._logprobs_no_grad(self.ref_model, batch, mbs)
+            elif self.ref_is_base:
+                with timers("ref"), lora.reference_weights(self.model):
+                    batch.ref_logprobs = self._logprobs_no_grad(self.model, batch, mbs)
             if recompute_old:
                 with timers("old_logprob"):
                     batch.old_logprobs = self._logprobs_no_grad(self.model, batch, mbs)
@@ -498,6 +514,14 @@ class Trainer:
 
     # -- weights out -------------------------------------------------------------------------
 
+    def sync_state(self) -> dict[str, torch.Tensor]:
+        """The weights a sync publishes: every distinct tensor of the policy (a tied one once),
+        or with LoRA only the adapter (`trainer.lora.adapter_state`; the engines merge it into
+        their base, `models/lora_merge.py`)."""
+        if self.lora is not None:
+            return lora.adapter_state(self.model)
+        return distinct_tensors(self.model.state_dict())
+
     def save_checkpoint(
         self,
         root: Path,
@@ -519,8 +543,11 @@ class Trainer:
             **(extra or {}),
         }
         extra = self.critic.save if self.critic is not None else None
+        model, weights = self.model, None
+        if self.lora is not None:  # the merged model as the HF export, the adapter beside it
+            model, weights, extra = lora.export(self.model, extra)
         return save_hf_checkpoint(
-            self.model, self.tokenizer, root, step, keep, state, leases, extra_files=extra
+            model, self.tokenizer, root, step, keep, state, leases, extra, weights
         )
 
     def resume(self, checkpoint: Path) -> dict[str, Any]:
@@ -531,8 +558,11 @@ class Trainer:
         """
         from trinity.sync.method import sync_method
 
-        tensors = sync_method("checkpoint").receive([str(checkpoint)])
-        load_weights(self.model, tensors, str(checkpoint))
+        if self.lora is not None:  # the base is the stage's start model, as built
+            lora.load_adapter(self.model, checkpoint / lora.ADAPTER_DIR)
+        else:
+            tensors = sync_method("checkpoint").receive([str(checkpoint)])
+            load_weights(self.model, tensors, str(checkpoint))
         state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
         optimizer, scheduler = self._planned()
         optimizer.load_state_dict(state["optimizer"])
