@@ -24,6 +24,7 @@ train step's logprobs of a micro-batch are those of the weights the engines serv
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,7 +66,9 @@ def wrap(model: Any, settings: Any) -> Any:
     )
     head = model.get_output_embeddings()
     auto = settings.lora_dtype == "auto"
-    peft_model = get_peft_model(model, peft_config, autocast_adapter_dtype=auto)
+    with warnings.catch_warnings():  # peft asks transformers 5 by a deprecated name
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        peft_model = get_peft_model(model, peft_config, autocast_adapter_dtype=auto)
     layers = dict(adapted_layers(peft_model))
     if not layers:
         raise ValueError(
