@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -279,3 +280,54 @@ def test_resume_restores_adapter_and_optimizer_exactly(tmp_path, tiny_model_dir)
     assert sa.keys() == sb.keys()
     for k in sa:
         assert all(torch.equal(sa[k][x], sb[k][x]) for x in ("exp_avg", "exp_avg_sq"))
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["default", "nccl"])
+def test_a_lora_grpo_run_syncs_only_the_adapter(tmp_path, tiny_model_dir, method):
+    """`trinity run`, mode both, 3 GRPO steps with a rank-4 adapter: the default layout (one
+    process, where an unset sync method is memory with LoRA) and actors with nccl (gloo)."""
+    from test_e2e import ROOT, grpo_config, run_trinity, user_module
+
+    # the untrained tiny model never adds right: a reward by the response's characters gives
+    # GRPO groups with different rewards, so the adapter gets a gradient
+    user_module(
+        tmp_path,
+        "userpkg",
+        "rw",
+        "def parity(response, truth, task_raw):\n"
+        "    return {'accuracy': float(len(response) % 2)}\n",
+    )
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    cfg.write_text(cfg.read_text().replace("arithmetic_reward", "userpkg.rw.parity"))
+    sets = [f"model.lora_configs=[{{lora_rank: {RANK}, lora_alpha: {ALPHA}}}]"]
+    if method == "nccl":
+        sets.append("synchronizer.sync_method=nccl")
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = run_trinity(cfg, env_extra=env, overrides=sets)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    by_step = {rec["step"]: rec for rec in records}
+    hf = AutoConfig.from_pretrained(tiny_model_dir)
+    full = sum(t.numel() * t.element_size() for t in load_model(tiny_model_dir).parameters())
+    synced = [s for s in (1, 2, 3) if "sync/bytes" in by_step[s]]
+    assert synced  # on-policy: the trainer publishes after its steps
+    for s in synced:
+        assert by_step[s]["sync/bytes"] == adapter_bytes_by_hand(hf)  # 167940: the adapter
+        assert by_step[s]["sync/full_bytes"] == full
+    for s in (1, 2, 3):  # explore step s sampled with the weights of train step s - 1
+        assert by_step[s]["rollout/model_version"] == s - 1
+    # the final checkpoint: an adapter that moved, on base weights that did not (its merged
+    # export is the start model + the adapter)
+    ckpt = run_dir / "global_step_3"
+    trained = PeftModel.from_pretrained(load_model(tiny_model_dir), str(ckpt / lora.ADAPTER_DIR))
+    b = [p for n, p in trained.named_parameters() if ".lora_B." in n]
+    assert max(float(p.abs().max()) for p in b) > 0  # B starts at 0
+    ids = token_ids(hf.vocab_size)
+    with torch.no_grad():
+        want = trained(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+        assert (merged(input_ids=ids).logits - want).abs().max() < 1e-5
