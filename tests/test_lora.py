@@ -189,6 +189,16 @@ def test_the_synced_state_is_the_adapter_only_and_its_bytes_are_rank_times_shape
     assert state_nbytes(state) < full / 10
 
 
+def test_lora_dtype_sets_the_adapter_s_dtype_and_halves_its_bytes(tmp_path, tiny_model_dir):
+    cfg = lora_config(tmp_path, tiny_model_dir, ", lora_dtype: bfloat16")
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    dtypes = {(is_adapter(n), p.dtype) for n, p in trainer.model.named_parameters()}
+    assert dtypes == {(True, torch.bfloat16), (False, torch.float32)}
+    # the fp32 adapter's 167936 bytes of A and B at 2 bytes a number, + the fp32 scaling
+    assert state_nbytes(trainer.sync_state()) == 167_936 // 2 + 4
+    trainer.train_step(experiences(trainer.model.config.vocab_size))  # peft computes in bf16
+
+
 @pytest.mark.parametrize("method", ["memory", "checkpoint"])
 def test_an_engine_loading_the_adapter_computes_the_peft_model_s_logits(
     tmp_path, tiny_model_dir, method
@@ -277,6 +287,7 @@ def test_resume_restores_adapter_and_optimizer_exactly(tmp_path, tiny_model_dir)
     ):
         assert torch.equal(a, b), name
     sa, sb = first.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert len(sa) == 2 * len(LINEARS) * 4  # A and B of 7 layers × 4: the adapter's state only
     assert sa.keys() == sb.keys()
     for k in sa:
         assert all(torch.equal(sa[k][x], sb[k][x]) for x in ("exp_avg", "exp_avg_sq"))

@@ -2,7 +2,8 @@
 
 Beside the weights, `trainer_state.pt` holds what resuming needs and `transformers` ignores:
 optimizer and lr-scheduler state, RNG states, the step; `buffer_leases.json` the buffer leases
-its steps trained.
+its steps trained. A LoRA policy's checkpoint holds the merged model as its weights and the
+adapter in peft's format in `adapter/` (`trainer/lora.py`).
 
 Durable before acked. The trainer acks a checkpoint's leases as soon as `save_hf_checkpoint`
 returns, so by then the checkpoint must survive a crash or a power loss:
