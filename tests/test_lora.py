@@ -263,6 +263,9 @@ def test_checkpoint_holds_a_peft_adapter_and_the_merged_model(tmp_path, tiny_mod
         assert torch.equal(reloaded(input_ids=ids).logits, want)
         merged = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         assert (merged(input_ids=ids).logits - want).abs().max() < 1e-5
+    # what mode bench and the checkpoint sync method read of the folder: the merged model only
+    read = sync_method("checkpoint").receive([str(folder)])
+    assert set(read) == set(load_model(tiny_model_dir).state_dict()) - {"lm_head.weight"}
     # the export is the model alone: no adapter tensor among its weights
     from safetensors import safe_open
 
@@ -342,3 +345,34 @@ def test_a_lora_grpo_run_syncs_only_the_adapter(tmp_path, tiny_model_dir, method
         want = trained(input_ids=ids).logits
         merged = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
         assert (merged(input_ids=ids).logits - want).abs().max() < 1e-5
+
+
+@pytest.mark.slow  # a crash trial: an interrupted and an uninterrupted `trinity run` (~45 s)
+def test_a_resumed_lora_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, tiny_model_dir):
+    """SFT with an adapter: 6 steps at once, or 4 steps then a resume to 6 (a new process
+    that loads the adapter and its optimizer state from the step-4 checkpoint)."""
+    from safetensors.torch import load_file
+    from test_e2e import run_trinity
+    from test_resume import sft_config
+
+    sets = [f"model.lora_configs=[{{lora_rank: {RANK}, lora_alpha: {ALPHA}}}]"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for d in (whole, cut):
+        d.mkdir()
+    for cfg, more in [
+        (sft_config(whole, tiny_model_dir, 6), []),
+        (sft_config(cut, tiny_model_dir, 4), []),
+        (sft_config(cut, tiny_model_dir, 6), ["continue_from_checkpoint=true"]),
+    ]:
+        r = run_trinity(cfg, overrides=sets + more)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming stage main from" in r.stdout
+    a, b = (d / "ckpt" / "e2e" / "sft" / "global_step_6" for d in (whole, cut))
+    for name in (f"{lora.ADAPTER_DIR}/adapter_model.safetensors", "model.safetensors"):
+        wa, wb = load_file(a / name), load_file(b / name)
+        assert wa.keys() == wb.keys()
+        for k in wa:
+            assert torch.equal(wa[k], wb[k]), (name, k)
+    adapter = f"{lora.ADAPTER_DIR}/adapter_model.safetensors"
+    early, late = load_file(a.parent / "global_step_2" / adapter), load_file(a / adapter)
+    assert any(not torch.equal(early[k], late[k]) for k in late)  # it trained from 2 to 6
