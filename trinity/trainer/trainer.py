@@ -547,7 +547,15 @@ class Trainer:
         if self.lora is not None:  # the merged model as the HF export, the adapter beside it
             model, weights, extra = lora.export(self.model, extra)
         return save_hf_checkpoint(
-            model, self.tokenizer, root, step, keep, state, leases, extra, weights
+            model,
+            self.tokenizer,
+            root,
+            step,
+            keep,
+            state,
+            leases,
+            extra_files=extra,
+            weights=weights,
         )
 
     def resume(self, checkpoint: Path) -> dict[str, Any]:
