@@ -17,6 +17,7 @@ from trinity.config import ConfigError, load_config, resolve
 from trinity.config.support import not_built_problems
 from trinity.explorer.engine import HFRolloutEngine
 from trinity.models import load_model
+from trinity.models.lora_merge import weights_of_checkpoint
 from trinity.sync.method import state_nbytes, sync_method
 from trinity.trainer import lora
 from trinity.trainer.trainer import Trainer
@@ -271,6 +272,27 @@ def test_checkpoint_holds_a_peft_adapter_and_the_merged_model(tmp_path, tiny_mod
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert not any("lora" in k or "base_layer" in k for k in f.keys())  # noqa: SIM118
+
+
+def test_engines_continue_from_a_lora_checkpoint_s_adapter_on_their_base(tmp_path, tiny_model_dir):
+    """A resumed run's engines (built from the stage's start model) load the checkpoint's
+    adapter, and later adapters are merged into that base, not into the checkpoint's merged
+    export (which would add the adapter twice)."""
+    cfg = lora_config(tmp_path, tiny_model_dir)
+    trainer = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    randomize_adapter(trainer.model, seed=1)
+    folder = trainer.save_checkpoint(tmp_path / "ckpt", 1)
+    assert weights_of_checkpoint(folder) == folder / lora.ADAPTER_DIR
+    assert weights_of_checkpoint(tiny_model_dir) == tiny_model_dir  # a full model's folder
+    engine = HFRolloutEngine(str(tiny_model_dir), seed=0, trim_when_idle=False)
+    engine.update_weights("checkpoint", [str(weights_of_checkpoint(folder))], 1)
+    ids = token_ids(engine.model.config.vocab_size)
+    for version in (1, 2):
+        with torch.no_grad():
+            want = trainer.model(input_ids=ids).logits
+            assert (engine.model(input_ids=ids).logits - want).abs().max() < 1e-5, version
+        randomize_adapter(trainer.model, seed=2)
+        engine.load_state({k: v.clone() for k, v in trainer.sync_state().items()}, 2)
 
 
 def test_resume_restores_adapter_and_optimizer_exactly(tmp_path, tiny_model_dir):

@@ -21,8 +21,14 @@ and W), against the bytes of a full sync on the wire and in the synchronizer.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+ADAPTER_DIR = "adapter"
+"""A LoRA run's checkpoint subfolder holding its adapter in peft's format
+(`adapter_model.safetensors` + `adapter_config.json`); the folder itself holds the merged model."""
+PEFT_CONFIG = "adapter_config.json"
 PREFIX = "lora."
 SCALING = "lora.scaling"
 _A, _B = ".lora_A", ".lora_B"
@@ -99,3 +105,38 @@ def apply_adapter(model: Any, tensors: dict[str, Any], what: str) -> None:
 def forget_base(model: Any) -> None:
     """Full weights were loaded: they are the base of the next adapter."""
     model.__dict__.pop(BASE_ATTR, None)
+
+
+def weights_of_checkpoint(checkpoint: Path) -> Path:
+    """What engines built from a LoRA stage's start model load to continue from a checkpoint of
+    it: its adapter folder (merged into their base), not its merged export (which would become
+    their base, and every later adapter would be added to it a second time). Other checkpoints:
+    the folder itself."""
+    adapter = Path(checkpoint) / ADAPTER_DIR
+    return adapter if (adapter / PEFT_CONFIG).is_file() else Path(checkpoint)
+
+
+def is_peft_adapter(folder: Path) -> bool:
+    return (Path(folder) / PEFT_CONFIG).is_file()
+
+
+def read_peft_adapter(folder: Path) -> dict[str, Any]:
+    """A peft adapter folder (`adapter_model.safetensors` + `adapter_config.json`, LoRA on
+    linear layers) as a payload of this module's format. Raises ValueError for an adapter this
+    format cannot carry (per-layer ranks or alphas, DoRA, biases)."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = json.loads((folder / PEFT_CONFIG).read_text())
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern") or cfg.get("use_dora"):
+        raise ValueError(f"{folder}: per-layer ranks or alphas, or DoRA, are not merged here")
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    scaling = alpha / r**0.5 if cfg.get("use_rslora") else alpha / r
+    out: dict[str, Any] = {SCALING: torch.tensor(scaling, dtype=torch.float32)}
+    for name, t in load_file(str(folder / "adapter_model.safetensors")).items():
+        module, _, which = name.removeprefix("base_model.model.").rpartition(".lora_")
+        if which not in ("A.weight", "B.weight"):
+            raise ValueError(f"{folder}: {name!r} is not a LoRA A or B weight")
+        out[adapter_key(module, which[0])] = t
+    return out

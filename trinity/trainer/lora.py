@@ -34,11 +34,10 @@ import torch
 
 from trinity.models.basics import resolve_dtype
 from trinity.models.loading import distinct_tensors
-from trinity.models.lora_merge import SCALING, adapter_key, merged_weight
+from trinity.models.lora_merge import ADAPTER_DIR, SCALING, adapter_key, merged_weight
 
-ADAPTER_DIR = "adapter"
-"""A checkpoint's subfolder holding the adapter in peft's format (not read as the model's
-weights: the checkpoint sync method reads only the folder's own `*.safetensors`)."""
+__all__ = ["ADAPTER_DIR"]  # a checkpoint's adapter subfolder (`models/lora_merge.py`)
+
 ADAPTER_NAME = "default"  # peft's adapter name (the one `PeftModel.from_pretrained` gives)
 
 
