@@ -325,23 +325,12 @@ def test_resume_restores_adapter_and_optimizer_exactly(tmp_path, tiny_model_dir)
 def test_a_lora_grpo_run_syncs_only_the_adapter(tmp_path, tiny_model_dir, method):
     """`trinity run`, mode both, 3 GRPO steps with a rank-4 adapter: the default layout (one
     process, where an unset sync method is memory with LoRA) and actors with nccl (gloo)."""
-    from test_e2e import ROOT, grpo_config, run_trinity, user_module
+    from test_e2e import run_trinity
 
-    # the untrained tiny model never adds right: a reward by the response's characters gives
-    # GRPO groups with different rewards, so the adapter gets a gradient
-    user_module(
-        tmp_path,
-        "userpkg",
-        "rw",
-        "def parity(response, truth, task_raw):\n"
-        "    return {'accuracy': float(len(response) % 2)}\n",
-    )
-    cfg = grpo_config(tmp_path, tiny_model_dir)
-    cfg.write_text(cfg.read_text().replace("arithmetic_reward", "userpkg.rw.parity"))
+    cfg, env = lora_grpo_config(tmp_path, tiny_model_dir)
     sets = [f"model.lora_configs=[{{lora_rank: {RANK}, lora_alpha: {ALPHA}}}]"]
     if method == "nccl":
         sets.append("synchronizer.sync_method=nccl")
-    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     r = run_trinity(cfg, env_extra=env, overrides=sets)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
@@ -398,3 +387,52 @@ def test_a_resumed_lora_run_ends_exactly_where_an_uninterrupted_one_does(tmp_pat
     adapter = f"{lora.ADAPTER_DIR}/adapter_model.safetensors"
     early, late = load_file(a.parent / "global_step_2" / adapter), load_file(a / adapter)
     assert any(not torch.equal(early[k], late[k]) for k in late)  # it trained from 2 to 6
+
+
+def lora_grpo_config(tmp_path, model_dir):
+    """`test_e2e.grpo_config` with a reward that varies on an untrained model (the parity of
+    the response's length), so GRPO's groups give the adapter a gradient; its PYTHONPATH."""
+    from test_e2e import ROOT, grpo_config, user_module
+
+    user_module(
+        tmp_path,
+        "userpkg",
+        "rw",
+        "def parity(response, truth, task_raw):\n"
+        "    return {'accuracy': float(len(response) % 2)}\n",
+    )
+    cfg = grpo_config(tmp_path, model_dir)
+    cfg.write_text(cfg.read_text().replace("arithmetic_reward", "userpkg.rw.parity"))
+    return cfg, {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+
+
+@pytest.mark.slow  # two `trinity run`s (~60 s)
+def test_a_resumed_lora_grpo_run_samples_with_the_trainer_s_weights(tmp_path, tiny_model_dir):
+    """2 steps, then a resume to 4: the engines, built from the base, continue from the
+    checkpoint's adapter, and every step's rollouts come from the weights the trainer trains
+    (the engine's logprobs of the sampled tokens equal the trainer's π_old). Engines that took
+    the checkpoint's merged export as their base would add every later adapter twice."""
+    from test_e2e import run_trinity
+
+    cfg, env = lora_grpo_config(tmp_path, tiny_model_dir)
+    sets = [f"model.lora_configs=[{{lora_rank: {RANK}, lora_alpha: {ALPHA}}}]"]
+    sets += ["explorer.eval_interval=0", "trainer.save_interval=2"]
+    for more in (
+        ["buffer.total_steps=2"],
+        ["buffer.total_steps=4", "continue_from_checkpoint=true"],
+    ):
+        r = run_trinity(cfg, env_extra=env, overrides=sets + more)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming stage main from" in r.stdout
+    run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    diff = {
+        r["step"]: r["off_policy/abs_logprob_diff"]
+        for r in records
+        if "off_policy/abs_logprob_diff" in r
+    }
+    assert sorted(diff) == [1, 2, 3, 4]
+    assert max(diff.values()) < 1e-4, diff  # fp32 rounding only
+    late = load_model(tiny_model_dir)  # the adapter did move away from B = 0
+    trained = PeftModel.from_pretrained(late, str(run_dir / "global_step_4" / lora.ADAPTER_DIR))
+    assert max(float(p.abs().max()) for n, p in trained.named_parameters() if ".lora_B." in n) > 0
