@@ -165,6 +165,11 @@ def load_adapter(peft_model: Any, folder: Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise RuntimeError(
+            f"{folder.parent} holds no LoRA adapter: it was saved without model.lora_configs, "
+            "so a run with them cannot continue from it"
+        )
     state = load_file(str(folder / "adapter_model.safetensors"))
     want = {k for k, _ in peft_model.named_parameters() if ".lora_" in k}
     result = set_peft_model_state_dict(peft_model, state, adapter_name=ADAPTER_NAME)
