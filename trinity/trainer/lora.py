@@ -36,8 +36,6 @@ from trinity.models.basics import resolve_dtype
 from trinity.models.loading import distinct_tensors
 from trinity.models.lora_merge import ADAPTER_DIR, SCALING, adapter_key, merged_weight
 
-__all__ = ["ADAPTER_DIR"]  # a checkpoint's adapter subfolder (`models/lora_merge.py`)
-
 ADAPTER_NAME = "default"  # peft's adapter name (the one `PeftModel.from_pretrained` gives)
 
 
