@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from trinity.config.lora_schema import LoRAConfig
 from trinity.models.basics import resolve_dtype
 from trinity.models.loading import distinct_tensors
 from trinity.models.lora_merge import ADAPTER_DIR, SCALING, adapter_key, merged_weight
@@ -39,13 +40,13 @@ from trinity.models.lora_merge import ADAPTER_DIR, SCALING, adapter_key, merged_
 ADAPTER_NAME = "default"  # peft's adapter name (the one `PeftModel.from_pretrained` gives)
 
 
-def lora_settings(config: Any) -> Any | None:
+def lora_settings(config: Any) -> LoRAConfig | None:
     """The run's one `LoRAConfig` (config checks refuse more), or None: full fine-tuning."""
     adapters = config.model.lora_configs
     return adapters[0] if adapters else None
 
 
-def wrap(model: Any, settings: Any) -> Any:
+def wrap(model: Any, settings: LoRAConfig) -> Any:
     """The policy as a peft model with a fresh adapter (B = 0: it starts as the base model).
 
     Raises ValueError when the targets name no layer, or a layer that is not a linear layer of
