@@ -39,7 +39,9 @@ class _Model:
 
 @pytest.fixture(autouse=True)
 def _stand_in_weights(monkeypatch):
-    monkeypatch.setattr(ckpt, "save_weights", lambda model, folder: model.save_pretrained(folder))
+    monkeypatch.setattr(
+        ckpt, "save_weights", lambda model, folder, weights=None: model.save_pretrained(folder)
+    )
 
 
 class _Tokenizer:

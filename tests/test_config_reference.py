@@ -38,8 +38,11 @@ def test_rows_say_type_default_state_and_description() -> None:
     kind, default, state, about = rows["buffer.batch_size"]
     assert (kind, default, state) == ("int (≥ 1)", "`1`", "acted upon")
     assert "unit: tasks" in about
-    # model.lora_configs: Annotated[..., NotBuilt("LoRA")] = None
-    assert rows["model.lora_configs"][1:3] == ["`None`", "not built: LoRA"]
+    # model.external_model: Annotated[..., NotBuilt("rollouts from ...")] = None
+    assert rows["model.external_model"][1:3] == [
+        "`None`",
+        "not built: rollouts from an externally served model",
+    ]
     # a key under a section reused elsewhere gets its state at this place (Inside)
     assert rows["buffer.explorer_input.taskset.capacity"][2].startswith("not applicable: ")
     assert rows["buffer.trainer_input.experience_buffer.capacity"][2] == "acted upon"

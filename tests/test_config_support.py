@@ -21,8 +21,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 def test_states_are_field_metadata_read_by_one_walker() -> None:
     by_path = {k.path: k for k in KEY_STATES}
     # declared on the field itself
-    assert by_path["model.lora_configs"].state == "not_built"
-    assert by_path["model.lora_configs"].reason == "LoRA"
+    assert by_path["model.external_model"].state == "not_built"
+    assert by_path["model.external_model"].reason == "rollouts from an externally served model"
     # a section reused in several places gets its states at each place (Inside)
     assert by_path["buffer.explorer_input.taskset.capacity"].state == "not_applicable"
     assert "buffer.trainer_input.experience_buffer.capacity" not in by_path  # acted there
@@ -59,7 +59,7 @@ def test_defaults_are_neither_refused_nor_noted() -> None:
 def test_refusals_name_the_key_and_feature() -> None:
     cfg = TrinityConfig.model_validate(
         {
-            "model": {"lora_configs": [{"lora_rank": 8}], "logprobs": 0},
+            "model": {"external_model": {"url": "http://x"}, "logprobs": 0},
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
                 # served to workflows; its own not-built keys are refused where they are
@@ -72,13 +72,13 @@ def test_refusals_name_the_key_and_feature() -> None:
     )
     probs = {p.path: p.message for p in not_built_problems(cfg)}
     assert set(probs) == {
-        "model.lora_configs",
+        "model.external_model",
         "explorer.rollout_model.tensor_parallel_size",
         "explorer.rollout_model.reasoning_parser",
         "explorer.auxiliary_models[0].tensor_parallel_size",
         "monitor.detailed_stats",
     }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
-    assert "LoRA" in probs["model.lora_configs"]
+    assert "externally served" in probs["model.external_model"]
     assert "evaluation metric" in probs["monitor.detailed_stats"]  # swanlab is built
     assert "tensor-parallel" in probs["explorer.rollout_model.tensor_parallel_size"]
 
@@ -132,7 +132,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.lora_configs", "explorer.auxiliary_models[*].reasoning_parser"} <= listed
+    assert {"model.external_model", "explorer.auxiliary_models[*].reasoning_parser"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:

@@ -323,3 +323,39 @@ def test_a_failing_rank_stops_every_rank_at_once(tmp_path, tiny_model_dir):
     assert time.monotonic() - t0 < 60
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         st.train_step(experiences(vocab))
+
+
+def test_lora_on_two_ranks_trains_and_syncs_the_adapter_of_one_process(tmp_path, tiny_model_dir):
+    """LoRA under FSDP2: the adapter 2 ranks train equals one process's (1e-5 after 2 steps),
+    only the adapter is published, and a sharded checkpoint's adapter loads in peft and resumes
+    on 2 ranks with the same next step."""
+    from peft import PeftModel
+
+    from tests.test_lora import lora_config
+
+    cfg = lora_config(tmp_path, tiny_model_dir)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    exps = experiences(vocab)[:5]
+    one = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    st = sharded(cfg, tiny_model_dir)
+    for _ in range(2):
+        one.train_step(copy.deepcopy(exps))
+        st.train_step(copy.deepcopy(exps))
+    nbytes, payload = st.publish("memory", 2, None)
+    got, want = sync_method("memory").receive(payload), one.sync_state()
+    assert set(got) == set(want) and all(k.startswith("lora.") for k in got)
+    assert nbytes == sum(t.numel() * t.element_size() for t in want.values())
+    for k, t in want.items():
+        torch.testing.assert_close(got[k], t, rtol=0, atol=1e-5)
+    ckpt = st.save_checkpoint(tmp_path / "ckpt", 2)
+    expected = st.train_step(copy.deepcopy(exps))
+    st.close()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft_model = PeftModel.from_pretrained(base, ckpt / "adapter")
+    ids = torch.tensor([exps[0].tokens.tolist()])
+    merged = AutoModelForCausalLM.from_pretrained(ckpt)
+    torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
+    again = sharded(cfg, tiny_model_dir)
+    again.resume(ckpt)
+    assert values(again.train_step(copy.deepcopy(exps))) == values(expected)
+    again.close()

@@ -7,7 +7,7 @@ because YAML and `${oc.env:...}` type them eagerly.
 
 Key states are field metadata: a field with no marker is acted upon; otherwise
 
-    lora_configs: Annotated[list | None, NotBuilt("LoRA")]        # refused unless inert
+    logprobs: Annotated[int, NotBuilt("top-k logprobs", inert=(0,))]  # refused unless inert
     use_v1: Annotated[bool, NotApplicable("vLLM engine knob")]    # noted when set
     mode: Annotated[Mode, Refused(("serve",), "mode serve")]      # these values are refused
     taskset: Annotated[StorageConfig | None, Inside({"capacity": NotApplicable(...)})]

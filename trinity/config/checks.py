@@ -245,6 +245,35 @@ def _shared_weights_never_race(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("model.lora_configs", "synchronizer.sync_method")
+def _one_lora_adapter(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`model.lora_configs` trains one adapter on linear layers (docs/lora.md)."""
+    adapters = cfg.model.lora_configs or []
+    if len(adapters) > 1:
+        yield Problem(
+            "model.lora_configs",
+            f"{len(adapters)} adapters; one LoRA adapter is trained here (as Trinity-RFT): "
+            "keep one",
+        )
+    for i, lora in enumerate(adapters):
+        targets = [lora.target_modules] if isinstance(lora.target_modules, str) else []
+        targets += [] if isinstance(lora.target_modules, str) else lora.target_modules
+        heads = [t for t in targets if t.rsplit(".", 1)[-1] in ("lm_head", "embed_tokens")]
+        if heads:
+            yield Problem(
+                f"model.lora_configs[{i}].target_modules",
+                f"{heads}: embeddings and the output head get no adapter here (the engines "
+                "merge adapters into linear layers); adapt the decoder's linear layers",
+            )
+    if adapters and cfg.synchronizer.sync_method == "shared":
+        yield Problem(
+            "synchronizer.sync_method",
+            "sync_method shared maps the trainer's full weights into the engines, and with "
+            "model.lora_configs the engines serve base + adapter merged into weights of their "
+            "own; use memory (or checkpoint, nccl): a sync then sends only the adapter",
+        )
+
+
 @_check(
     "mode",
     "cluster",

@@ -19,7 +19,8 @@ base config and every stage (problems located under `stages[i].`):
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
    reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
 6. the monitor backends `monitor_type` names are installed, and each `monitor_args` key is one
-   that a backend in use reads (`trinity.monitor.backends.config_problems`).
+   that a backend in use reads (`trinity.monitor.backends.config_problems`); `peft` is
+   installed when a stage sets `model.lora_configs`.
 
     report = preflight(cfg)
     report.problems  # list[Problem]; any = exit 2 with nothing started
@@ -29,6 +30,7 @@ base config and every stage (problems located under `stages[i].`):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -83,6 +85,18 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
         found, notes = monitor_problems(cfg.monitor)
         report.problems += found
         report.notes += notes
+    lora_at = [
+        p
+        for p, c in [("", cfg), *((f"stages[{i}].", c) for i, c in stages.items())]
+        if c.model.lora_configs
+    ]
+    if lora_at and importlib.util.find_spec("peft") is None:
+        report.problems.append(
+            Problem(
+                f"{lora_at[0]}model.lora_configs",
+                "LoRA trains through peft, which is not installed: pip install 'trinity[lora]'",
+            )
+        )
     for i, stage in stages.items():
         if stage.monitor != cfg.monitor:
             report.problems.append(

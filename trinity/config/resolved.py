@@ -33,6 +33,11 @@ BEST_SYNC_ONE_PROCESS = (
     "unset: one process, strictly on-policy (cluster.one_process, sync_interval 1, sync_offset "
     "0): the engines use the trainer's weights in place, no copy",
 )
+BEST_SYNC_LORA = (
+    "memory",
+    "unset: one process, strictly on-policy, but with model.lora_configs: a sync sends only "
+    "the adapter, which the engines merge into weights of their own (shared maps full weights)",
+)
 BEST_STRATEGY = ("torch", "unset: single-process PyTorch trainer on one device")
 OPEN_RUN_SAVE_INTERVAL = 10
 """Train steps per checkpoint of a run whose length is not known (no step budget)."""
@@ -137,6 +142,8 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     lockstep = sc.sync_style == "fixed" and sc.sync_interval == 1 and sc.sync_offset == 0
     if cfg.mode == "both" and cfg.cluster.one_process and lockstep:
         best_sync = BEST_SYNC_ONE_PROCESS  # what `_shared_weights_never_race` asks, on CPUs
+        if cfg.model.lora_configs:  # `_one_lora_adapter`: shared maps full weights
+            best_sync = BEST_SYNC_LORA
     chosen = {
         "engine_type": (engine, "explorer.rollout_model.engine_type") if engine else BEST_ENGINE,
         "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,

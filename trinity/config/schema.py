@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from trinity.config.base import ConfigSection, Dtype, Inside, NotApplicable, NotBuilt, Refused, TopK
 from trinity.config.buffer_schema import BufferConfig
 from trinity.config.engine_schema import InferenceModelConfig
+from trinity.config.lora_schema import LoRAConfig
 from trinity.config.problems import suggest
 from trinity.config.side_schema import (
     DataProcessorConfig,
@@ -213,8 +214,13 @@ class ModelConfig(ConfigSection):
     """Default top-k cutoff in tokens; -1 = off."""
     custom_chat_template: str | None = None
     """Jinja chat template replacing the tokenizer's; None = tokenizer's."""
-    lora_configs: Annotated[list[dict[str, Any]] | None, NotBuilt("LoRA")] = None
-    """LoRA adapter settings (rank, alpha, target modules); None = full FT."""
+    lora_configs: list[LoRAConfig] | None = None
+    """LoRA adapters of the policy (one at most): only the adapter trains and is synced, the
+    base weights stay frozen (docs/lora.md); None = every weight trains."""
+    fully_sharded_loras: Annotated[bool, NotApplicable("vLLM's sharding of LoRA layers")] = False
+    """vLLM: shard the LoRA computation over tensor-parallel ranks."""
+    max_cpu_loras: Annotated[int | None, NotApplicable("vLLM's CPU cache of LoRA adapters")] = None
+    """vLLM: adapters kept in CPU memory."""
     enable_thinking: bool | None = None
     """Chat-template switch of reasoning models (Qwen3): true/false is passed to the template as
     enable_thinking; None = the template's own default."""

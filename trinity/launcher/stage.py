@@ -37,6 +37,7 @@ from trinity.launcher.plan import StagePlan
 from trinity.launcher.ray_init import kill_and_wait, run_namespace, task_events_flush_s
 from trinity.launcher.reports import accuracies, wait, wait_all
 from trinity.launcher.summary import Progress, StageResult
+from trinity.models.lora_merge import weights_of_checkpoint
 from trinity.monitor.monitor import Monitor
 from trinity.sync.schedule import explorer_sync, versions_to_keep
 from trinity.sync.synchronizer import SynchronizerActor
@@ -368,7 +369,9 @@ def _loops(
     if stage.explores:
         # mode both, fixed: the exact version the schedule names; explore or trainer_driven:
         # the newest, if any; explorer_driven: the trainer's current weights, on request
-        weights = (str(resume), checkpoint_step(resume)) if resume and stage.trains else None
+        weights = None
+        if resume and stage.trains:  # a LoRA checkpoint's adapter, for engines on its base
+            weights = (str(weights_of_checkpoint(resume)), checkpoint_step(resume))
         how = explorer_sync(cfg.synchronizer.sync_style, trainer_in_run=stage.trains)
         calls.append(explorer.run.remote(total, sync=how, resume=got.continuing, weights=weights))
     if trainer is not None:

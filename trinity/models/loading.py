@@ -226,8 +226,17 @@ def load_weights(model: Any, tensors: dict[str, Any], what: str, take: bool = Fa
     own, and a parameter is never written in place (it may be a read-only view of the buffer an
     earlier update handed over). Tied parameters are tied again.
 
+    A LoRA adapter payload (`models.lora_merge`: names under `lora.` and `lora.scaling`) is
+    merged into the model's base weights instead: W = W0 + scaling · B·A.
+
     Raises RuntimeError naming `what` (the weights' origin) when names do not match.
     """
+    from trinity.models import lora_merge
+
+    if lora_merge.is_adapter(tensors):
+        lora_merge.apply_adapter(model, tensors, what)
+        return
+    lora_merge.forget_base(model)  # these weights are the base of a later adapter
     if take:
         held = model.state_dict(keep_vars=True)  # parameters and buffers, tied ones by each name
         tensors = {

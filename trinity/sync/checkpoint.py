@@ -4,7 +4,8 @@ Works wherever trainer and engines share a filesystem (several machines on a sha
 file is written under a temporary name and renamed, so an engine never reads half a file; it is
 deleted when the synchronizer drops its version. The engine half also reads a Hugging Face
 checkpoint directory (every `*.safetensors` shard in it), which is how `mode: bench` loads a
-run's saved checkpoints.
+run's saved checkpoints, and a peft adapter folder (a LoRA checkpoint's `adapter/`, as the
+adapter payload of `models/lora_merge.py`), which is how a resumed LoRA run's engines continue.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trinity.models import lora_merge
 from trinity.sync.method import SYNC_METHOD, Peers
 
 if TYPE_CHECKING:  # imported where tensors are handled: the synchronizer only discards
@@ -41,6 +43,8 @@ class CheckpointSync:
         path = Path(payload[0])
         if not path.is_dir():
             return load_file(str(path))
+        if lora_merge.is_peft_adapter(path):  # an adapter folder: merged into the engine's base
+            return lora_merge.read_peft_adapter(path)
         shards = sorted(path.glob("*.safetensors"))
         if not shards:
             raise FileNotFoundError(f"{path}: no *.safetensors weights in this checkpoint")

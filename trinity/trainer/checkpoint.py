@@ -2,7 +2,8 @@
 
 Beside the weights, `trainer_state.pt` holds what resuming needs and `transformers` ignores:
 optimizer and lr-scheduler state, RNG states, the step; `buffer_leases.json` the buffer leases
-its steps trained.
+its steps trained. A LoRA policy's checkpoint holds the merged model as its weights and the
+adapter in peft's format in `adapter/` (`trainer/lora.py`).
 
 Durable before acked. The trainer acks a checkpoint's leases as soon as `save_hf_checkpoint`
 returns, so by then the checkpoint must survive a crash or a power loss:
@@ -54,22 +55,23 @@ def trained_leases(checkpoint: Path | None) -> list[int]:
     return [int(i) for i in json.loads((Path(checkpoint) / LEASES).read_text())]
 
 
-def save_weights(model: Any, folder: Path, state: dict[str, Any] | None = None) -> None:
+def save_weights(model: Any, folder: Path, weights: dict[str, Any] | None = None) -> None:
     """`model`'s weights as `model.safetensors` with its `config.json` (and
     `generation_config.json`), what `save_pretrained` writes for a model in one file, read by
     `from_pretrained` unchanged: a tensor tied to an earlier one (the output embedding) is
     written once, under its first name. Tensors are written from where they are, without
     `save_pretrained`'s copy of the whole model (a second copy of the weights at the save's
     peak; docs/real_model.md); only a tensor that is not contiguous, or that shares its
-    storage with another one without being it, is copied. `state`: the weights to write
-    instead of the model's own (a sharded model's, gathered: `sharding.full_state`)."""
+    storage with another one without being it, is copied. `weights`: the tensors to write
+    instead of `model.state_dict()` (a LoRA policy's merged weights, `trainer.lora.export`; a
+    sharded model's, gathered: `sharding.full_state`)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
-    tensors = for_safetensors(model.state_dict() if state is None else state)
+    tensors = for_safetensors(model.state_dict() if weights is None else weights)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -82,6 +84,7 @@ def save_hf_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     leases: list[int] | None = None,
     extra_files: Callable[[Path], dict[str, Any]] | None = None,
+    weights: dict[str, Any] | None = None,
 ) -> Path:
     """Write `root/global_step_<step>` durably (module docstring: when this returns, it survives
     a crash and a power loss), with `trainer_state.pt` and the buffer `leases` its steps trained
@@ -90,7 +93,7 @@ def save_hf_checkpoint(
     sealed and returns state to add to `trainer_state`."""
     tmp = begin_checkpoint(root, step)
     # 1.
-    save_weights(model, tmp)
+    save_weights(model, tmp, weights)
     tokenizer.save_pretrained(tmp)
     if extra_files is not None:
         trainer_state = {**(trainer_state or {}), **extra_files(tmp)}

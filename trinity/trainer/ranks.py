@@ -65,6 +65,7 @@ class TrainerRank:
             "node": ray.get_runtime_context().get_node_id(),
             "device": device,
             "threads": torch.get_num_threads(),
+            "full_sync_nbytes": self.trainer.full_sync_nbytes,
         }
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -130,6 +131,8 @@ class ShardedTrainer:
                 for r in self.ranks
             ]
         )
+        # with LoRA: bytes a full-weights sync would move (`sync/full_bytes`)
+        self.full_sync_nbytes = self.placed[0]["full_sync_nbytes"]
         self.algo = resolve_algorithm(config.algorithm)
         self.tokenizer = load_tokenizer(
             resolve_model_path(model_path), custom_chat_template=config.model.custom_chat_template

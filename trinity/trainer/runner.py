@@ -317,14 +317,21 @@ class TrainerRunner:
 
     def _publish(self, step: int, final: bool = False) -> dict[str, float]:
         """Publish the weights of `step` with the configured sync method's trainer half (on
-        the lane; a sharded trainer's ranks gather them and rank 0 sends)."""
+        the lane; a sharded trainer's ranks gather them and rank 0 sends). With LoRA,
+        `sync/full_bytes` beside `sync/bytes`: what the full weights would have moved."""
         assert self.trainer is not None
         t0 = time.perf_counter()
         nbytes, payload = self.lane.run(
             self.trainer.publish, self.resolved.sync_method, step, self.stage_dir / "sync"
         )
         refs.get(self.synchronizer.publish.remote(step, payload))
-        return {"sync/publish_s": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
+        out = {
+            "sync/publish_s": time.perf_counter() - t0,
+            "sync/bytes": float(nbytes),
+        }
+        if self.trainer.full_sync_nbytes is not None:  # LoRA: what full weights would move
+            out["sync/full_bytes"] = float(self.trainer.full_sync_nbytes)
+        return out
 
 
 def staleness_metrics(versions: list[int], trained_with: int) -> dict[str, float]:

@@ -38,6 +38,7 @@ from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_
 from trinity.common.timer import Timers
 from trinity.models import load_model, load_tokenizer, resolve_model_path
 from trinity.models.loading import build_empty_model, distinct_tensors, load_weights
+from trinity.trainer import lora
 from trinity.trainer.batch import Batch, collate, scatter_rows
 from trinity.trainer.checkpoint import (
     OPTIMIZER,
@@ -115,9 +116,11 @@ class Trainer:
         self.tokenizer = load_tokenizer(
             path, custom_chat_template=config.model.custom_chat_template
         )
+        # model.lora_configs: only an adapter trains and syncs; the base is frozen (trainer/lora.py)
+        self.lora = lora.lora_settings(config)
         # the policy as one pass (`sharding.PassRoot`: the FSDP root when sharded); self.model
-        # is the transformers model inside it
-        self.policy = self._load(path)
+        # is the transformers model inside it (with LoRA, the peft model around it)
+        self.policy = self._load(path, adapter=self.lora)
         self.model = self.policy.module
         # the shared-prefix pass runs each decoder layer twice in one forward, which FSDP2's
         # per-layer gather and free does not support in backward: one pass per row when sharded
@@ -126,6 +129,8 @@ class Trainer:
         self.model.config.use_cache = False
         if tcfg.enable_gradient_checkpointing:  # decoder layers recompute in backward
             enable_checkpointing(self.model)
+        # with LoRA: bytes a full-weights sync would move (`sync/full_bytes`)
+        self.full_sync_nbytes = lora.full_nbytes(self.model) if self.lora is not None else None
         self.peak_rss = PeakRss()  # this process's peak RSS per train step
         # buffer.trainer_input.auxiliary_buffers: readers a sample strategy may draw from
         self.auxiliary = auxiliary_readers(config, self.tokenizer)
@@ -134,7 +139,13 @@ class Trainer:
             critic_path = resolve_model_path(config.model.critic_model_path or model_path)
             self.critic = Critic(config, critic_path, self.device, self.ranks, self.sharded)
         self.ref_model = None
-        if self.algo.use_reference:
+        # with LoRA the reference is the base: the policy with its adapter off (no second copy)
+        self.ref_is_base = (
+            self.lora is not None
+            and self.algo.use_reference
+            and not self.algo.spec.teacher_from_auxiliary
+        )
+        if self.algo.use_reference and not self.ref_is_base:
             ref_path = path
             if self.algo.spec.teacher_from_auxiliary:  # on-policy distillation's teacher
                 ref_path = resolve_model_path(config.explorer.auxiliary_models[0].model_path)
@@ -182,19 +193,22 @@ class Trainer:
                 )
             self.overlong = (horizon, ocfg.buffer_len or max(1, horizon // 5), ocfg.penalty_factor)
 
-    def _load(self, path: str) -> PassRoot:
-        """The model at `path` as a `PassRoot`: sharded over the ranks (rank 0 reads it, the
-        others build it empty and receive their shards), or whole in this process."""
+    def _load(self, path: str, adapter: Any = None) -> PassRoot:
+        """The model at `path` (with a fresh LoRA `adapter`, `trainer.lora.wrap`) as a
+        `PassRoot`: sharded over the ranks (rank 0 reads it, the others build it empty and
+        receive their shards), or whole in this process."""
         dtype = self.config.trainer.dtype
 
         def load() -> Any:
-            return load_model(path, dtype=dtype, device=self.device)
+            model = load_model(path, dtype=dtype, device=self.device)
+            return model if adapter is None else lora.wrap(model, adapter)
 
         if not self.sharded:
             return PassRoot(load())
 
         def empty() -> Any:
-            return build_empty_model(path, dtype=dtype, device=self.device)
+            model = build_empty_model(path, dtype=dtype, device=self.device)
+            return model if adapter is None else lora.wrap(model, adapter)
 
         return build_sharded(load, self.ranks, self.device, build_meta=empty)
 
@@ -274,6 +288,9 @@ class Trainer:
             if self.ref_model is not None:
                 with timers("ref"):
                     batch.ref_logprobs = self._logprobs_no_grad(self.ref_model, batch, mbs)
+            elif self.ref_is_base:
+                with timers("ref"), lora.reference_weights(self.model):
+                    batch.ref_logprobs = self._logprobs_no_grad(self.policy, batch, mbs)
             if recompute_old:
                 with timers("old_logprob"):
                     batch.old_logprobs = self._logprobs_no_grad(self.policy, batch, mbs)
@@ -562,8 +579,12 @@ class Trainer:
     # -- weights out -------------------------------------------------------------------------
 
     def sync_state(self) -> dict[str, torch.Tensor]:
-        """The weights a sync publishes, each tied tensor once. Sharded: gathered whole on rank
-        0 (a collective every rank calls; the others get {})."""
+        """The weights a sync publishes: every distinct tensor of the policy (a tied one once),
+        or with LoRA only the adapter (`trainer.lora.adapter_state`; the engines merge it into
+        their base, `models/lora_merge.py`). Sharded: gathered whole (a collective every rank
+        calls; rank 0 holds the result, and with LoRA every rank)."""
+        if self.lora is not None:
+            return lora.adapter_state(self.model)
         if self.sharded:
             return full_state(self.model)
         return distinct_tensors(self.model.state_dict())
@@ -600,11 +621,14 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             **(extra or {}),
         }
+        files = self.critic.save if self.critic is not None else None
+        model, weights = self.model, None
+        if self.lora is not None:  # the merged model as the HF export, the adapter beside it
+            model, weights, files = lora.export(self.model, files, self.ranks.rank == 0)
         if not self.sharded:
             state["optimizer"] = optimizer.state_dict()
-            files = self.critic.save if self.critic is not None else None
             return save_hf_checkpoint(
-                self.model, self.tokenizer, root, step, keep, state, leases, extra_files=files
+                model, self.tokenizer, root, step, keep, state, leases, files, weights
             )
         import torch.distributed as dist
 
@@ -612,11 +636,11 @@ class Trainer:
         tmp = begin_checkpoint(root, step) if lead else temp_folder(root, step)
         dist.barrier()  # the folder exists, empty
         save_optimizer(self.model, optimizer, tmp, OPTIMIZER)
-        weights = self.sync_state()
-        if self.critic is not None:
-            state.update(self.critic.save(tmp))
+        if weights is None:
+            weights = self.sync_state()
+        state.update(files(tmp) if files is not None else {})  # every rank: collectives
         if lead:
-            save_weights(self.model, tmp, weights)
+            save_weights(model, tmp, weights)
             self.tokenizer.save_pretrained(tmp)
             torch.save(state, tmp / TRAINER_STATE)
             seal_checkpoint(root, step, tmp, keep, leases)
@@ -634,14 +658,17 @@ class Trainer:
 
         state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
         optimizer, scheduler = self._planned()
-        if self.sharded:  # rank 0 reads the export, every rank takes its shards
+        if self.lora is not None:  # the base is the stage's start model, as built
+            lora.load_adapter(self.model, checkpoint / lora.ADAPTER_DIR)
+        elif self.sharded:  # rank 0 reads the export, every rank takes its shards
             lead = self.ranks.rank == 0
-            tensors = sync_method("checkpoint").receive([str(checkpoint)]) if lead else {}
-            load_full_state(self.model, tensors)
+            load_full_state(
+                self.model, sync_method("checkpoint").receive([str(checkpoint)]) if lead else {}
+            )
         else:
             tensors = sync_method("checkpoint").receive([str(checkpoint)])
             load_weights(self.model, tensors, str(checkpoint))
-        del tensors
+            del tensors
         saved = state.get("optimizer")  # by one process; ranks write OPTIMIZER/ (DCP)
         restore_optimizer(self.model, optimizer, checkpoint, OPTIMIZER, saved, self.sharded)
         scheduler.load_state_dict(state["scheduler"])
