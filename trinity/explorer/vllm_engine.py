@@ -62,13 +62,15 @@ else:
     sampling = lazy_module("trinity.explorer.sampling")
 
 # vLLM reads these when it is imported: its engine core in this process, no usage report (the
-# run is offline), no OpenMP binding of its own (Ray and `set_num_threads` divide the cores)
+# run is offline), no OpenMP binding of its own (Ray and `set_num_threads` divide the cores),
+# errors only (each weight reload warns of the layers it had nothing to load into: a tied LM
+# head, rotary embeddings); set any of them in the environment to choose otherwise
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
 CPU_KV_CACHE_CAP = 1 << 30
 """Bytes of KV cache at most on CPU, where vLLM would otherwise reserve `gpu_memory_utilization`

@@ -1,0 +1,107 @@
+"""The vLLM engine's own parts (`trinity/explorer/vllm_engine.py`); the contract it shares with
+our engine is `test_engine_contract.py`. Marked `vllm`: `make test-vllm` runs them in
+`.venv-vllm`, and they are skipped where vLLM is not installed (the seeds' derivation, plain
+numpy, runs everywhere)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trinity.common.rollout import SamplingParams
+from trinity.explorer.sampling import request_seeds
+
+MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's finaliser on Python ints (Steele, Lea & Flood 2014), the reference."""
+    z = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def test_request_seeds_are_the_row_keys_in_63_bits():
+    for key in (0, 1, 2**62 + 12345, MASK64):
+        want = [(_splitmix64((_splitmix64(key) + j) & MASK64)) & ((1 << 63) - 1) for j in range(4)]
+        assert request_seeds(key, 4) == want
+    assert len(set(request_seeds(5, 64))) == 64
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory) -> Path:
+    from vllm_models import build_h64_model
+
+    return build_h64_model(tmp_path_factory.mktemp("h64") / "tied", tied=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tied_dir):
+    from trinity.explorer.vllm_engine import VLLMRolloutEngine
+
+    return VLLMRolloutEngine(str(tied_dir), seed=0, max_model_len=48, max_batch_size=16)
+
+
+@pytest.mark.vllm
+def test_the_pool_knobs_reach_vllm_and_the_cpu_kv_cache_is_what_the_engine_can_use(
+    engine, tied_dir
+):
+    """enforce_eager / enable_prefix_caching are vLLM's settings; on CPU the KV cache is
+    max_batch_size sequences of max_model_len tokens, not gpu_memory_utilization of the
+    machine's memory. The prefix cache changes no sample."""
+    from trinity.explorer.vllm_engine import VLLMRolloutEngine
+
+    cache = engine.engine.vllm_config.cache_config
+    # 2 layers × (k, v) × 1 kv head × head_dim 64 × 4 bytes = 1024 bytes a token; 16 × 48 tokens
+    assert cache.kv_cache_memory_bytes == 1024 * 48 * 16
+    assert not cache.enable_prefix_caching
+    cached = VLLMRolloutEngine(
+        str(tied_dir), seed=0, max_model_len=48, max_batch_size=16, enable_prefix_caching=True,
+        enforce_eager=True,
+    )  # fmt: skip
+    assert cached.engine.vllm_config.cache_config.enable_prefix_caching
+    assert cached.engine.vllm_config.model_config.enforce_eager
+    p = cached.chat_prompt_ids([{"role": "user", "content": "12+34="}])
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=6)
+    twice = [cached.generate([p, p], params, keys=[3, 4]) for _ in range(2)]  # 2nd: cache hits
+    plain = engine.generate([p, p], params, keys=[3, 4])
+    for got in twice:
+        assert [[s.response_ids for s in g] for g in got] == [
+            [s.response_ids for s in g] for g in plain
+        ]
+
+
+@pytest.mark.vllm
+def test_the_shared_method_is_refused_before_anything_is_received(engine):
+    with pytest.raises(ValueError, match="vLLM loads weights into its own layout"):
+        engine.update_weights("shared", ["not a payload"], 1)
+    assert engine.weights_version() == 0
+
+
+@pytest.mark.vllm
+def test_a_grpo_run_samples_with_the_vllm_engine(tmp_path, tied_dir):
+    """`trinity run` with `engine_type: vllm` (this venv's Python): the engines are vLLM actors,
+    the trainer's weights reach them by memory every step (on-policy), and the run ends with
+    exit 0 after 3 steps."""
+    from test_e2e import grpo_config, run_trinity
+
+    cfg = grpo_config(tmp_path, tied_dir)
+    sets = [
+        "explorer.rollout_model.engine_type=vllm",
+        "explorer.rollout_model.enable_prefix_caching=true",
+        "model.max_model_len=64",
+    ]
+    r = run_trinity(cfg, overrides=sets, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"rollout engine\s+vllm", r.stdout), r.stdout[-3000:]
+    assert "engine_type vllm runs in engine processes of its own" in r.stdout  # the layout
+    recs = [
+        json.loads(x) for x in (tmp_path / "ckpt/e2e/grpo/metrics.jsonl").read_text().splitlines()
+    ]
+    versions = {r["step"]: r["rollout/model_version"] for r in recs if "rollout/model_version" in r}
+    assert versions == {1: 0, 2: 1, 3: 2}  # each step sampled the previous step's weights
+    assert all("train/loss" in r for r in recs if r["step"] in versions)
