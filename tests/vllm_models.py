@@ -1,6 +1,6 @@
-"""Tiny models vLLM's CPU build can serve: head_dim 64 (its CPU attention kernels take 32 only
-for some paths, and our `tiny://` presets have head_dim 32), random init, offline, with the
-tiny models' tokenizer (`trinity.models.tiny`). One with tied embeddings (Qwen2-shaped, as our
+"""Tiny models for the engine contract tests on both engines: head_dim 64, as most real models
+(vLLM's CPU attention takes 32 or 64 and refuses 16), random init, offline, with the tiny
+models' tokenizer (`trinity.models.tiny`). One with tied embeddings (Qwen2-shaped, as our
 presets) and one without (Llama-shaped): a weight reload treats the two differently."""
 
 from __future__ import annotations
