@@ -83,14 +83,17 @@ def test_the_shared_method_is_refused_before_anything_is_received(engine):
 
 
 @pytest.mark.vllm
-def test_a_grpo_run_samples_with_the_vllm_engine(tmp_path, tied_dir):
+@pytest.mark.parametrize("method", ["memory", "checkpoint", "nccl"])
+def test_a_grpo_run_samples_with_the_vllm_engine(tmp_path, tied_dir, method):
     """`trinity run` with `engine_type: vllm` (this venv's Python): the engines are vLLM actors,
-    the trainer's weights reach them by memory every step (on-policy), and the run ends with
-    exit 0 after 3 steps."""
+    the trainer's weights reach them by `method` every step (on-policy; nccl: a gloo broadcast
+    between the trainer's and the engine's processes), and the run ends with exit 0 after 3
+    steps."""
     from test_e2e import grpo_config, run_trinity
 
     cfg = grpo_config(tmp_path, tied_dir)
     sets = [
+        f"synchronizer.sync_method={method}",
         "explorer.rollout_model.engine_type=vllm",
         "explorer.rollout_model.enable_prefix_caching=true",
         "model.max_model_len=64",
@@ -98,7 +101,8 @@ def test_a_grpo_run_samples_with_the_vllm_engine(tmp_path, tied_dir):
     r = run_trinity(cfg, overrides=sets, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"rollout engine\s+vllm", r.stdout), r.stdout[-3000:]
-    assert "engine_type vllm runs in engine processes of its own" in r.stdout  # the layout
+    assert "layout: a process per part" in r.stdout  # the engines are actors of their own
+    assert re.search(rf"weight sync method\s+{method}", r.stdout)
     recs = [
         json.loads(x) for x in (tmp_path / "ckpt/e2e/grpo/metrics.jsonl").read_text().splitlines()
     ]

@@ -251,13 +251,12 @@ class VLLMRolloutEngine:
                     lps = [d[t].logprob for d, t in zip(c.logprobs or [], new, strict=True)]
                     row.tokens += new
                     row.logprobs += lps
-                    if watch[row.prompt]:
+                    if watch[row.prompt] and new:
                         seen += [
                             (row.prompt, row.sample, start + k, t, lp, "")
                             for k, (t, lp) in enumerate(zip(new, lps, strict=True))
                         ]
-                        if seen and c.text:  # the step's text rides on its last token
-                            seen[-1] = (*seen[-1][:5], c.text)
+                        seen[-1] = (*seen[-1][:5], c.text)  # the step's text: on its last token
                     if o.finished:
                         row.finish_reason = c.finish_reason
                         row.stop = c.stop_reason if isinstance(c.stop_reason, str) else None
