@@ -109,3 +109,33 @@ def test_a_grpo_run_samples_with_the_vllm_engine(tmp_path, tied_dir, method):
     versions = {r["step"]: r["rollout/model_version"] for r in recs if "rollout/model_version" in r}
     assert versions == {1: 0, 2: 1, 3: 2}  # each step sampled the previous step's weights
     assert all("train/loss" in r for r in recs if r["step"] in versions)
+
+
+@pytest.mark.vllm
+def test_as_a_ray_actor_the_engine_streams_and_samples_as_in_process(engine, tied_dir):
+    """The explorer's calls to an engine actor: `generate_stream` with Ray's streaming returns
+    (the OpenAI endpoint's path), `generate` and `weights_version`; the same samples as the
+    engine in this process."""
+    import ray
+
+    from trinity.common.rollout import Progress
+    from trinity.explorer.vllm_engine import VLLMRolloutEngine
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(VLLMRolloutEngine).remote(
+            str(tied_dir), seed=0, max_model_len=48, max_batch_size=16, num_threads=1
+        )
+        p = engine.chat_prompt_ids([{"role": "user", "content": "7+8="}])
+        params = SamplingParams(n=2, temperature=1.0, max_tokens=5)
+        call = actor.generate_stream.options(num_returns="streaming")
+        items = [ray.get(ref) for ref in call.remote([p], params, [21], [True])]
+        *steps, answer = items
+        assert steps and all(isinstance(x, Progress) for x in steps)
+        here = engine.generate([p], params, keys=[21])
+        assert [s.response_ids for s in answer[0]] == [s.response_ids for s in here[0]]
+        there = ray.get(actor.generate.remote([p], params, [21]))
+        assert [s.response_ids for s in there[0]] == [s.response_ids for s in here[0]]
+        assert ray.get(actor.weights_version.remote()) == 0
+    finally:
+        ray.shutdown()
