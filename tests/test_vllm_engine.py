@@ -60,6 +60,16 @@ def test_the_cpu_kv_cache_is_what_the_engine_can_use(engine):
 
 
 @pytest.mark.vllm
+def test_scoring_takes_what_vllm_could_continue_and_refuses_more(engine):
+    from trinity.common.rollout import PromptTooLong
+
+    assert len(engine.logprobs(list(range(3, 3 + 47)))) == 46  # max_model_len 48: 47 tokens
+    with pytest.raises(PromptTooLong, match="at most max_model_len - 1 = 47"):
+        engine.logprobs(list(range(3, 3 + 48)))
+    assert engine.logprobs([5]) == []
+
+
+@pytest.mark.vllm
 def test_the_shared_method_is_refused_before_anything_is_received(engine):
     with pytest.raises(ValueError, match="vLLM loads weights into its own layout"):
         engine.update_weights("shared", ["not a payload"], 1)

@@ -310,9 +310,15 @@ class VLLMRolloutEngine:
         )
 
     def logprobs(self, tokens: list[int]) -> list[float]:
-        """Logprob of tokens[1:] given their prefixes (length len(tokens) - 1)."""
+        """Logprob of tokens[1:] given their prefixes (length len(tokens) - 1). vLLM scores a
+        prompt it could continue: at most max_model_len - 1 tokens (`PromptTooLong` beyond)."""
         if len(tokens) < 2:
             return []
+        if len(tokens) >= self.max_model_len:
+            raise PromptTooLong(
+                f"{len(tokens)} tokens to score: the vLLM engine scores at most "
+                f"max_model_len - 1 = {self.max_model_len - 1}"
+            )
         probe = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         rid = f"score-{uuid.uuid4().hex[:12]}"
         self.engine.add_request(rid, vllm.inputs.tokens_input(list(tokens)), probe)
