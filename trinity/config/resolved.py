@@ -8,8 +8,8 @@ Choices left unset mean "the best available here", decided in `resolve()` and pr
 reason: the rollout engine (`explorer.rollout_model.engine_type`), the weight-sync method
 (`synchronizer.sync_method`) and the trainer strategy (`trainer.trainer_strategy`). Trinity-RFT's
 defaults for these are vllm, nccl and verl's fsdp; ours are transformers (the vLLM engine is
-optional: `engine_type: vllm` where it is installed), memory and torch. The config is the effective one
-from `load_config` (verl `trainer.trainer_config` values already at our keys).
+optional: `engine_type: vllm` where it is installed), memory and torch. The config is the
+effective one from `load_config` (verl `trainer.trainer_config` values already at our keys).
 """
 
 from __future__ import annotations
