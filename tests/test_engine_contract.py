@@ -87,10 +87,10 @@ def test_sampled_logprobs_are_the_raw_policys_whatever_the_sampling(engine, mode
 
 
 def test_keyed_samples_depend_on_their_key_alone(engine):
-    """A keyed prompt samples the same tokens alone, in a batch, and again; its `n` samples
-    differ from each other, and another key samples other tokens."""
+    """A keyed prompt samples the same tokens alone, in a batch, and again (top-p and top-k
+    too); its `n` samples differ from each other, and another key samples other tokens."""
     a, b, c = chat(engine, "1+2="), chat(engine, "34+5="), chat(engine, "7+8=")
-    params = SamplingParams(n=3, temperature=1.0, max_tokens=8)
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.95, top_k=200, max_tokens=8)
 
     def ids(groups):
         return [[s.response_ids for s in g] for g in groups]
