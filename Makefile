@@ -1,6 +1,6 @@
-# The two quick-start commands: `make quickstart` and `make test`; CI runs `make test` then
-# `make test-slow` (.ci/run).
-.PHONY: setup quickstart test test-slow lint bench
+# The two quick-start commands: `make quickstart` and `make test`; CI runs `make test`, then
+# `make test-slow`, then `make test-vllm` (.ci/run).
+.PHONY: setup setup-vllm quickstart test test-slow test-vllm lint bench
 
 PYTEST = .venv/bin/python -m pytest -q --durations=25
 
@@ -21,6 +21,15 @@ test: lint
 # the slow tests: long learning runs and crash trials (exit 5, none collected, is not a failure)
 test-slow: setup
 	$(PYTEST) -m slow --timeout=1800 || [ $$? -eq 5 ]
+
+setup-vllm:
+	bash scripts/setup_vllm.sh
+
+# the vLLM engine's tests in .venv-vllm (vLLM's CPU build; its own venv: it pins transformers
+# below .venv's): the engine contract for the vLLM engine, its own parts, a short GRPO run
+VLLM_TESTS = tests/test_engine_contract.py tests/test_vllm_engine.py
+test-vllm: setup-vllm
+	.venv-vllm/bin/python -m pytest -q --durations=10 -m vllm --timeout=600 $(VLLM_TESTS)
 
 bench: setup
 	.venv/bin/python benchmarks/bench_throughput.py

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install trinity into it (idempotent; fast when already done).
+# `scripts/setup.sh vllm` makes .venv-vllm instead, for engine_type: vllm (scripts/setup_vllm.sh).
 # torch comes first so nothing pulls a CUDA build: TORCH_SPEC overrides the CPU default
 # (e.g. TORCH_SPEC="torch" on a machine whose pip already points at the build you want).
 set -euo pipefail
@@ -7,6 +8,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 EXTRAS=${1:-dev}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ "$EXTRAS" = vllm ]; then  # the vLLM engine lives in a venv of its own, .venv-vllm
+  exec bash scripts/setup_vllm.sh
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

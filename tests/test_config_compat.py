@@ -253,7 +253,7 @@ def test_unset_choices_resolve_to_the_best_available_and_say_why() -> None:
     assert (r.engine_type, r.sync_method, r.trainer_strategy) == ("transformers", "memory", "torch")
     table = format_batch_table(r)
     assert "weight sync method" in table and "unset: trainer and explorer share" in table
-    assert "rollout engine" in table and "vLLM engine is not built" in table
+    assert "rollout engine" in table and "transformers serves rollouts everywhere" in table
     cfg = TrinityConfig.model_validate({"synchronizer": {"sync_method": "checkpoint"}})
     r = resolve(cfg)
     assert (r.sync_method, r.sync_method_source) == ("checkpoint", "synchronizer.sync_method")

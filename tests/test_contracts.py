@@ -18,7 +18,7 @@ def test_registries_resolve_config_names_and_list_valid_ones_on_a_miss():
     assert engine_class("transformers") is HFRolloutEngine
     assert storage_class("queue") is QueueStorage
     assert type(sync_method("checkpoint")).__name__ == "CheckpointSync"
-    with pytest.raises(KeyError, match="Valid names: transformers"):
+    with pytest.raises(KeyError, match="Valid names: transformers, vllm"):
         engine_class("vllm_typo")
     with pytest.raises(KeyError, match="Valid names: queue"):
         storage_class("sqll")

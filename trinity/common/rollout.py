@@ -4,8 +4,9 @@
 
 `RolloutEngine` is a Protocol and `ENGINE` its registry keyed by `engine_type`. This module imports
 no engine: workflows and the request batcher depend on it alone, and an engine module registers
-itself (`trinity/explorer/engine.py` is `transformers`, the portable one). A new engine (vLLM) is a
-new module with a `@ENGINE.register("vllm")` class and a line in `ENGINE`'s `modules`.
+itself (`trinity/explorer/engine.py` is `transformers`, the portable one;
+`trinity/explorer/vllm_engine.py` is `vllm`, where vLLM is installed). A new engine is a new module
+with a `@ENGINE.register(...)` class and a line in `ENGINE`'s `modules`.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class RolloutEngine(Protocol):
     """Batched sampling with per-token logprobs on versioned weights (one Ray actor each).
 
     Constructed as `cls(model_path, *, dtype, seed, max_batch_size, max_model_len, num_threads,
-    custom_chat_template)`.
+    custom_chat_template)`, plus the pool keys a class names in its `pool_keys` (a tuple of
+    `explorer.rollout_model` field names, passed as keyword arguments of the same names).
     """
 
     model_version: int
@@ -148,10 +150,17 @@ class RolloutEngine(Protocol):
 
 
 ENGINE: Registry[type] = Registry(
-    "engine_type", modules={"transformers": "trinity.explorer.engine"}
+    "engine_type",
+    modules={"transformers": "trinity.explorer.engine", "vllm": "trinity.explorer.vllm_engine"},
 )
 
 
 def engine_class(engine_type: str) -> type:
     """The registered engine class for `engine_type` (importing its module on first use)."""
     return ENGINE.get(engine_type)
+
+
+def pool_kwargs(engine_cls: type, pool: Any) -> dict[str, Any]:
+    """An engine pool's (`explorer.rollout_model`, an auxiliary model) values of the keys the
+    engine class reads besides the contract's (`pool_keys`: vLLM's knobs; ours has none)."""
+    return {key: getattr(pool, key) for key in getattr(engine_cls, "pool_keys", ())}

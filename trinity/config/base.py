@@ -118,10 +118,13 @@ class NotBuilt:
 @dataclass(frozen=True)
 class NotApplicable:
     """No effect in this build, for `reason`; noted when set. `after_first`: acted upon for the
-    first item of its list, not applicable for the later ones."""
+    first item of its list, not applicable for the later ones. `unless(section)`: acted upon
+    where it says so of the section that holds the key (a vLLM knob where that engine pool's
+    `engine_type` is vllm)."""
 
     reason: str
     after_first: bool = False
+    unless: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True)

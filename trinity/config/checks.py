@@ -456,6 +456,42 @@ def _engines_in_the_explorer_load_by_memory(cfg: TrinityConfig) -> Iterator[Prob
             )
 
 
+@_check(
+    "explorer.rollout_model",
+    "explorer.auxiliary_models",
+    "synchronizer.sync_method",
+    "cluster.one_process",
+)
+def _vllm_engines_can_run(cfg: TrinityConfig) -> Iterator[Problem]:
+    """The vLLM engine runs in engine processes of its own that copy the weights they load:
+    vLLM loads weights into its own layout, and its engine core sets up process-wide state (its
+    torch thread count, a default process group) that the trainer's process must not share.
+    (Whether vLLM is installed here is `support.own_problems`'s: a config that names it loads
+    anywhere.)"""
+    rm = cfg.explorer.rollout_model
+    if rm.engine_type != "vllm":
+        return
+    if cfg.synchronizer.sync_method == "shared" and cfg.mode == "both":
+        yield Problem(
+            "synchronizer.sync_method",
+            "shared: the engines would sample with the trainer's own tensors, and the vLLM "
+            "engine loads weights into its own layout (a copy); use memory, checkpoint or nccl",
+        )
+    if cfg.cluster.one_process:
+        yield Problem(
+            "cluster.one_process",
+            "the vLLM engine runs in a process of its own (its engine core sets the process's "
+            "torch threads and default process group); remove one_process, or use "
+            "engine_type transformers",
+        )
+    elif rm.in_explorer_process:
+        yield Problem(
+            "explorer.rollout_model.in_explorer_process",
+            "the vLLM engine runs in a process of its own, not on a thread of the explorer; "
+            "remove in_explorer_process",
+        )
+
+
 # advantage fns that score each sample on its own: a train step may split a task's samples
 _PER_SAMPLE_ADVANTAGES = frozenset(
     {"gae", "ppo", "reinforce", "reinforceplusplus", "on_policy_distill", "none"}

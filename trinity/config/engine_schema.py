@@ -5,18 +5,41 @@ An auxiliary model (a judge, a user simulator) is served to workflows as `model.
 
 Trinity-RFT's vLLM knobs (`enforce_eager`, `gpu_memory_utilization`, ...) and OpenAI-API settings
 are accepted with its defaults so that its configs load; `support.py` says which of them act here
-(most are not applicable while the transformers engine serves rollouts).
+(the vLLM knobs act in a pool whose `engine_type` is vllm, and are noted as not applicable in a
+pool the transformers engine serves).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import importlib.util
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from trinity.config.base import ConfigSection, Dtype, NotApplicable, NotBuilt, Refused
+from trinity.config.base import ConfigSection, Dtype, NotApplicable, NotBuilt
 
-_VLLM = NotApplicable("vLLM engine knob; the transformers engine serves rollouts")
+
+def serves_with_vllm(pool: Any) -> bool:
+    """Whether an engine pool's engines are vLLM's (`engine_type: vllm`; unset is the best
+    available, `resolved.BEST_ENGINE`: transformers)."""
+    return getattr(pool, "engine_type", None) == "vllm"
+
+
+def vllm_installed() -> bool:
+    """Whether this Python environment can import vLLM (a module lookup: nothing imported)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+VLLM_INSTALL = (
+    "`scripts/setup.sh vllm` makes .venv-vllm with vLLM's CPU build (run "
+    "`.venv-vllm/bin/trinity`), `pip install 'trinity[vllm]'` installs vLLM's GPU build; "
+    "docs/engines.md"
+)
+
+_VLLM = NotApplicable(
+    "vLLM engine knob, acted upon with engine_type: vllm; the transformers engine serves rollouts",
+    unless=serves_with_vllm,
+)
 
 
 class InferenceModelConfig(ConfigSection):
@@ -28,11 +51,10 @@ class InferenceModelConfig(ConfigSection):
     name: str | None = None
     """An auxiliary model's name: workflows address it as `model.auxiliary("<name>")` (or by
     its position in the list); unique among auxiliary_models."""
-    engine_type: Annotated[
-        Literal["transformers", "vllm"] | None, Refused(("vllm",), "the vLLM engine")
-    ] = None
-    """Inference backend; None = the best available here (see resolve(): 'transformers', since the
-    vLLM engine is not built)."""
+    engine_type: Literal["transformers", "vllm"] | None = None
+    """Inference backend: 'transformers' (our decode loop, everywhere) or 'vllm' (where vLLM
+    is installed: `scripts/setup.sh vllm`, or `pip install 'trinity[vllm]'` on a GPU;
+    docs/engines.md); None = 'transformers'."""
     engine_num: int = Field(1, ge=1)
     """Number of engine replicas."""
     tensor_parallel_size: Annotated[int, NotBuilt("tensor-parallel inference")] = Field(1, ge=1)
@@ -61,7 +83,9 @@ class InferenceModelConfig(ConfigSection):
     max_restarts: int = Field(3, ge=0)
     """Times Ray restarts a crashed engine replica (its process died: OOM kill, segfault); the
     explorer reloads the weights it held and resends its requests. 0: a crash ends the run."""
-    use_v1: Annotated[bool, _VLLM] = True
+    use_v1: Annotated[
+        bool, NotApplicable("vLLM engine knob; the vLLM releases trinity runs have only V1")
+    ] = True
     """vLLM: use the V1 engine."""
     enforce_eager: Annotated[bool, _VLLM] = True
     """vLLM: no CUDA graphs (eager mode)."""
@@ -71,7 +95,10 @@ class InferenceModelConfig(ConfigSection):
     """vLLM: split long prefills."""
     gpu_memory_utilization: Annotated[float, _VLLM] = Field(0.9, gt=0, le=1)
     """vLLM: fraction of GPU memory the engine may take."""
-    enable_log_requests: Annotated[bool, _VLLM] = False
+    enable_log_requests: Annotated[
+        bool,
+        NotApplicable("vLLM engine knob; trinity runs vLLM's offline engine, which logs none"),
+    ] = False
     """vLLM: log every request."""
     enable_history: Annotated[
         bool,

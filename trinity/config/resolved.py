@@ -7,8 +7,9 @@ runtime uses, and `format_batch_table` prints them at start-up with the unit of 
 Choices left unset mean "the best available here", decided in `resolve()` and printed with the
 reason: the rollout engine (`explorer.rollout_model.engine_type`), the weight-sync method
 (`synchronizer.sync_method`) and the trainer strategy (`trainer.trainer_strategy`). Trinity-RFT's
-defaults for these (vllm, nccl, verl's fsdp) are not built here. The config is the effective one
-from `load_config` (verl `trainer.trainer_config` values already at our keys).
+defaults for these are vllm, nccl and verl's fsdp; ours are transformers (the vLLM engine is
+optional: `engine_type: vllm` where it is installed), memory and torch. The config is the
+effective one from `load_config` (verl `trainer.trainer_config` values already at our keys).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
 # when unset, each "best available here" key gets (value, why)
-BEST_ENGINE = ("transformers", "unset: the vLLM engine is not built, transformers serves rollouts")
+BEST_ENGINE = (
+    "transformers",
+    "unset: transformers serves rollouts everywhere (engine_type: vllm where vLLM is installed)",
+)
 BEST_SYNC = ("memory", "unset: trainer and explorer share one Ray cluster, the object store")
 BEST_SYNC_SPLIT = (
     "checkpoint",

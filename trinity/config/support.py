@@ -22,6 +22,7 @@ acted upon. `KEY_STATES` lists the declared states, read from the schema by its 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from trinity.config import engine_schema
 from trinity.config.base import DEFAULT, Marker, NotApplicable, NotBuilt, Refused, walk
 from trinity.config.compat import unmapped_keys
 from trinity.config.loader import merge_stages, per_stage
@@ -44,7 +46,8 @@ class KeyState:
     `reason`: the missing feature (not built) or why it has no effect (not applicable);
     `refused` values name a feature not built (`refused_reason`); `first_only`: acted upon for
     the first item of its list only; `inert`/`unless`: see `base.NotBuilt`; `default`: the
-    schema default."""
+    schema default; `applies_in(section)`: a not-applicable key acted upon in such a section
+    (`base.NotApplicable.unless`)."""
 
     path: str
     state: Literal["acted", "not_built", "not_applicable"]
@@ -54,6 +57,7 @@ class KeyState:
     refused_reason: str = ""
     first_only: bool = False
     unless: Callable[[Any], bool] | None = None
+    applies_in: Callable[[Any], bool] | None = None
     default: Any = None
 
 
@@ -65,7 +69,7 @@ def _state(path: str, info: FieldInfo, marks: tuple[Marker, ...]) -> KeyState:
         elif isinstance(m, NotApplicable) and m.after_first:
             kw.update(reason=m.reason, first_only=True)
         elif isinstance(m, NotApplicable):
-            kw.update(reason=m.reason, state="not_applicable")
+            kw.update(reason=m.reason, state="not_applicable", applies_in=m.unless)
         elif isinstance(m, Refused):
             kw.update(refused=m.values, refused_reason=m.feature)
     return KeyState(path, **kw)
@@ -80,26 +84,31 @@ def schema_paths() -> list[str]:
     return [path for path, _, _ in walk(TrinityConfig)]
 
 
-def _values(node: Any, parts: list[str], where: str = "", is_set: bool = True) -> Iterator[Any]:
-    """(concrete path, value, explicitly set?) for each place a key pattern matches in a config."""
+def _values(
+    node: Any, parts: list[str], where: str = "", is_set: bool = True, holder: Any = None
+) -> Iterator[Any]:
+    """(concrete path, value, explicitly set?, the section holding it) for each place a key
+    pattern matches in a config."""
     if not parts:
-        yield where, node, is_set
+        yield where, node, is_set, holder
     elif parts[0] == "[*]":
         items = node.items() if isinstance(node, dict) else enumerate(node or [])
         for key, item in items:
-            yield from _values(item, parts[1:], f"{where}[{key}]", is_set)
+            yield from _values(item, parts[1:], f"{where}[{key}]", is_set, holder)
     elif isinstance(node, BaseModel) and (getattr(node, parts[0]) is not None or not parts[1:]):
         here = f"{where}.{parts[0]}" if where else parts[0]
         set_here = parts[0] in node.model_fields_set
-        yield from _values(getattr(node, parts[0]), parts[1:], here, set_here)
+        yield from _values(getattr(node, parts[0]), parts[1:], here, set_here, node)
 
 
 def _placed(cfg: TrinityConfig) -> Iterator[tuple[KeyState, str, Any, bool]]:
-    """(state, concrete path, value, explicitly set?) of every declared key in `cfg`."""
+    """(state, concrete path, value, explicitly set?) of every declared key in `cfg`; a
+    not-applicable key is left out where its section acts upon it (`KeyState.applies_in`)."""
     for k in KEY_STATES:
         parts = [p for p in k.path.replace("[*]", ".[*]").split(".") if p]
-        for path, value, is_set in _values(cfg, parts):
-            yield k, path, value, is_set
+        for path, value, is_set, holder in _values(cfg, parts):
+            if k.applies_in is None or not k.applies_in(holder):
+                yield k, path, value, is_set
 
 
 def _refused(k: KeyState, value: Any) -> Any:
@@ -122,7 +131,20 @@ def own_problems(cfg: TrinityConfig) -> list[Problem]:
         elif k.state == "not_built" and not inert and not (k.unless and k.unless(cfg)):
             why = f"not built yet: {k.reason}; remove the key (or set its default) to run"
             problems.append(Problem(path, why))
-    return problems
+    return problems + _vllm_missing(cfg)
+
+
+def _vllm_missing(cfg: TrinityConfig) -> list[Problem]:
+    """`engine_type: vllm` where this Python cannot import vLLM: the engines would fail to start
+    (the first pool that asks for it, with the fix)."""
+    pools = [("explorer.rollout_model", cfg.explorer.rollout_model)] + [
+        (f"explorer.auxiliary_models[{i}]", m) for i, m in enumerate(cfg.explorer.auxiliary_models)
+    ]
+    asking = [path for path, pool in pools if engine_schema.serves_with_vllm(pool)]
+    if not asking or engine_schema.vllm_installed():
+        return []
+    why = f"vllm: vLLM is not installed in this Python ({sys.prefix}); {engine_schema.VLLM_INSTALL}"
+    return [Problem(f"{asking[0]}.engine_type", why)]
 
 
 def own_notes(cfg: TrinityConfig) -> list[str]:

@@ -20,7 +20,7 @@ import ray
 from trinity.common.compute import compute_lane
 from trinity.common.placement import on_node
 from trinity.common.resources import Share
-from trinity.common.rollout import engine_class
+from trinity.common.rollout import engine_class, pool_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import (
     BEST_ENGINE,
@@ -98,7 +98,7 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     share = share or Share(0, 0, os.cpu_count() or 1)
     engine_cls = engine_class(resolve(cfg).engine_type)
     kwargs = _engine_kwargs(
-        rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
+        engine_cls, rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
     )
     # one process: the trainer takes up what the engines free, and the reverse (no trims); in
     # lockstep they take turns on the process's compute lane, each with every core (one OpenMP
@@ -134,15 +134,21 @@ def explorer_reservation(cfg: Any, share: Share | None) -> dict[str, float]:
 
 
 def _engine_kwargs(
-    pool: Any, share: Share, max_model_len: int | None, chat_template: str | None
+    engine_cls: type,
+    pool: Any,
+    share: Share,
+    max_model_len: int | None,
+    chat_template: str | None,
 ) -> dict[str, Any]:
-    """An engine's constructor arguments but its model and seed, for the pool `pool`."""
+    """An engine's constructor arguments but its model and seed, for the pool `pool`: the
+    contract's, and the pool keys the engine class names (`pool_kwargs`)."""
     return {
         "dtype": pool.dtype,
         "max_batch_size": pool.max_batch_size,
         "max_model_len": max_model_len,
         "num_threads": pool.num_threads or share.threads,
         "custom_chat_template": chat_template,
+        **pool_kwargs(engine_cls, pool),
     }
 
 
@@ -160,10 +166,11 @@ def _spawn(
     """One engine actor per seed in `replica_seeds` for the pool `pool` (an
     `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
     `share`, with the pool's own `num_threads` if set."""
-    engine_cls = ray.remote(engine_class(engine_type))
-    kwargs = _engine_kwargs(pool, share, max_model_len, chat_template)
+    engine_cls = engine_class(engine_type)
+    kwargs = _engine_kwargs(engine_cls, pool, share, max_model_len, chat_template)
+    actor_cls = ray.remote(engine_cls)
     return [
-        engine_cls.options(
+        actor_cls.options(
             num_cpus=share.num_cpus,
             num_gpus=share.num_gpus,
             max_restarts=pool.max_restarts,

@@ -35,6 +35,16 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def request_seeds(key: int, n: int) -> list[int]:
+    """The seeds of a keyed prompt's `n` samples for an engine that seeds each sample's own
+    generator (vLLM): sample j's is splitmix64(splitmix64(key) + j), the row key our engine
+    hashes its draws from, keeping 63 bits (a seed vLLM may hold in an int64 tensor)."""
+    base = splitmix64(np.asarray([key], dtype=np.uint64))
+    with np.errstate(over="ignore"):
+        rows = splitmix64(base + np.arange(n, dtype=np.uint64))
+    return [int(r) & ((1 << 63) - 1) for r in rows]
+
+
 def keyed_uniforms(keys: np.ndarray, t: int) -> torch.Tensor:
     """U[0, 1) float32 per key for decode step `t`: the top 24 bits of
     splitmix64(key ^ splitmix64(t)) / 2^24 (exact in float32, so never 1.0). keys: [B] uint64

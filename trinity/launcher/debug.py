@@ -23,7 +23,7 @@ from rich.text import Text
 
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
-from trinity.common.rollout import engine_class
+from trinity.common.rollout import engine_class, pool_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
 from trinity.explorer.auxiliary import (
@@ -64,21 +64,25 @@ def pick_task(cfg: Any, index: int, evaluating: bool) -> Task:
 def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
     """The task's experiences, sampled by one in-process engine; and the tokenizer."""
     rm = cfg.explorer.rollout_model
-    engine = engine_class(resolve(cfg).engine_type)(
+    engine_cls = engine_class(resolve(cfg).engine_type)
+    engine = engine_cls(
         seeds.model_path(cfg),
         dtype=rm.dtype,
         seed=seeds.engine_seed(cfg, 0),
         max_model_len=cfg.model.max_model_len,
         custom_chat_template=cfg.model.custom_chat_template,
+        **pool_kwargs(engine_cls, rm),
     )
     aux_engines = {}
     for i in served_auxiliary(cfg):
         aux = cfg.explorer.auxiliary_models[i]
-        aux_engines[i] = engine_class(aux.engine_type or BEST_ENGINE[0])(
+        aux_cls = engine_class(aux.engine_type or BEST_ENGINE[0])
+        aux_engines[i] = aux_cls(
             seeds.model_path(cfg, aux.model_path),
             dtype=aux.dtype,
             seed=seeds.auxiliary_seed(cfg, i),
             max_model_len=auxiliary_limits(cfg, i)[0],
+            **pool_kwargs(aux_cls, aux),
         )
     m = cfg.model
 

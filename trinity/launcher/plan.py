@@ -12,8 +12,8 @@ them. What the plan cannot know comes at run time: the name a split run agrees o
 the cores and GPUs Ray has free (`common.resources`), the newest checkpoint to resume from.
 
 The layout: with `cluster.one_process` unset, a run whose every stage can be one process (one
-CPU-only node, mode both / train from a dataset / bench, no collective weight sync, no process
-of it started elsewhere) runs its explorer, engines and trainer as objects of one process
+CPU-only node, mode both / train from a dataset / bench, no collective weight sync, our own
+rollout engine, no process of it started elsewhere) runs its explorer, engines and trainer as objects of one process
 (`common.service_host`): torch and transformers load once, and the sides lend each other their
 cores. Such a run starts no Ray instance unless something in it needs one (`with_ray_or_not`:
 auxiliary model engines, a Ray timeline, a cluster to join; `common.local_host`). As
@@ -224,6 +224,8 @@ def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
         return "the run has GPUs (one process is built for CPUs)"
     if cfg.synchronizer.sync_method == "nccl":
         return "synchronizer.sync_method nccl is a collective between processes"
+    if rm.engine_type == "vllm":
+        return "explorer.rollout_model.engine_type vllm runs in engine processes of its own"
     if "in_explorer_process" in rm.model_fields_set and not rm.in_explorer_process:
         return "explorer.rollout_model.in_explorer_process: false asks for engine processes"
     if "max_restarts" in rm.model_fields_set and rm.max_restarts:
