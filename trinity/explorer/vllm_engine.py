@@ -49,7 +49,7 @@ from trinity.common.rollout import (
     SamplingParams,
 )
 from trinity.common.startup import StartupMarks
-from trinity.models import load_tokenizer, resolve_model_path
+from trinity.models import load_tokenizer, lora_merge, resolve_model_path
 from trinity.models.basics import resolve_dtype
 from trinity.sync.method import sync_method
 
@@ -139,6 +139,7 @@ class VLLMRolloutEngine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         path = str(resolve_model_path(model_path))
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)
+        self.base = lora_merge.BaseWeights(path)  # W0 for LoRA adapters, by name
         torch_dtype = resolve_dtype(dtype, self.device)
         kwargs: dict[str, Any] = {}
         if self.device == "cpu":
@@ -349,7 +350,13 @@ class VLLMRolloutEngine:
     def load_state(self, tensors: dict[str, torch.Tensor], version: int) -> int:
         """Load a name -> tensor dict (Hugging Face names; a tied output embedding may be
         absent) as weights `version`: vLLM's in-place reload, then every embedding-shaped layer
-        processed again (`_reprocess_embeddings`)."""
+        processed again (`_reprocess_embeddings`). A LoRA adapter (`models/lora_merge.py`) is
+        merged into the base weights kept by name (`BaseWeights`) and the merged weights are
+        reloaded: exact, as our engine's, where vLLM's own LoRA path would add B·A at run time."""
+        if lora_merge.is_adapter(tensors):
+            tensors = self.base.merged(tensors, f"weights v{version}")
+        else:
+            self.base.loaded(tensors)
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(tensors.items())}
         )

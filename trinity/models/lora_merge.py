@@ -102,6 +102,59 @@ def apply_adapter(model: Any, tensors: dict[str, Any], what: str) -> None:
     model.load_state_dict(merged, strict=False, assign=True)
 
 
+class BaseWeights:
+    """An engine's base weights W0 by Hugging Face name, for an engine whose model holds its
+    weights in a layout of its own and reloads them whole (vLLM: fused q/k/v and gate/up, and
+    a reload of some weights leaves the others unusable). `merged(adapter)` is every weight to
+    load: the base, with each adapted weight W0 + scaling · B·A. The base is the model folder's,
+    read at the first adapter and then kept (one more copy of the weights in the engine's
+    memory, the price of an exact merge), or the full weights loaded after it. Full weights
+    loaded before any adapter replace the folder's without being kept (an engine not serving
+    LoRA holds no second copy): an adapter after them has no base (an error says so)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder: Path | None = Path(folder)  # None: full weights replaced the folder's
+        self.base: dict[str, Any] | None = None  # kept once an adapter came
+
+    def loaded(self, tensors: dict[str, Any]) -> None:
+        """Full weights were loaded: the next adapter's base (kept only while serving LoRA)."""
+        if self.base is not None:
+            self.base = dict(tensors)
+        else:
+            self.folder = None
+
+    def merged(self, tensors: dict[str, Any], what: str) -> dict[str, Any]:
+        if self.base is None:
+            self.base = self._read(what)
+        scaling = float(tensors[SCALING])
+        out = dict(self.base)
+        for module, (a, b) in adapter_pairs(tensors).items():
+            key = f"{module}.weight"
+            if key not in out:
+                raise RuntimeError(f"{what}: the model has no weight {key!r} for its LoRA adapter")
+            w0 = out[key]
+            if (b.shape[0], a.shape[1]) != tuple(w0.shape) or a.shape[0] != b.shape[1]:
+                raise RuntimeError(
+                    f"{what}: LoRA adapter of {module!r} has A {tuple(a.shape)}, B "
+                    f"{tuple(b.shape)}; its weight is {tuple(w0.shape)}"
+                )
+            out[key] = merged_weight(w0, a, b, scaling)
+        return out
+
+    def _read(self, what: str) -> dict[str, Any]:
+        if self.folder is None:
+            raise RuntimeError(
+                f"{what}: a LoRA adapter after full weights were loaded: the base it adapts was "
+                "not kept (a LoRA run's engines receive adapters only)"
+            )
+        from safetensors.torch import load_file
+
+        out: dict[str, Any] = {}
+        for f in sorted(self.folder.glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        return out
+
+
 def forget_base(model: Any) -> None:
     """Full weights were loaded: they are the base of the next adapter."""
     model.__dict__.pop(BASE_ATTR, None)
