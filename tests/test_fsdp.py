@@ -325,6 +325,7 @@ def test_a_failing_rank_stops_every_rank_at_once(tmp_path, tiny_model_dir):
         st.train_step(experiences(vocab))
 
 
+@pytest.mark.slow  # 2 ranks, twice
 def test_lora_on_two_ranks_trains_and_syncs_the_adapter_of_one_process(tmp_path, tiny_model_dir):
     """LoRA under FSDP2: the adapter 2 ranks train equals one process's (1e-5 after 2 steps),
     only the adapter is published, and a sharded checkpoint's adapter loads in peft and resumes
