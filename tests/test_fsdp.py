@@ -360,3 +360,14 @@ def test_lora_on_two_ranks_trains_and_syncs_the_adapter_of_one_process(tmp_path,
     again.resume(ckpt)
     assert values(again.train_step(copy.deepcopy(exps))) == values(expected)
     again.close()
+
+
+def test_ranks_that_do_not_fit_the_cluster_fail_by_name(tmp_path, tiny_model_dir, monkeypatch):
+    """8 ranks of one CPU each on a 4-CPU instance: the start fails naming trainer.world_size
+    (it waited for the placement group, which would never be ready)."""
+    from trinity.trainer import ranks
+
+    monkeypatch.setattr(ranks, "PLACEMENT_TIMEOUT_S", 3.0)
+    cfg = config(tmp_path, tiny_model_dir, **FIXED)
+    with pytest.raises(RuntimeError, match=r"trainer.world_size=8: no room for 8 ranks"):
+        ShardedTrainer(cfg, str(tiny_model_dir), 10, 8, 1, 1, 0)

@@ -28,6 +28,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trinity.common import refs
 
+PLACEMENT_TIMEOUT_S = 120.0  # waiting for the ranks' placement group: then it fails by name
+
 
 class TrainerRank:
     """One rank of a sharded trainer (a Ray actor): a `Trainer` on its shards."""
@@ -111,7 +113,14 @@ class ShardedTrainer:
         if nodes and len(nodes) > 1:  # one rank per node while there are nodes enough
             strategy = "STRICT_SPREAD" if world <= len(nodes) else "SPREAD"
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
-        refs.get(self.group.ready())
+        ready, _ = ray.wait([self.group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            remove_placement_group(self.group)
+            raise RuntimeError(
+                f"trainer.world_size={world}: no room for {world} ranks of {bundle} each "
+                f"({strategy}) after {PLACEMENT_TIMEOUT_S:.0f} s; the cluster has "
+                f"{ray.available_resources()} free (lower trainer.world_size, or add nodes)"
+            )
         actor = ray.remote(TrainerRank)
         self.ranks = [
             actor.options(
