@@ -55,6 +55,8 @@ class Ranks:
         """This rank's micro-batches (row indices into `batch`), then `None` (an idle
         micro-batch) up to the largest count of any rank: every rank can compute every rank's
         split, so no message is needed to agree on the count."""
+        if self.world == 1:  # one process: the batch's own micro-batches, nothing to pad
+            return list(micro_batches(batch, size, max_tokens, unit))
         counts, mine = [], []
         for r in range(self.world):
             rows = self.rows(len(batch), unit, r)
