@@ -417,8 +417,11 @@ def heard_error(chunks: list[str]) -> str | None:
 
 
 def test_a_streamed_call_queued_on_a_closed_in_thread_engine_fails_instead_of_hanging():
+    started = threading.Event()
+
     class Slow:
         def wait(self) -> None:
+            started.set()
             time.sleep(0.5)
 
         def steps(self):
@@ -428,6 +431,8 @@ def test_a_streamed_call_queued_on_a_closed_in_thread_engine_fails_instead_of_ha
         engine = InThread(Slow)
         running = engine.wait.remote()  # the thread's next job: the stream queues behind it
         stream = engine.steps.options(num_returns="streaming").remote()
+        # closed while `wait` runs (closed before it started, it would be cancelled too)
+        assert await asyncio.to_thread(started.wait, 10)
         await asyncio.to_thread(engine.close)  # cancels the queued stream
         await running
         try:
