@@ -16,6 +16,8 @@ Checks, each printed as it finishes and all written to benchmarks/results/gpu_ch
 3. DCP on CUDA: a checkpoint of the sharded trainer resumed into a fresh one gives bit-identical
    weights and the same next step.
 4. A LoRA step, when `peft` is installed (the `lora` extra): only adapter weights change.
+5. Colocation: the device memory our engine's sleep and the trainer's move to host memory give
+   back, and the same logprobs after the engine wakes.
 """
 
 from __future__ import annotations
@@ -205,6 +207,45 @@ def check_lora(args, tmp: Path, model: Path, shape: dict, out: dict) -> None:
     print(f"LoRA: {len(changed)} tensors changed, all adapters: {only_adapters}")
 
 
+def check_colocation(args, tmp: Path, model: Path, shape: dict, out: dict) -> None:
+    """Colocation (`common.turns`): what the engine's sleep and the trainer's move to host
+    memory give back to the device, and that waking changes no logprob."""
+    from trinity.explorer.engine import HFRolloutEngine
+    from trinity.trainer.trainer import Trainer
+
+    def allocated() -> int:
+        return torch.cuda.memory_allocated() if out["device_type"] == "cuda" else 0
+
+    engine = HFRolloutEngine(str(model), dtype=args.dtype, seed=0)
+    tokens = list(range(3, 67))
+    before, held = engine.logprobs(tokens), allocated()
+    moved = engine.sleep(1)
+    asleep = allocated()
+    engine.wake_up()
+    same = engine.logprobs(tokens) == before
+    del engine
+    cleanup()
+    cfg = trainer_config(tmp, model, args.dtype, max_tokens=1024)
+    trainer = Trainer(cfg, str(model), total_steps=10)
+    trainer.train_step(experiences(shape["vocab_size"], 4, 256))
+    on = allocated()
+    trainer_moved = trainer.place(False)
+    off = allocated()
+    trainer.place(True)
+    out["colocation"] = {
+        "engine_moved_bytes": moved, "engine_freed_bytes": held - asleep,
+        "same_logprobs_after_wake": same, "trainer_moved_bytes": trainer_moved,
+        "trainer_freed_bytes": on - off,
+    }  # fmt: skip
+    print(
+        f"colocation: engine asleep frees {(held - asleep) / 2**20:,.0f} MiB (moved "
+        f"{moved / 2**20:,.0f}), same logprobs after waking {same}; trainer in host memory "
+        f"frees {(on - off) / 2**20:,.0f} MiB (moved {trainer_moved / 2**20:,.0f})"
+    )
+    del trainer
+    cleanup()
+
+
 def dtype_of(name: str) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
@@ -249,7 +290,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model = build_model(tmp / "model", shape, dtype_of(args.dtype))
-        for check in (check_train, check_dcp, check_lora):
+        for check in (check_train, check_dcp, check_lora, check_colocation):
             check(args, tmp, model, shape, out)
         check_decode(args, model, out)
     out["wall_s"] = time.perf_counter() - t_start

@@ -136,6 +136,16 @@ class RolloutEngine(Protocol):
         """The version of the weights loaded (0: those the engine was built with)."""
         ...
 
+    def sleep(self, level: int = 1) -> int:
+        """Colocation (`common.turns`): free the device for the trainer until `wake_up` (level 1:
+        the weights to host memory, caches freed); sampling and scoring are refused meanwhile.
+        Returns the bytes moved, where the engine knows them."""
+        ...
+
+    def wake_up(self) -> int:
+        """Back on the device after `sleep`; returns the bytes moved."""
+        ...
+
     def get_stats(self) -> dict[str, float]: ...
 
     def startup_marks(self) -> dict[str, float]:

@@ -324,6 +324,53 @@ def _one_process_is_one_local_process(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("mode", "cluster", "synchronizer.sync_method", "explorer", "buffer.trainer_input")
+def _colocation_is_one_device(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`cluster.colocate: true`: the trainer and the rollout engines of one run take turns on
+    one device (trinity/common/turns.py)."""
+    c = cfg.cluster
+    if not c.colocate:
+        return
+    why = "cluster.colocate: the trainer and the rollout engines take turns on one device, so"
+    if cfg.mode not in ("both", "train") or trains_from_queue(cfg):
+        yield Problem(
+            "cluster.colocate",
+            f"{why} the run must hold both (mode both, or train with eval tasksets), not mode "
+            f"{cfg.mode}" + (" reading another process's queue" if trains_from_queue(cfg) else ""),
+        )
+    if c.one_process:
+        yield Problem(
+            "cluster.one_process",
+            f"{why} they are processes that sleep and wake in turn; one process lends cores "
+            "instead: remove one of them",
+        )
+    if (c.node_num or 1) > 1:
+        yield Problem("cluster.node_num", f"{why} the run is one node, not {c.node_num}")
+    if (c.gpu_per_node or 0) > 1:
+        yield Problem(
+            "cluster.gpu_per_node",
+            f"{why} it uses one GPU, not {c.gpu_per_node}: with more, give each side its own",
+        )
+    if cfg.synchronizer.sync_method == "shared":
+        yield Problem(
+            "synchronizer.sync_method",
+            f"{why} each side's copy of the weights leaves the device in its turn; shared maps "
+            "one copy into both: use memory",
+        )
+    if cfg.explorer.auxiliary_models:
+        yield Problem(
+            "explorer.auxiliary_models",
+            f"{why} auxiliary models would hold the device while the trainer steps (as "
+            "Trinity-RFT, colocation refuses them)",
+        )
+    if cfg.explorer.rollout_model.tensor_parallel_size > 1:
+        yield Problem(
+            "explorer.rollout_model.tensor_parallel_size",
+            f"{why} an engine is one process on it, not "
+            f"{cfg.explorer.rollout_model.tensor_parallel_size}",
+        )
+
+
 @_check("trainer", "cluster.one_process", "synchronizer.sync_method", "algorithm.optimizer")
 def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
     """A sharded trainer (`trainer_strategy: fsdp2`) is `world_size` processes of its own."""

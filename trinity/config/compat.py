@@ -198,3 +198,29 @@ def drop_unread_args(cfg: TrinityConfig) -> TrinityConfig:
     out = cfg.model_copy(update={"algorithm": algo.model_copy(update=updates)})
     out._compat_notes = (*out._compat_notes, *notes)
     return out
+
+
+def read_colocate_mode(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem], list[str]]:
+    """Trinity-RFT's `mode: colocate` (one GPU shared by trainer and explorer) read as mode
+    both with `cluster.colocate: true` (at the top level and in each stage); a copy of `data`,
+    a problem where `cluster.colocate: false` says otherwise, and a note per rewrite."""
+    problems: list[Problem] = []
+    notes: list[str] = []
+
+    def lift(node: Any, loc: Loc) -> Any:
+        if not isinstance(node, dict) or node.get("mode") != "colocate":
+            return node
+        cluster = node.get("cluster")
+        cluster = dict(cluster) if isinstance(cluster, dict) else {}
+        where = format_path((*loc, "mode"))
+        if cluster.get("colocate") is False:
+            problems.append(Problem(where, "colocate, but cluster.colocate is false; keep one"))
+            return node
+        cluster["colocate"] = True
+        notes.append(f"{where}: 'colocate' read as mode both with cluster.colocate: true")
+        return {**node, "mode": "both", "cluster": cluster}
+
+    out = lift(data, ())
+    if isinstance(out.get("stages"), list):
+        out = {**out, "stages": [lift(s, ("stages", i)) for i, s in enumerate(out["stages"])]}
+    return out, problems, notes

@@ -7,7 +7,8 @@ Steps, every one pure but the first, every problem of every step gathered in one
 1. read the YAML with OmegaConf's loader (a key written twice is an error with its line);
 2. merge the dotted overrides (`--set`), each key checked against the schema first;
 3. resolve `${...}` interpolations with OmegaConf;
-4. read Trinity-RFT's deprecated spellings as current names (`compat.apply_renames`);
+4. read Trinity-RFT's deprecated spellings as current names (`compat.apply_renames`), and its
+   `mode: colocate` as mode both with `cluster.colocate` (`compat.read_colocate_mode`);
 5. validate every field with pydantic; where that fails, the config without the failing values
    (defaults in their place) goes on as `ConfigError.partial`, so the later steps and the
    pre-flight pass still check everything else;
@@ -29,7 +30,12 @@ import yaml
 from pydantic import ValidationError
 
 from trinity.config.checks import Loc, check_config
-from trinity.config.compat import apply_renames, drop_unread_args, lift_verl_keys
+from trinity.config.compat import (
+    apply_renames,
+    drop_unread_args,
+    lift_verl_keys,
+    read_colocate_mode,
+)
 from trinity.config.problems import ConfigError, Problem, problems_from_validation_error
 from trinity.config.schema import StageConfig, TrinityConfig
 from trinity.config.secrets import redacted
@@ -72,6 +78,8 @@ def _validate(
     unreported: Collection[str] = (),
 ) -> TrinityConfig:
     data, found, notes = apply_renames(dict(data), TrinityConfig)
+    data, lifted, said = read_colocate_mode(data)
+    found, notes = found + lifted, notes + said
     cfg, more, partial, removed = _effective(data)
     found += more
     if partial is not None:  # `cfg` is it, or None

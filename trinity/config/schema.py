@@ -262,6 +262,14 @@ class ClusterConfig(ConfigSection):
     bench; not with `synchronizer.sync_method: nccl`, several nodes or GPUs. None = chosen by
     the run's plan: true where every stage can run so (one CPU-only node, no split processes),
     printed with the reason (trinity/launcher/plan.py); false keeps a process per part."""
+    colocate: bool | None = None
+    """Trainer and rollout engines share one device and take turns on it: the engines sleep
+    (their weights offloaded to host memory, their caches freed) while the trainer steps, and
+    the trainer offloads its parameters, gradients and optimizer state while they sample;
+    weights go by `memory` (trinity/common/turns.py, docs/scale_out.md). None = chosen by the
+    run's plan: on where the cluster has exactly one GPU on one node and a stage both trains and
+    samples, as Trinity-RFT does (`mode: colocate` reads as mode both with this on); true asks
+    for it anywhere (on CPUs too: the two sides then never compute at once); false = off."""
 
 
 class MalformedToolCallsConfig(ConfigSection):
@@ -548,7 +556,8 @@ class TrinityConfig(ConfigSection):
     mode: Mode = "both"
     """'both' = explorer and trainer together; 'explore' / 'train' = one side; 'bench' = evaluate
     only; 'serve' = the OpenAI-compatible endpoint for external agents, their rewarded sessions
-    written to the buffer a 'train' process reads."""
+    written to the buffer a 'train' process reads. Trinity-RFT's 'colocate' is read as 'both'
+    with `cluster.colocate: true` (one device shared by turns)."""
     project: str = "trinity"
     """Project name (a folder under checkpoints)."""
     group: str = ""

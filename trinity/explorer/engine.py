@@ -43,7 +43,7 @@ from trinity.common.rollout import (
 )
 from trinity.common.startup import StartupMarks
 from trinity.explorer.detokenize import RowTexts
-from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models import load_model, load_tokenizer, offload, resolve_model_path
 from trinity.models.forward import cache_kwarg
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
@@ -148,6 +148,7 @@ class HFRolloutEngine:
             else next(iter(self.eos_ids))
         )
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0}
+        self.asleep = False  # colocation: the weights are in host memory (`sleep`)
         # the KV cache's freed blocks go back to the OS once the engine idles (common.memory)
         self.idle_trim = IdleTrim() if trim_when_idle else None
         self.startup.mark("engine_ready")
@@ -205,6 +206,7 @@ class HFRolloutEngine:
     ) -> Iterator[Progress | list[list[Sample] | BadPrompt]]:
         """`generate`, yielding a `Progress` per decode step for the prompts `watch` marks,
         then `generate`'s answer (`RolloutEngine.generate_stream`)."""
+        self._check_awake()
         keys = list(keys) if keys is not None else [None] * len(prompts)
         watch = list(watch) if watch is not None else [False] * len(prompts)
         if not len(keys) == len(watch) == len(prompts):
@@ -382,6 +384,7 @@ class HFRolloutEngine:
     @_inference_mode
     def logprobs(self, tokens: list[int]) -> list[float]:
         """Logprob of tokens[1:] given their prefixes (length len(tokens) - 1)."""
+        self._check_awake()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         backbone = self.model.get_decoder()
         hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]  # [T-1, H]
@@ -390,6 +393,34 @@ class HFRolloutEngine:
             self.model.get_output_embeddings(), hidden, ids[0, 1:], SCORE_CHUNK, with_entropy=False
         )
         return lp.float().cpu().tolist()
+
+    # -- colocation (`common.turns`) --------------------------------------------------------------
+
+    def sleep(self, level: int = 1) -> int:
+        """Free the device for a colocated trainer: the weights go to host memory (vLLM's sleep
+        level 1; this engine keeps no KV cache between calls, so that is all it holds). Until
+        `wake_up`, sampling and scoring are refused; a weight update loads into the host copy.
+        Returns the bytes moved (0 on a CPU-only machine, where the device is host memory)."""
+        if level != 1:
+            raise ValueError(f"the transformers engine sleeps at level 1 only, not {level}")
+        if self.asleep:
+            return 0
+        self.asleep = True
+        return offload.to_device([self.model], [], "cpu")
+
+    def wake_up(self) -> int:
+        """The weights back on the device; returns the bytes moved."""
+        if not self.asleep:
+            return 0
+        self.asleep = False
+        return offload.to_device([self.model], [], self.device)
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise RuntimeError(
+                "the rollout engine is asleep while a colocated trainer holds the device: "
+                "wake_up() first (common.turns)"
+            )
 
     # -- weights ---------------------------------------------------------------------------------
 

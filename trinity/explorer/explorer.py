@@ -29,6 +29,7 @@ from trinity.common.remote_errors import cause_of
 from trinity.common.resources import ResourcePlan, Share
 from trinity.common.rollout import SamplingParams
 from trinity.common.startup import StartupMarks
+from trinity.common.turns import EnginesTurn
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, engines_in_explorer, resolve
 from trinity.explorer.auxiliary import (
@@ -89,6 +90,7 @@ class Explorer:
         engine_nodes: list[str] | None = None,
         run_shares: Any = None,
         engines: EnginePools | None = None,
+        turns: Any = None,
     ) -> None:
         """`engine_share`: what each engine reserves and its threads (the launcher's resource
         plan); None = no reservation, every core. `engine_nodes`: engine i runs on node i mod N
@@ -96,7 +98,9 @@ class Explorer:
         of a split run, the run's `RunName` actor; this explorer claims its part of the run's
         cores from it before each step and sets its engines' threads to it
         (`common.resources.RunShares`). `engines`: the engine actors, started by the caller
-        with `start_engine_pools` and the same share and nodes (None: started here)."""
+        with `start_engine_pools` and the same share and nodes (None: started here). `turns`:
+        colocation's baton (`common.turns.DeviceTurns`), shared with the trainer: the engines
+        hold it from their first call of a step to the step's end, and sleep outside it."""
         # the modules above name torch lazily (`common.lazy`): the driver imports this one
         # to start the actor; the actor imports torch here, before its `imports` mark
         importlib.import_module("torch")
@@ -151,6 +155,7 @@ class Explorer:
         # the engines hold the trainer's live weights (sync_method shared): a step's evaluation
         # runs before its experiences are written, while the trainer still waits for them
         self.live_weights = sync_method(self.sync_method).live
+        self.turns = turns
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -225,6 +230,9 @@ class Explorer:
         for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
             self.startup.mark(phase, max(m[phase] for m in marks))
         self.client = BatchingClient(self.engines)
+        if self.turns is not None:  # colocated: built awake, they sleep until their first turn
+            self.client.turn = EnginesTurn(self.turns, self.engines)
+            await self.client.turn.rest(always=True)
         rm = cfg.explorer.rollout_model
         if rm.enable_openai_api and self.endpoint is None:
             from trinity.endpoint.server import rollout_model_endpoint  # only when asked
@@ -427,6 +435,7 @@ class Explorer:
             synced = {k: synced.get(k, 0.0) + v for k, v in admitted.items()}
         tasks = list(itertools.islice(stream, self.cfg.buffer.batch_size))
         if not tasks:
+            await self._rest()  # a sync above may have woken the engines
             return None
         due = ecfg.eval_interval > 0 and step % ecfg.eval_interval == 0 and step < total_steps
         if due and self.live_weights:
@@ -436,7 +445,14 @@ class Explorer:
         metrics = await self.explore_step(step, tasks, stream, synced)
         if due:  # while the trainer trains this step, on the weights the step sampled with
             metrics.update(await self.evaluate(step, report=False))
-        return metrics
+        return {**metrics, **await self._rest()}
+
+    async def _rest(self) -> dict[str, float]:
+        """Colocation: the engines sleep and give the device back (`common.turns`); their
+        turn's `colocation/*` metrics."""
+        if self.client is None or self.client.turn is None:
+            return {}
+        return await self.client.turn.rest()
 
     @property
     def _name(self) -> str:
@@ -592,7 +608,8 @@ class Explorer:
         # the weights evaluated (an asynchronous run's step s may evaluate an older version)
         metrics["eval/model_version"] = float(self._version())
         self.last_eval = {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
-        if report:
+        if report:  # an evaluation of its own (not a step's): the engines' turn ends here
+            metrics.update(await self._rest())
             await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
 

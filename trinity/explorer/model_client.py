@@ -34,6 +34,7 @@ from trinity.common.rollout import (
     Sample,
     SamplingParams,
 )
+from trinity.common.turns import EnginesTurn
 from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModels
 from trinity.explorer.call_args import TemplateError, sampling_params
 from trinity.explorer.ledger import LedgerStats, SessionLedger
@@ -79,6 +80,8 @@ class BatchingClient:
         self.restarts = 0  # engine crashes recovered from, over the client's life
         self._weights: tuple[str, list[Any], int] | None = None  # what every engine holds
         self._recovering: dict[int, asyncio.Task] = {}
+        # colocation: the engines take the device before a call and sleep after a step
+        self.turn: EnginesTurn | None = None
 
     async def _on_engine(
         self,
@@ -92,6 +95,8 @@ class BatchingClient:
         older weights than the engines were given means the engine was restarted between calls
         (Ray hands calls to the new process without an error): it is recovered and asked again.
         """
+        if self.turn is not None:
+            await self.turn.hold()
         for _ in range(_MAX_RECOVERIES_PER_CALL):
             engine = self.engines[i]
             try:

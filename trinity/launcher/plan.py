@@ -47,10 +47,17 @@ class Layout:
     why: str
     ray: bool = True
     ray_why: str = ""
+    colocate: bool = False  # trainer and engines take turns on one device (`common.turns`)
+    colocate_why: str = ""
 
     def describe(self) -> str:
         what = "one process" if self.one_process else "a process per part"
         line = f"layout: {what} ({self.why})"
+        if self.colocate:
+            line += (
+                f"\ncolocation: trainer and rollout engines take turns on one device, the "
+                f"engines asleep while the trainer steps ({self.colocate_why})"
+            )
         if self.one_process:
             line += "\n" + (
                 f"on Ray: {self.ray_why}" if self.ray else f"without Ray: {self.ray_why}"
@@ -75,6 +82,7 @@ class StagePlan:
     shared: bool  # buffer and synchronizer are named actors other processes of the run share
     lockstep: bool  # trainer and engines never compute at once (`in_lockstep`)
     one_process: bool  # explorer and trainer are objects of the run's ServiceHost
+    colocated: bool  # trainer and engines take turns on one device (`common.turns`)
     role: str  # this process in a split run: `trainer` or `explorer/<name>`
 
     @property
@@ -97,7 +105,11 @@ class StagePlan:
             head += "; buffer and synchronizer shared by name with the run's other processes"
         if self.trains and (self.explores or self.evaluates):
             head += "; trainer and engines " + (
-                "take turns (on-policy)" if self.lockstep else "compute at once"
+                "take turns on one device (colocated)"
+                if self.colocated
+                else "take turns (on-policy)"
+                if self.lockstep
+                else "compute at once"
             )
         return head + "\n" + format_batch_table(self.resolved)
 
@@ -150,12 +162,14 @@ def plan_run(
     stages = [_named(c, cfg.name) for c in stage_configs(cfg)]
     if cfg.mode == "bench" and cfg.stages:  # bench the checkpoints the run's stages wrote
         stages = [stages[-1].model_copy(update={"mode": "bench", "stage_name": "bench"})]
-    layout = layout or with_ray_or_not(cfg, stages, choose_layout(cfg, stages, gpus))
-    base = _with_layout(cfg, layout.one_process)
+    if layout is None:
+        layout = with_ray_or_not(cfg, stages, choose_layout(cfg, stages, gpus))
+        on, why = colocation(cfg, stages, gpus)
+        layout = dataclasses.replace(layout, colocate=on, colocate_why=why)
+    base = _with_layout(cfg, layout)
     run_dir = Path(resolve(base).run_dir)
     plans = tuple(
-        _stage_plan(i, _with_layout(c, layout.one_process), len(stages), run_dir)
-        for i, c in enumerate(stages)
+        _stage_plan(i, _with_layout(c, layout), len(stages), run_dir) for i, c in enumerate(stages)
     )
     return RunPlan(cfg=base, layout=layout, stages=plans, gpus_here=gpus)
 
@@ -175,6 +189,34 @@ def choose_layout(cfg: TrinityConfig, stages: list[TrinityConfig], gpus_here: bo
         "chosen: one CPU-only node, and every stage runs whole in this run; "
         "cluster.one_process: false keeps a process per part",
     )
+
+
+def colocation(
+    cfg: TrinityConfig, stages: list[TrinityConfig], gpus_here: bool
+) -> tuple[bool, str]:
+    """Whether the run's trainer and engines take turns on one device, and why:
+    `cluster.colocate` as set, else on where the cluster has exactly one GPU on one node and a
+    stage both trains and samples (Trinity-RFT's automatic colocate mode)."""
+    said = cfg.cluster.colocate
+    if said is not None:
+        return said, f"cluster.colocate: {str(said).lower()}"
+    if not any(_trains_and_samples(c) for c in stages) or (cfg.cluster.node_num or 1) > 1:
+        return False, ""
+    gpus = cfg.cluster.gpu_per_node
+    if gpus is None and gpus_here:
+        gpus = gpu_count()
+    if gpus != 1:
+        return False, ""
+    if cfg.explorer.auxiliary_models or cfg.explorer.rollout_model.tensor_parallel_size > 1:
+        return False, ""  # they need more than the one GPU; resources refuse the run
+    return True, "chosen: one GPU on one node; cluster.colocate: false gives each side a share"
+
+
+def _trains_and_samples(cfg: TrinityConfig) -> bool:
+    """A stage with a trainer and rollout engines (mode both, or train with evaluation)."""
+    if cfg.mode == "both":
+        return True
+    return cfg.mode == "train" and bool(cfg.buffer.explorer_input.eval_tasksets)
 
 
 def with_ray_or_not(cfg: TrinityConfig, stages: list[TrinityConfig], layout: Layout) -> Layout:
@@ -214,6 +256,8 @@ def _needs_ray(cfg: TrinityConfig, stages: list[TrinityConfig]) -> str | None:
 def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
     """Why this stage cannot run in one process, or None."""
     rm = cfg.explorer.rollout_model
+    if cfg.cluster.colocate:
+        return "cluster.colocate: the trainer and engines are processes that take turns"
     if cfg.mode not in ONE_PROCESS_MODES or trains_from_queue(cfg):
         return f"mode {cfg.mode} is one process of a run split over processes"
     if (cfg.cluster.node_num or 1) > 1:
@@ -234,6 +278,17 @@ def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
     if None not in threads and threads[0] != threads[1]:
         return "trainer and engines ask for different thread counts"
     return None
+
+
+def gpu_count() -> int:
+    """The GPUs torch sees here (0 without a GPU driver)."""
+    from trinity.config.preflight import gpu_driver_present
+
+    if not gpu_driver_present():
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def gpu_here() -> bool:
@@ -264,6 +319,7 @@ def _stage_plan(i: int, cfg: TrinityConfig, count: int, run_dir: Path) -> StageP
         shared=mode in ("explore", "serve") or reads_queue,
         lockstep=in_lockstep(cfg),
         one_process=bool(cfg.cluster.one_process),
+        colocated=bool(cfg.cluster.colocate) and _trains_and_samples(cfg),
         role=process_role(cfg),
     )
 
@@ -280,8 +336,10 @@ def _named(cfg: TrinityConfig, name: str) -> TrinityConfig:
     return cfg if cfg.name == name else cfg.model_copy(update={"name": name})
 
 
-def _with_layout(cfg: TrinityConfig, one_process: bool) -> TrinityConfig:
-    if cfg.cluster.one_process is one_process:
+def _with_layout(cfg: TrinityConfig, layout: Layout) -> TrinityConfig:
+    """`cfg` with the layout's choices written in (`cluster.one_process`, `cluster.colocate`)."""
+    chosen = {"one_process": layout.one_process, "colocate": layout.colocate}
+    if all(getattr(cfg.cluster, k) is v for k, v in chosen.items()):
         return cfg
-    cluster = cfg.cluster.model_copy(update={"one_process": one_process})
+    cluster = cfg.cluster.model_copy(update=chosen)
     return cfg.model_copy(update={"cluster": cluster})

@@ -27,12 +27,18 @@ from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import on_node
 from trinity.common.service_host import hosted
 from trinity.common.startup import StartupMarks, process_started_at
+from trinity.common.turns import DeviceTurns
 from trinity.config import resolve
 from trinity.config.problems import ConfigError, Problem
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
-from trinity.launcher.placement import engine_count, resource_plan, sync_by_memory
+from trinity.launcher.placement import (
+    colocated_config,
+    engine_count,
+    resource_plan,
+    sync_by_memory,
+)
 from trinity.launcher.plan import StagePlan
 from trinity.launcher.ray_init import kill_and_wait, run_namespace, task_events_flush_s
 from trinity.launcher.reports import accuracies, wait, wait_all
@@ -211,8 +217,9 @@ def _place(stage: StagePlan, ctx: RunContext) -> tuple[StagePlan, Any]:
     out the configured one (nccl on a shared GPU goes by memory)."""
     cfg = stage.cfg
     split = stage.shared  # another process of the run computes beside this one
+    alone = stage.lockstep or stage.colocated  # each side computes alone: every core its own
     plan = resource_plan(
-        cfg, stage.trains, stage.explores or stage.evaluates, stage.lockstep, split,
+        cfg, stage.trains, stage.explores or stage.evaluates, alone, split,
         ctx.nodes, ctx.run_shares,
     )  # fmt: skip
     ctx.monitor.console.print(plan.describe(), soft_wrap=True)
@@ -228,7 +235,12 @@ def _place(stage: StagePlan, ctx: RunContext) -> tuple[StagePlan, Any]:
             "cluster.one_process: not built yet on GPUs, and Ray gives this run's compute "
             "actors GPUs; set cluster.gpu_per_node: 0 to run on CPUs, or leave one_process off"
         )
-    if stage.resolved.sync_method == "nccl" and plan.gpu_shared():
+    if stage.colocated:
+        cfg, notes = colocated_config(cfg, bool(on_gpu))
+        stage = dataclasses.replace(stage, cfg=cfg, resolved=resolve(cfg))
+        for note in notes:
+            ctx.monitor.console.print(f"[yellow]{note}[/]", soft_wrap=True)
+    elif stage.resolved.sync_method == "nccl" and plan.gpu_shared():
         cfg, note = sync_by_memory(cfg, plan)
         stage = dataclasses.replace(stage, cfg=cfg, resolved=resolve(cfg))
         ctx.monitor.console.print(f"[yellow]{note}[/]", soft_wrap=True)
@@ -276,6 +288,10 @@ def _start_parts(
     if ctx.nodes:
         engines = engine_count(cfg) if stage.explores or stage.evaluates else 0
         ctx.monitor.console.print(describe_nodes(ctx.nodes, engines, stage.trains), soft_wrap=True)
+    turns = None
+    if stage.colocated and stage.trains and stage.has_explorer:
+        journal = str(stage.stage_dir / "device_turns.jsonl")
+        turns = parts.start(DeviceTurns, "device_turns", journal)
     explorer = None
     if stage.has_explorer:
         # the engines start beside the explorer, not from it: they import and load while its
@@ -285,7 +301,7 @@ def _start_parts(
         shares = ctx.run_shares if stage.mode == "explore" else None
         explorer = parts.start(
             Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, ctx.hub,
-            offset, plan.engine, ctx.nodes, shares, pools,
+            offset, plan.engine, ctx.nodes, shares, pools, turns,
             compute=True, **explorer_reservation(cfg, plan.engine),
         )  # fmt: skip
     trainer = None
@@ -303,7 +319,7 @@ def _start_parts(
             reserve = {"num_cpus": share.num_cpus, "num_gpus": share.num_gpus}
         trainer = parts.start(
             TrainerRunner, "trainer", cfg, model_path, str(stage.stage_dir), buffer, sync,
-            ctx.hub, offset, threads, rank_share, ctx.nodes, compute=True,
+            ctx.hub, offset, threads, rank_share, ctx.nodes, turns, compute=True,
             **reserve, **on_node(ctx.nodes, 0),
         )  # fmt: skip
     return Started(sync, buffer, explorer, trainer, resume, continuing)

@@ -197,6 +197,11 @@ class ShardedTrainer:
     def release_training_state(self) -> None:
         self._all("release_training_state")
 
+    def place(self, on_device: bool) -> int:
+        """Every rank's shards on its device or in host memory (colocation); bytes moved, summed."""
+        calls = [r.call.remote("place", on_device) for r in self.ranks]
+        return sum(self._gather(calls))
+
     def publish(self, method: str, step: int, sync_dir: Path) -> tuple[int, list[Any]]:
         """(bytes sent, payload) of the weights of `step` (`TrainerRank.publish`)."""
         return self._gather([r.publish.remote(method, step, str(sync_dir)) for r in self.ranks])[0]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +43,14 @@ class TrainerRunner:
         num_threads: int | None = None,
         rank_share: tuple[float, float] = (1.0, 0.0),
         nodes: list[str] | None = None,
+        turns: Any = None,
     ) -> None:
         """`num_threads`: the trainer's torch threads; with `trainer_strategy: fsdp2`, those of
         each rank, as `rank_share` is each rank's (CPUs, GPUs) and `nodes` the run's nodes the
-        ranks spread over (`trinity.trainer.ranks`)."""
+        ranks spread over (`trinity.trainer.ranks`). `turns`: colocation's baton
+        (`common.turns.DeviceTurns`), shared with the engines: the trainer holds it for a train
+        step and that step's publish and checkpoint, and keeps its state in host memory
+        outside it."""
         # the trainer's torch and transformers, before the start-up timeline's `imports` mark
 
         self.startup = StartupMarks("trainer")  # its process start, its imports done
@@ -69,6 +75,7 @@ class TrainerRunner:
         # (common.compute: one OpenMP team per process, and its thread count applies)
         self.lane = compute_lane()
         self.cores: CorePart | None = None  # lent cores (`_build`)
+        self.turns = turns
 
     def prepare(
         self, total_steps: int | None, use_dataset: bool, started_at: float | None = None
@@ -84,6 +91,8 @@ class TrainerRunner:
         from trinity.trainer.sft_data import DatasetSource
 
         self.trainer = self.lane.run(self._build, total_steps)
+        if self.turns is not None:  # colocated: in host memory until its first turn
+            self.lane.run(self.trainer.place, False)
         size = 0
         if use_dataset:
             pairwise = self.trainer.algo.spec.pairwise
@@ -203,25 +212,28 @@ class TrainerRunner:
                 # 2.
                 step += 1
                 versions = [e.model_version for e in exps]
-                metrics = self.lane.run(self._train_step, exps)
-                if self.dataset is None:  # rollouts (a dataset's rows have no version)
-                    metrics.update(staleness_metrics(versions, trained_with=step - 1))
-                metrics["timing/train_wait_buffer"] = wait
-                metrics.update(self._read_metrics)
-                self._read_metrics = {}
-                # 3.
-                scheduled = trainer_publishes_after(step, cfg.synchronizer.sync_interval, style)
-                if (publish_steps and scheduled) or (
-                    self._on_request and refs.get(self.synchronizer.trained_step.remote(step))
-                ):
-                    metrics.update(self._publish(step))
-                self.startup.mark("first_update")
-                metrics.update(self.startup.as_metrics(self._started_at))  # first step only
-                # reported before the checkpoint: a step checkpointed is a step reported (the
-                # hub journals it), so a resumed run has the metrics of every step it skips
-                refs.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
-                if save_every > 0 and step % save_every == 0:
-                    last_saved = self._checkpoint(step)
+                with self._device_turn() as turn:
+                    metrics = self.lane.run(self._train_step, exps)
+                    if self.dataset is None:  # rollouts (a dataset's rows have no version)
+                        metrics.update(staleness_metrics(versions, trained_with=step - 1))
+                    metrics["timing/train_wait_buffer"] = wait
+                    metrics.update(self._read_metrics)
+                    self._read_metrics = {}
+                    # 3.
+                    scheduled = trainer_publishes_after(step, cfg.synchronizer.sync_interval, style)
+                    if (publish_steps and scheduled) or (
+                        self._on_request and refs.get(self.synchronizer.trained_step.remote(step))
+                    ):
+                        metrics.update(self._publish(step))
+                    self.startup.mark("first_update")
+                    metrics.update(self.startup.as_metrics(self._started_at))  # first step only
+                    metrics.update(turn)
+                    # reported before the checkpoint: a step checkpointed is a step reported
+                    # (the hub journals it), so a resumed run has the metrics of every step it
+                    # skips
+                    refs.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
+                    if save_every > 0 and step % save_every == 0:
+                        last_saved = self._checkpoint(step)
             budget_reached = total_steps is not None and step >= total_steps
         except BaseException as e:
             refs.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
@@ -237,10 +249,11 @@ class TrainerRunner:
                     flush=True,
                 )
         final = last_saved
-        if final is None or not final.name.endswith(f"_{step}"):
-            final = self._checkpoint(step)
-        if publish_final:
-            self._publish(step, final=True)
+        with self._device_turn():
+            if final is None or not final.name.endswith(f"_{step}"):
+                final = self._checkpoint(step)
+            if publish_final:
+                self._publish(step, final=True)
         self.lane.run(self.trainer.release_training_state)  # the final evaluation: weights only
         refs.get(self.synchronizer.finish.remote(step))
         return {
@@ -249,6 +262,30 @@ class TrainerRunner:
             "budget_reached": budget_reached,
             "dropped": dropped,
         }
+
+    @contextlib.contextmanager
+    def _device_turn(self) -> Iterator[dict[str, float]]:
+        """Colocation (`common.turns`): hold the device for the block, the trainer's state on
+        it; then back to host memory and the baton back, whatever the block raised. Yields
+        the turn's `colocation/trainer_*` metrics (the wait for the device, the move onto it)."""
+        if self.turns is None:
+            yield {}
+            return
+        assert self.trainer is not None
+        waited = refs.get(self.turns.take.remote("trainer"))
+        t0 = time.perf_counter()
+        moved = self.lane.run(self.trainer.place, True)
+        try:
+            yield {
+                "colocation/trainer_wait_s": waited,
+                "colocation/trainer_onload_s": time.perf_counter() - t0,
+                "colocation/trainer_moved_bytes": float(moved),
+            }
+        finally:
+            try:
+                self.lane.run(self.trainer.place, False)
+            finally:
+                refs.get(self.turns.give.remote("trainer"))
 
     def _checkpoint(self, step: int) -> Path:
         """Save a checkpoint, then ack the buffer leases its steps used: they are trained for good."""

@@ -36,7 +36,7 @@ from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
-from trinity.models import load_model, load_tokenizer, resolve_model_path
+from trinity.models import load_model, load_tokenizer, offload, resolve_model_path
 from trinity.models.loading import build_empty_model, distinct_tensors, load_weights
 from trinity.trainer import lora
 from trinity.trainer.batch import Batch, collate, scatter_rows
@@ -236,6 +236,15 @@ class Trainer:
             self.critic.model.zero_grad(set_to_none=True)
         gc.collect()
         release_free_heap()
+
+    def place(self, on_device: bool) -> int:
+        """Colocation (`common.turns`): the policy, reference, critic and the optimizers' state
+        on the device (`on_device`, the trainer's turn) or in host memory (the engines' turn);
+        returns the bytes moved (0 on a CPU-only machine, where both are host memory)."""
+        critic = self.critic
+        modules = [self.policy, self.ref_model, critic.model if critic else None]
+        optimizers = [self.optimizer, critic.optimizer if critic else None]
+        return offload.to_device(modules, optimizers, self.device if on_device else "cpu")
 
     def _planned(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         if self.optimizer is None or self.scheduler is None:
