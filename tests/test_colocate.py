@@ -298,3 +298,30 @@ def test_a_colocated_run_trains_what_a_run_of_processes_trains_and_never_overlap
     assert all(
         "colocation/trainer_wait_s" in r and "colocation/engines_wake_s" in r for r in trained
     )
+
+
+def test_a_colocated_engine_that_must_know_it_when_built_is_told(monkeypatch, tiny_model_dir):
+    """vLLM allocates through its sleep-mode pool only when built with `enable_sleep_mode`:
+    colocated vLLM engines get it, others do not, and our engine needs no such keyword."""
+    from trinity.explorer import engine_pools
+    from trinity.explorer.vllm_engine import VLLMRolloutEngine
+
+    built: list[dict] = []
+
+    class Actor:
+        def options(self, **_: Any) -> Actor:
+            return self
+
+        def remote(self, *_: Any, **kwargs: Any) -> None:
+            built.append(kwargs)
+
+    monkeypatch.setattr(engine_pools.ray, "remote", lambda cls: Actor())
+    share = engine_pools.Share(1, 0, 1)
+    for engine_type, colocated in (("vllm", True), ("vllm", False), ("transformers", True)):
+        cfg = _cfg(explorer={"rollout_model": {"engine_type": engine_type}})
+        engine_pools._spawn(
+            engine_type, cfg.explorer.rollout_model, "m", [0], share, [], 0, None, None, colocated
+        )
+    assert built[0]["enable_sleep_mode"] is True and "enable_sleep_mode" not in built[1]
+    assert "enable_sleep_mode" not in built[2]
+    assert VLLMRolloutEngine.sleep_kwarg == "enable_sleep_mode"

@@ -68,6 +68,7 @@ def start_engine_pools(
             first=0,
             max_model_len=cfg.model.max_model_len,
             chat_template=cfg.model.custom_chat_template,
+            colocated=bool(cfg.cluster.colocate),
         )
     )
     auxiliary: dict[int, list[Any]] = {}
@@ -162,12 +163,17 @@ def _spawn(
     first: int,
     max_model_len: int | None,
     chat_template: str | None,
+    colocated: bool = False,
 ) -> list[Any]:
     """One engine actor per seed in `replica_seeds` for the pool `pool` (an
     `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
-    `share`, with the pool's own `num_threads` if set."""
+    `share`, with the pool's own `num_threads` if set. `colocated`: the engines will sleep
+    (`common.turns`); an engine that must know it when built names the keyword that says so
+    (`sleep_kwarg`: vLLM's `enable_sleep_mode`)."""
     engine_cls = engine_class(engine_type)
     kwargs = _engine_kwargs(engine_cls, pool, share, max_model_len, chat_template)
+    if colocated and getattr(engine_cls, "sleep_kwarg", None):
+        kwargs[engine_cls.sleep_kwarg] = True
     actor_cls = ray.remote(engine_cls)
     return [
         actor_cls.options(

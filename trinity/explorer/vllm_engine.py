@@ -105,6 +105,9 @@ class VLLMRolloutEngine:
     """The `explorer.rollout_model` (or auxiliary model) keys this engine takes as keyword
     arguments besides the contract's (`explorer.engine_pools`)."""
 
+    sleep_kwarg = "enable_sleep_mode"
+    """Colocated engines are built with this keyword true (`explorer.engine_pools`)."""
+
     def __init__(
         self,
         model_path: str,
@@ -120,6 +123,7 @@ class VLLMRolloutEngine:
         enable_prefix_caching: bool = False,
         enable_chunked_prefill: bool = False,
         gpu_memory_utilization: float = 0.9,
+        enable_sleep_mode: bool = False,
     ) -> None:
         """The contract's arguments (`RolloutEngine`), and vLLM's knobs as Trinity-RFT names
         them. `gpu_memory_utilization` is the share of the GPU vLLM takes; on CPU vLLM reads it
@@ -147,7 +151,9 @@ class VLLMRolloutEngine:
                 path, torch_dtype, max_batch_size, max_model_len
             )
         else:  # sleep mode (colocation, `sleep`) allocates through vLLM's own pool on CUDA
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+            kwargs.update(
+                gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode
+            )
         self.llm = vllm.LLM(
             model=path,
             tokenizer=path,
@@ -367,10 +373,10 @@ class VLLMRolloutEngine:
 
     def sleep(self, level: int = 1) -> int:
         """Colocation (`common.turns`): vLLM's sleep mode frees the GPU for the trainer (level 1:
-        weights to host memory, KV cache discarded; the engine is built with
-        `enable_sleep_mode` on CUDA). Returns 0: vLLM does not report the bytes. vLLM's CPU
-        platform has no sleep mode: refused there (the plan refuses colocation with vLLM on
-        CPUs before it starts)."""
+        weights to host memory, KV cache discarded; a colocated engine is built with
+        `enable_sleep_mode`). Returns 0: vLLM does not report the bytes. vLLM's CPU platform
+        has no sleep mode: refused there (the launcher refuses colocation with vLLM on CPUs
+        before it starts)."""
         if self.device == "cpu":
             raise RuntimeError("vLLM's sleep mode needs CUDA; its CPU platform refuses it")
         self.llm.sleep(level=level)
