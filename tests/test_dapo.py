@@ -12,7 +12,7 @@ import torch
 from test_e2e import ROOT, grpo_config, run_trinity, user_module
 
 from trinity.algorithm.shaping import overlong_penalty
-from trinity.explorer.explorer import _drop_flat_groups
+from trinity.data.pipeline import StepGroups
 
 
 def test_overlong_penalty_by_hand() -> None:
@@ -29,12 +29,16 @@ def test_overlong_penalty_by_hand() -> None:
 
 def test_drop_flat_groups() -> None:
     def task(*rewards):
-        return [SimpleNamespace(reward=r) for r in rewards]
+        return [SimpleNamespace(reward=r, info={}) for r in rewards]
 
     kept = [(0, task(1.0, 1.0)), (1, task(0.0, 1.0)), (2, task(0.5)), (3, task(0.0, 0.0, 0.0))]
-    informative, flat = _drop_flat_groups(kept)
+    groups = StepGroups(None, drop_flat=True)
+    informative = groups.keep(kept)
     assert [i for i, _ in informative] == [1, 2]  # a single sample is not a group
-    assert [i for i, _ in flat] == [0, 3]
+    assert [i for i, _ in groups.flat] == [0, 3]
+    # a step one task short is completed with the first flat group, trained as DAPO does
+    assert [i for i, _ in groups.complete(informative, 3)] == [1, 2, 0]
+    assert [i for i, _ in groups.flat] == [3] and groups.metrics() == {}
 
 
 FLAT_EVEN = (

@@ -245,6 +245,19 @@ def episode_rows(experiences: Sequence[Experience]) -> list[list[int]]:
     return out
 
 
+def exclude_from_training(experiences: Sequence[Experience], reason: str) -> None:
+    """Keep `experiences` out of training, saying why: their action masks become 0 (no token
+    is trained; they still fill the step, so every step keeps its size) and
+    `info["excluded"] = reason`. The explorer counts them per step (`rollout/excluded`, and
+    `rollout/excluded_groups` for tasks excluded whole)."""
+    import torch
+
+    for e in experiences:
+        assert e.action_mask is not None  # filled by Experience.__post_init__
+        e.action_mask = torch.zeros_like(e.action_mask)
+        e.info["excluded"] = reason
+
+
 def _pack(t: torch.Tensor | None) -> Packed | None:
     """A tensor as (dtype name, shape, raw bytes): no torch needed to hold or pickle it."""
     if t is None:

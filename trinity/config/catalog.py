@@ -23,6 +23,8 @@ SECTIONS = (  # (title, the key that names one, registry module, registry attrib
      "SELECTORS"),
     ("Text environments", "`workflow_args: {env: <name>}` of `env_workflow`", "trinity.envs.base",
      "ENV"),
+    ("Experience operators", "`data_processor.experience_pipeline.operators[*].name`",
+     "trinity.data.operators", "EXPERIENCE_OPERATORS"),
 )  # fmt: skip
 
 

@@ -141,6 +141,8 @@ def _check_one(
             from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
 
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
+    if not blocked(skip, "data_processor.experience_pipeline"):
+        problems += _operator_problems(cfg)
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     where = "trainer.malloc_mmap_threshold_mb"
@@ -280,6 +282,34 @@ def _args_problems(
         Problem(f"{path}.{key}", f"unknown argument of {callee}; {accepts}", suggest(key, names))
         for key in sorted(set(args) - names)
     ]
+
+
+def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
+    """Each experience operator's name and arguments, and that it builds with them (a bad
+    value, such as an unknown `op_type`, is refused here, not at the first step)."""
+    from trinity.data.operators import EXPERIENCE_OPERATORS, build_operator
+
+    pipeline = cfg.data_processor.experience_pipeline
+    problems: list[Problem] = []
+    for i, op in enumerate(pipeline.operators if pipeline is not None else []):
+        where = f"data_processor.experience_pipeline.operators[{i}]"
+        if op.name == "data_juicer":
+            problems.append(
+                Problem(f"{where}.name", "not built yet: the Data-Juicer operator (data_juicer)")
+            )
+            continue
+        cls, found = _lookup(EXPERIENCE_OPERATORS, op.name, f"{where}.name")
+        found = found or _args_problems(
+            f"{where}.args", f"experience operator {op.name!r}", op.args,
+            lambda cls=cls: keyword_names(cls, 0),
+        )  # fmt: skip
+        if not found:
+            try:
+                build_operator(op.name, dict(op.args)).close()
+            except ValueError as e:
+                found = [Problem(f"{where}.args", str(e))]
+        problems += found
+    return problems
 
 
 def _staleness_problems(cfg: TrinityConfig) -> list[Problem]:

@@ -45,19 +45,37 @@ class OperatorConfig(ConfigSection):
 
 
 class ExperiencePipelineConfig(ConfigSection):
-    """Operators applied to rollout experiences before the trainer sees them."""
+    """Operators applied to each explore step's experiences before the trainer sees them
+    (trinity/data/pipeline.py, docs/data.md)."""
 
-    operators: Annotated[list[OperatorConfig], NotBuilt("experience pipeline operators")] = Field(
-        default_factory=list
-    )
-    """Operators, applied in order."""
-    save_input: bool = True
+    operators: list[OperatorConfig] = Field(default_factory=list)
+    """Operators, applied in order: reward_filter, reward_std_filter, invalid_reward_filter,
+    reward_shaping_mapper, pass_rate_calculator (Trinity-RFT's names and args), or a dotted
+    path to a class of your own. A filter never shortens a step: tasks it drops are replaced by
+    the next tasks (`max_num_gen_batches`), samples it drops stay untrained."""
+    max_num_gen_batches: int = Field(4, ge=1)
+    """Tasks tried per step at most this many times batch_size while filters drop tasks; then
+    the step is completed with dropped tasks, untrained (`experience_pipeline/unfilled_tasks`)."""
+    save_input: Annotated[
+        bool,
+        NotApplicable(
+            "the experiences are not saved apart before the operators (their rollout metrics "
+            "are reported, and the buffer keeps what the trainer reads)"
+        ),
+    ] = True
     """Also save the experiences before the operators."""
-    input_save_path: str | None = None
+    input_save_path: Annotated[
+        str | None, NotBuilt("saving the experience pipeline's input to a file or table")
+    ] = None
     """Where the input experiences are saved; None = in the run folder."""
-    inputs: dict[str, StorageConfig] = Field(default_factory=dict)
+    inputs: Annotated[
+        dict[str, StorageConfig], NotBuilt("extra input buffers of the experience pipeline")
+    ] = Field(default_factory=dict)
     """Extra named input buffers."""
-    output: StorageConfig | None = None
+    output: Annotated[
+        StorageConfig | None,
+        NotBuilt("an experience pipeline output other than the trainer's experience buffer"),
+    ] = None
     """Output buffer; None = the trainer's experience buffer."""
 
 
@@ -89,12 +107,9 @@ class DataProcessorConfig(ConfigSection):
         TaskPipelineConfig | None, NotBuilt("task pipelines (Data-Juicer)")
     ] = None
     """Pipeline over raw tasks; None = none."""
-    experience_pipeline: Annotated[
-        ExperiencePipelineConfig | None,
-        NotApplicable(
-            "the experience pipeline is a pass-through here (no operators): nothing is saved or read"
-        ),
-    ] = Field(default_factory=ExperiencePipelineConfig)
+    experience_pipeline: ExperiencePipelineConfig | None = Field(
+        default_factory=ExperiencePipelineConfig
+    )
     """Pipeline over rollout experiences (no operators = pass-through)."""
 
 

@@ -32,6 +32,7 @@ from trinity.common.startup import StartupMarks
 from trinity.common.turns import EnginesTurn
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, engines_in_explorer, resolve
+from trinity.data.pipeline import ExperiencePipeline, StepGroups
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
     auxiliary_model,
@@ -152,6 +153,10 @@ class Explorer:
         )
         # ReMax: each task's greedy answer is scored as its samples' baseline
         self.greedy_baseline = lookup_algorithm(config.algorithm.algorithm_type).greedy_baseline
+        # data_processor.experience_pipeline: operators over each step's experiences
+        pcfg = config.data_processor.experience_pipeline
+        self.pipeline = ExperiencePipeline(pcfg.operators if pcfg is not None else [])
+        self.pipeline_batches = pcfg.max_num_gen_batches if pcfg is not None else 0
         # the engines hold the trainer's live weights (sync_method shared): a step's evaluation
         # runs before its experiences are written, while the trainer still waits for them
         self.live_weights = sync_method(self.sync_method).live
@@ -486,10 +491,12 @@ class Explorer:
         kept, counts = await self._run_tasks(tasks, self._train_params, key=key)
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
-        kept, flat = _drop_flat_groups(kept) if self.max_gen else (kept, [])
+        groups = StepGroups(self.pipeline, drop_flat=bool(self.max_gen))
+        kept = groups.keep(self._grouped(step, tasks, kept))
+        limit = self.max_gen or (self.pipeline_batches if self.pipeline else 0)
         while refill is not None and len(kept) < target:
-            if self.max_gen and len(tasks) >= self.max_gen * target:
-                break  # dynamic sampling's budget is spent: fill up with flat groups below
+            if limit and len(tasks) >= limit * target:
+                break  # the filters' budget is spent: the step is completed below
             more = list(itertools.islice(refill, target - len(kept)))
             if not more:
                 break  # the data ran out: a short last step
@@ -503,10 +510,7 @@ class Explorer:
                 first=base,
             )
             extra = [(base + i, exps) for i, exps in extra]
-            if self.max_gen:
-                extra, extra_flat = _drop_flat_groups(extra)
-                flat += extra_flat
-            kept += extra
+            kept += groups.keep(self._grouped(step, tasks, extra), refill=True)
             counts = {k: counts[k] + extra_counts[k] for k in counts}
             if counts["failed_tasks"] > budget:
                 raise WorkflowFailed(
@@ -515,25 +519,27 @@ class Explorer:
                     f"{self.cfg.explorer.max_failure_fraction} of the step's {target}"
                 )
         if self.max_gen:
-            counts["filtered_groups"] = float(len(flat))
+            counts["filtered_groups"] = float(len(groups.flat))
             counts["sampled_tasks"] = float(len(tasks))
             short = max(0, target - len(kept))
-            counts["filter_exhausted"] = float(short > 0 and len(flat) > 0)
-            kept += flat[:short]  # the step keeps its size: the trainer reads a fixed count
-            flat = flat[short:]
+            counts["filter_exhausted"] = float(short > 0 and len(groups.flat) > 0)
+        # the step keeps its size (the trainer reads a fixed count): held-back groups complete it
+        kept = groups.complete(kept, target)
         if self.greedy_baseline:
             await self._greedy_baselines([tasks[i] for i, _ in kept], [e for _, e in kept], key)
         experiences: list[Experience] = []
         for pos, (i, exps) in enumerate(kept):
             task = tasks[i]
             for e in exps:
-                # the explorer's name in the id: groups of two explorers' step s never mix
+                # the explorer's name in the id: groups of two explorers' step s never mix; a
+                # sample a filter took out of its kept task is a group of its own (untrained)
+                alone = f"/filtered{e.eid.run}" if e.info.get("own_group") else ""
                 e.eid = EID(
                     batch=step,
                     task=pos,
                     run=e.eid.run,
                     step=e.eid.step,
-                    suffix=f"{self.cfg.explorer.name}/{task.taskset_name}",
+                    suffix=f"{self.cfg.explorer.name}/{task.taskset_name}{alone}",
                 )
                 experiences.append(e)
         if not experiences:
@@ -546,10 +552,11 @@ class Explorer:
         elapsed = time.perf_counter() - t0  # the step's rollouts, not the write's wait
         # rollout/* describe the policy: every sample of the step, also those dynamic sampling
         # dropped (the trainer's batch alone is biased toward mixed groups; train/* reports it)
-        sampled = experiences + [e for _, exps in flat for e in exps]
+        sampled = experiences + groups.unused()
         report = {
             **(before or {}),
             **rollout_metrics(sampled, prefix="rollout/"),
+            **groups.metrics(),
             "rollout/tasks": float(len(kept)),
             **{f"rollout/{k}": v for k, v in counts.items()},
             "rollout/tokens_per_s": sum(e.response_length for e in sampled) / elapsed,
@@ -563,6 +570,19 @@ class Explorer:
         t_write = time.perf_counter()
         await self._write(experiences, cursor)
         return {**report, **after, "timing/buffer_write": time.perf_counter() - t_write}
+
+    def _grouped(self, step: int, tasks: list[Task], groups: list[Any]) -> list[Any]:
+        """`groups` ((position in `tasks`, experiences)) with each experience's id naming its
+        task's group in this step (what the operators group by; the written id comes later)
+        and `info["task_index"]` its task (Trinity-RFT's key: taskset and index)."""
+        for i, exps in groups:
+            for e in exps:
+                e.eid = EID(batch=step, task=i, run=e.eid.run, step=e.eid.step, suffix="step")
+                e.info["task_index"] = {
+                    "taskset_id": tasks[i].taskset_name,
+                    "index": tasks[i].index,
+                }
+        return groups
 
     async def _greedy_baselines(
         self, tasks: list[Task], samples: list[list[Experience]], key: int
@@ -898,21 +918,6 @@ def finish_experiences(
     if train:
         apply_configured_policy(cfg, experiences)
     return cut
-
-
-def _drop_flat_groups(
-    kept: list[tuple[int, list[Experience]]],
-) -> tuple[list[tuple[int, list[Experience]]], list[tuple[int, list[Experience]]]]:
-    """(tasks whose samples' rewards differ, tasks whose samples all got the same reward).
-
-    DAPO's dynamic sampling: a group whose rewards are all equal has zero advantage under any
-    group baseline and only dilutes the batch. A task with a single sample is kept (it is not a
-    group). Rewards are compared exactly, as the advantage fns' flat-group test."""
-    informative, flat = [], []
-    for item in kept:
-        rewards = {e.reward for e in item[1]}
-        (flat if len(item[1]) > 1 and len(rewards) == 1 else informative).append(item)
-    return informative, flat
 
 
 def task_sampling(cfg: Any, task: Task, evaluating: bool) -> SamplingParams:

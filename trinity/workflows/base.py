@@ -28,10 +28,10 @@ training (a judge that contradicts itself) marks them with `exclude_from_trainin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trinity.common.experience import Experience
+from trinity.common.experience import Experience, exclude_from_training  # noqa: F401 (workflows use it)
 from trinity.common.lazy import lazy_module
 from trinity.common.registry import Registry
 from trinity.common.rollout import Sample, SamplingParams
@@ -197,17 +197,6 @@ class SyncAuxiliaryHandle(_BlockingView):
 
     def async_openai_client(self, **kwargs: Any) -> Any:
         return self._handle.async_openai_client(**kwargs)
-
-
-def exclude_from_training(experiences: Iterable[Experience], reason: str) -> None:
-    """Keep `experiences` out of training, saying why: their action masks become 0 (no token
-    is trained; they still fill the step, so every step keeps its size) and
-    `info["excluded"] = reason`. The explorer counts them per step (`rollout/excluded`, and
-    `rollout/excluded_groups` for tasks excluded whole)."""
-    for e in experiences:
-        assert e.action_mask is not None  # filled by Experience.__post_init__
-        e.action_mask = torch.zeros_like(e.action_mask)
-        e.info["excluded"] = reason
 
 
 class SyncWorkflow(Workflow):
