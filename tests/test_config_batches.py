@@ -128,3 +128,27 @@ def test_tasksets_with_different_group_sizes_under_the_fixed_schedule() -> None:
     assert "different samples per task ([4, 2])" in str(info.value)
     data["synchronizer"]["sync_style"] = "trainer_driven"  # 8 per step: a multiple of 4 and 2
     validate_config(data)
+
+
+def test_mix_chord_counts_its_expert_rows_in_train_batch_size_as_trinity_rft_does():
+    """Trinity-RFT's mix_chord example: train_batch_size 320 = 256 rollouts (32 tasks × 8
+    samples) + ceil(0.2 × 320) = 64 expert rows; it validates (no stall) and says so."""
+    from test_e2e import ROOT
+
+    from trinity.config import load_config
+    from trinity.config.resolved import format_batch_table
+
+    cfg = load_config(ROOT / "tests/data/trinity_configs/mix_chord.yaml")
+    r = resolve(cfg)
+    assert (r.train_batch_size, r.expert_rows) == (256, 64)
+    assert cfg.algorithm.policy_loss_fn_args["sft_loss_agg_mode"] == "token-mean"
+    table = format_batch_table(r)
+    assert (
+        "expert rows per train step" in table and "ceil(0.2 × buffer.train_batch_size 320)" in table
+    )
+    derived = resolve(
+        cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"train_batch_size": 0})})
+    )
+    assert (derived.train_batch_size, derived.expert_rows) == (256, 64)  # ceil(0.25 × 256)
+    with pytest.raises(ConfigError, match="256 experiences per train step"):
+        load_config(ROOT / "tests/data/trinity_configs/mix_chord.yaml", ["buffer.batch_size=40"])

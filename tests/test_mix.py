@@ -112,3 +112,31 @@ def test_mix_sample_strategy_adds_marked_experts() -> None:
         mix_sample_strategy(rollouts, SampleContext(), expert_data_ratio=0.5)
     with pytest.raises(ValueError, match="expert_data_ratio"):
         mix_sample_strategy(rollouts, ctx, expert_data_ratio=1.0)
+
+
+def test_sft_loss_agg_mode_aggregates_the_expert_part_its_own_way() -> None:
+    """Trinity-RFT's `sft_loss_agg_mode`: the expert NLL over the expert part's counts in its
+    own mode. Expert row: -log p = [log 2, log 4] over 2 tokens of 1 sequence: token-mean
+    (log 2 + log 4) / 2, seq-mean-token-sum (log 2 + log 4) / 1."""
+    total = math.log(2) + math.log(4)
+    for name in ("mix", "mix_chord"):
+        args = {"mu": 0.1} if name == "mix" else {"enable_phi_function": False}
+        for mode, expected in (("token-mean", total / 2), ("seq-mean-token-sum", total)):
+            inp, _ = two_rows([math.log(0.5), math.log(0.25)])
+            loss_fn = POLICY_LOSS_FN.get(name)
+            _, m = loss_fn(inp, agg=Aggregator("token-mean"), sft_loss_agg_mode=mode, **args)
+            assert m["expert/sft_loss"] == pytest.approx(expected), (name, mode)
+        with pytest.raises(ValueError, match="token-avg"):
+            loss_fn(inp, agg=Aggregator("token-mean"), sft_loss_agg_mode="token-avg", **args)
+
+
+def test_a_full_step_takes_the_planned_expert_rows_and_a_short_one_the_ratio() -> None:
+    """ρ = 1/3 and train_batch_size 10: Trinity-RFT takes ceil(10/3) = 4 experts and 6
+    rollouts; ceil(ρ/(1-ρ) · 6) = 3 would miss one, so a full step takes the planned 4."""
+    rollouts = [Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=1) for _ in range(6)]
+    pool = iter(Experience(tokens=torch.tensor([4, 5]), prompt_length=1) for _ in range(100))
+    aux = {"sft_dataset": lambda n: [next(pool) for _ in range(n)]}
+    ctx = SampleContext(auxiliary=aux, planned_rows=(6, 4))
+    assert len(mix_sample_strategy(rollouts, ctx, expert_data_ratio=1 / 3)) == 10
+    short = mix_sample_strategy(rollouts[:3], ctx, expert_data_ratio=1 / 3)  # ceil(0.5 · 3) = 2
+    assert len(short) == 5

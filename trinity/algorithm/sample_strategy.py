@@ -25,10 +25,13 @@ class SampleContext:
         step: the train step being assembled (1-based).
         auxiliary: `buffer.trainer_input.auxiliary_buffers` by name: reader(n) returns the
             buffer's next n experiences (cycling over its rows).
+        planned_rows: (rollouts, expert rows) of a full train step as the config resolved them
+            (`config.resolved.mixed_rows`); None = not planned.
     """
 
     step: int = 1
     auxiliary: Mapping[str, Callable[[int], list[Any]]] = field(default_factory=dict)
+    planned_rows: tuple[int, int] | None = None
 
 
 @SAMPLE_STRATEGY.register("default")
@@ -88,13 +91,14 @@ def mix_sample_strategy(
     sft_dataset_name: str = "sft_dataset",
 ) -> list[Any]:
     """The step's rollouts plus expert (SFT) experiences from an auxiliary buffer, marked
-    `info["is_expert"] = True`, so that experts are `expert_data_ratio` of the batch:
+    `info["is_expert"] = True`, so that experts are `expert_data_ratio` of the batch. A full
+    step takes the count the config resolved (`ctx.planned_rows`, `config.resolved.mixed_rows`:
+    Trinity-RFT's ceil(ρ · train_batch_size) when `buffer.train_batch_size` is written); a step
+    of other size (the last, when the data ran out), and a step planned by nobody:
 
         n_expert = ceil(ρ / (1 - ρ) · n_rollouts)
 
-    Trinity-RFT's `mix` keeps the total at train_batch_size and reads fewer rollouts; here the
-    rollouts stay what the explorer wrote for the step (the step counts are unchanged) and the
-    experts come on top. Mixed-policy losses (`mix`, `mix_chord`) train the two parts apart.
+    Mixed-policy losses (`mix`, `mix_chord`) train the two parts apart.
 
     Papers: LUFFY, "Learning to Reason under Off-Policy Guidance" (arXiv:2504.14945); CHORD,
     "On-Policy RL Meets Off-Policy Experts" (arXiv:2508.11408).
@@ -107,6 +111,8 @@ def mix_sample_strategy(
     if not 0 <= expert_data_ratio < 1:
         raise ValueError(f"expert_data_ratio must be in [0, 1), got {expert_data_ratio}")
     n_expert = math.ceil(expert_data_ratio / (1 - expert_data_ratio) * len(experiences))
+    if ctx.planned_rows is not None and ctx.planned_rows[0] == len(experiences):
+        n_expert = ctx.planned_rows[1]
     if n_expert == 0:
         return list(experiences)
     if sft_dataset_name not in ctx.auxiliary:

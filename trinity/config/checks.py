@@ -14,7 +14,7 @@ from numbers import Real
 from typing import Any
 
 from trinity.config.problems import Problem
-from trinity.config.resolved import samples_per_task
+from trinity.config.resolved import mixed_rows, samples_per_task
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
@@ -570,7 +570,8 @@ def _batches_run_exactly(cfg: TrinityConfig) -> Iterator[Problem]:
             algorithm.repeat_times; one value per training taskset),
         E = buffer.batch_size × g, experiences per explore step (DAPO's filter_groups refills
             the groups it drops, so a step still holds E), and
-        T = buffer.train_batch_size, experiences per train step (0 = derived: E),
+        T = buffer.train_batch_size, experiences per train step (0 = derived: E; with
+            sample_strategy mix, its rollouts: the expert rows are not the explorer's),
 
     1. mode both with sync_style fixed: T == E. The fixed schedule pairs one explore step with
        one train step: T > E waits for experiences that come only after the next weight sync
@@ -593,6 +594,8 @@ def _batches_run_exactly(cfg: TrinityConfig) -> Iterator[Problem]:
         return
     groups = samples_per_task(cfg)
     tasks, written = cfg.buffer.batch_size, cfg.buffer.train_batch_size
+    if written > 0:  # sample_strategy mix: the rollouts part of it (`resolved.mixed_rows`)
+        written = mixed_rows(cfg, written, derived=False)[0]
     where = "buffer.train_batch_size"
     if cfg.mode == "both" and cfg.synchronizer.sync_style == "fixed":
         if len(groups) > 1:

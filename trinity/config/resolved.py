@@ -59,8 +59,10 @@ class ResolvedConfig:
     tasks_per_step: int  # tasks per explore step (buffer.batch_size)
     samples_per_task: int  # experiences per task (algorithm.repeat_times)
     experiences_per_explore_step: int  # tasks_per_step × samples_per_task
-    train_batch_size: int  # experiences per train step
+    train_batch_size: int  # experiences per train step read from the experience buffer
     train_batch_size_derived: bool  # True when buffer.train_batch_size was 0
+    expert_rows: int  # rows per train step from an auxiliary SFT buffer (sample_strategy mix)
+    expert_rows_source: str  # "" without them
     micro_batch_size: int  # experiences per micro-batch per GPU (fixed-size mode)
     use_dynamic_bsz: bool  # micro-batches packed by tokens instead of a fixed size
     max_token_len_per_micro_batch: int | None  # tokens per micro-batch per GPU (dynamic mode)
@@ -163,6 +165,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     samples = groups[0] if len(groups) == 1 else cfg.algorithm.repeat_times
     derived = cfg.buffer.train_batch_size <= 0
     train_batch = tasks * samples if derived else cfg.buffer.train_batch_size
+    train_batch, experts, experts_source = mixed_rows(cfg, train_batch, derived)
     micro, dynamic = cfg.trainer.micro_batch_size_per_gpu, cfg.trainer.use_dynamic_bsz
     total, total_source = cfg.buffer.total_steps, "buffer.total_steps"
     if total is None:
@@ -202,7 +205,11 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         micro_batch_size=micro,
         use_dynamic_bsz=dynamic,
         max_token_len_per_micro_batch=cfg.trainer.max_token_len_per_gpu,
-        grad_accum_steps=None if dynamic else math.ceil(math.ceil(train_batch / world) / micro),
+        expert_rows=experts,
+        expert_rows_source=experts_source,
+        grad_accum_steps=None
+        if dynamic
+        else math.ceil(math.ceil((train_batch + experts) / world) / micro),
         total_steps=total,
         total_steps_source=total_source,
         save_interval=save,
@@ -217,6 +224,33 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         ppo_mini_batch_size=cfg.trainer.ppo_mini_batch_size,
         grad_clip=clip if clip is not None else cfg.algorithm.optimizer.clip_grad,
     )
+
+
+def mixed_rows(cfg: TrinityConfig, written: int, derived: bool) -> tuple[int, int, str]:
+    """(rollouts per train step, expert rows per train step, where the split comes from).
+
+    With `sample_strategy: mix` (the `mix` and `mix_chord` algorithms' own), a train step also
+    holds expert rows from the auxiliary SFT buffer, ρ = `expert_data_ratio` of it. A written
+    `buffer.train_batch_size` T counts both, as Trinity-RFT's: E = ceil(ρ·T) experts and T - E
+    rollouts (its mix_chord example: 320 = 256 + 64). Derived (0), the rollouts are an explore
+    step's and the experts come on top: E = ceil(ρ/(1 - ρ)·rollouts). Without mix: (written, 0).
+    """
+    from trinity.algorithm.algorithms import known_algorithm
+
+    spec = known_algorithm(cfg.algorithm.algorithm_type)
+    strategy = cfg.algorithm.sample_strategy or getattr(spec, "sample_strategy", None)
+    args = cfg.algorithm.sample_strategy_args
+    rho = args.get("expert_data_ratio", 0.5)
+    if strategy != "mix" or not isinstance(rho, int | float) or not 0 <= rho < 1:
+        return written, 0, ""  # an invalid ratio is the pre-flight pass's to report
+    source = args.get("sft_dataset_name", "sft_dataset")
+    if derived:
+        experts = math.ceil(rho / (1 - rho) * written)
+        why = f"sample_strategy mix: ceil({rho:g} / (1 - {rho:g}) × {written} rollouts)"
+        return written, experts, f"{why} from auxiliary_buffers.{source}"
+    experts = math.ceil(rho * written)
+    why = f"sample_strategy mix: ceil({rho:g} × buffer.train_batch_size {written})"
+    return written - experts, experts, f"{why} from auxiliary_buffers.{source}"
 
 
 def trainer_world_size(cfg: TrinityConfig, strategy: str) -> tuple[int, str]:
@@ -250,10 +284,11 @@ def format_batch_table(r: ResolvedConfig) -> str:
         micro = "experiences per micro-batch", str(r.micro_batch_size)
         micro_note = "trainer.micro_batch_size_per_gpu, per GPU"
         accum = str(r.grad_accum_steps)
-        accum_note = f"gradient accumulation = ceil({r.train_batch_size} / {r.micro_batch_size})"
+        rows = r.train_batch_size + r.expert_rows
+        accum_note = f"gradient accumulation = ceil({rows} / {r.micro_batch_size})"
         if r.trainer_world_size > 1:
             accum_note = (
-                f"per rank: ceil(ceil({r.train_batch_size} / {r.trainer_world_size} ranks) / "
+                f"per rank: ceil(ceil({rows} / {r.trainer_world_size} ranks) / "
                 f"{r.micro_batch_size})"
             )
     if r.total_steps is not None or r.total_steps_source:
@@ -263,6 +298,8 @@ def format_batch_table(r: ResolvedConfig) -> str:
     train_note = "buffer.train_batch_size" + (
         " is 0 → tasks × samples" if r.train_batch_size_derived else ""
     )
+    if r.expert_rows and not r.train_batch_size_derived:
+        train_note = f"buffer.train_batch_size less the expert rows: {r.expert_rows_source}"
     checkpoint = "end only" if r.save_interval == 0 else str(r.save_interval or "auto")
     rows = [
         ("run directory", r.run_dir, ""),
@@ -273,6 +310,11 @@ def format_batch_table(r: ResolvedConfig) -> str:
         ("samples per task", str(r.samples_per_task), "algorithm.repeat_times"),
         ("experiences per explore step", str(r.experiences_per_explore_step), "tasks × samples"),
         ("experiences per train step", str(r.train_batch_size), train_note),
+        *(
+            [("expert rows per train step", str(r.expert_rows), r.expert_rows_source)]
+            if r.expert_rows
+            else []
+        ),
         (*micro, micro_note),
         ("micro-batches per train step", accum, accum_note),
         *(

@@ -36,6 +36,7 @@ from trinity.algorithm.shaping import overlong_penalty
 from trinity.common.experience import Experience
 from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
+from trinity.config.resolved import resolve
 from trinity.models import load_model, load_tokenizer, offload, resolve_model_path
 from trinity.models.loading import build_empty_model, distinct_tensors, load_weights
 from trinity.trainer import lora
@@ -134,6 +135,8 @@ class Trainer:
         self.peak_rss = PeakRss()  # this process's peak RSS per train step
         # buffer.trainer_input.auxiliary_buffers: readers a sample strategy may draw from
         self.auxiliary = auxiliary_readers(config, self.tokenizer)
+        r = resolve(config)  # a full step's rollouts and expert rows (sample_strategy mix)
+        self.planned_rows = (r.train_batch_size, r.expert_rows) if r.expert_rows else None
         self.critic: Critic | None = None
         if self.algo.spec.use_critic:
             critic_path = resolve_model_path(config.model.critic_model_path or model_path)
@@ -278,7 +281,9 @@ class Trainer:
         a = self.algo
         tcfg = self.config.trainer
         # 1. sample and collate
-        ctx = SampleContext(step=self.step + 1, auxiliary=self.auxiliary)
+        ctx = SampleContext(
+            step=self.step + 1, auxiliary=self.auxiliary, planned_rows=self.planned_rows
+        )
         experiences = a.sample_strategy(experiences, ctx, **a.sample_strategy_args)
         batch = collate(experiences, self.pad_id)
         # this rank's micro-batches (all of them in one process; None: an idle one)

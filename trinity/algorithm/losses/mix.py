@@ -6,12 +6,13 @@ algorithm: {algorithm_type: mix_chord}      # CHORD's μ schedule and φ token w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import Tensor
 
-from trinity.algorithm.aggregation import Aggregator
+from trinity.algorithm.aggregation import Aggregator, check_loss_agg_mode
 from trinity.algorithm.inputs import PolicyLossInput
 from trinity.algorithm.policy_loss import POLICY_LOSS_FN, ppo_policy_loss
 
@@ -46,10 +47,16 @@ DERIVED_ARGS = (
 config's values are accepted, noted as derived here, and not read (`trinity.config`)."""
 
 
-def _parts(inp: PolicyLossInput, agg: Aggregator) -> tuple[Tensor, Aggregator, Aggregator]:
+def _parts(
+    inp: PolicyLossInput, agg: Aggregator, sft_mode: str | None
+) -> tuple[Tensor, Aggregator, Aggregator]:
+    """The expert rows [B], and the usual and expert parts' aggregators (each over its own
+    counts); `sft_mode`: the expert part's aggregation mode (None: the algorithm's)."""
     expert = inp.require("expert_mask", "a mixed SFT + RL loss").bool()  # [B]
     usual_agg = inp.part_aggs.get("usual", agg)
     expert_agg = inp.part_aggs.get("expert", agg)
+    if sft_mode is not None:
+        expert_agg = dataclasses.replace(expert_agg, mode=sft_mode)
     return expert, usual_agg, expert_agg
 
 
@@ -59,9 +66,10 @@ def _mixed(
     mu: float,
     phi: bool,
     ppo_args: dict,
+    sft_mode: str | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """(1 - μ)·PPO(usual rows) + μ·SFT(expert rows), each part over its own counts."""
-    expert, usual_agg, expert_agg = _parts(inp, agg)
+    expert, usual_agg, expert_agg = _parts(inp, agg, sft_mode)
     m = inp.action_mask.bool()
     usual_mask = m & ~expert[:, None]
     expert_mask = m & expert[:, None]
@@ -93,6 +101,7 @@ def mix_policy_loss(
     clip_range: float = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
+    sft_loss_agg_mode: str | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Mixed-policy loss: PPO's clip on the rollouts and NLL on the expert rows, weighted by μ.
 
@@ -107,6 +116,8 @@ def mix_policy_loss(
         agg: the aggregator (used for a part the trainer gave no aggregator of its own).
         mu: μ in [0, 1], the expert part's weight.
         clip_range, clip_range_low, clip_range_high: PPO's clip (see `ppo_policy_loss`).
+        sft_loss_agg_mode: how the expert part is aggregated (a `loss_agg_mode`, over the
+            expert rows' counts); None = `algorithm.loss_agg_mode`, as Trinity-RFT.
     Returns:
         (loss, {usual/<ppo metrics>, expert/sft_loss, mu, pg_loss}).
     """
@@ -114,7 +125,7 @@ def mix_policy_loss(
         raise ValueError(f"mu must be in [0, 1], got {mu}")
     ppo_args = {"clip_range": clip_range, "clip_range_low": clip_range_low,
                 "clip_range_high": clip_range_high}  # fmt: skip
-    return _mixed(inp, agg, mu, phi=False, ppo_args=ppo_args)
+    return _mixed(inp, agg, mu, phi=False, ppo_args=ppo_args, sft_mode=_mode(sft_loss_agg_mode))
 
 
 mix_policy_loss.derived_args = DERIVED_ARGS  # type: ignore[attr-defined]
@@ -133,6 +144,7 @@ def mix_chord_policy_loss(
     clip_range: float = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
+    sft_loss_agg_mode: str | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """CHORD: `mix` with μ on a schedule and the expert NLL weighted per token by φ = p(1 - p).
 
@@ -151,6 +163,7 @@ def mix_chord_policy_loss(
         mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley: the schedule (`mu_schedule`).
         enable_phi_function: weigh expert tokens by φ.
         clip_range, clip_range_low, clip_range_high: PPO's clip.
+        sft_loss_agg_mode: the expert part's aggregation (as `mix`).
     Returns:
         (loss, {usual/<ppo metrics>, expert/sft_loss, mu, pg_loss}).
     """
@@ -162,7 +175,14 @@ def mix_chord_policy_loss(
     mu = mu_schedule(inp.step, mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley)
     ppo_args = {"clip_range": clip_range, "clip_range_low": clip_range_low,
                 "clip_range_high": clip_range_high}  # fmt: skip
-    return _mixed(inp, agg, mu, phi=enable_phi_function, ppo_args=ppo_args)
+    return _mixed(inp, agg, mu, enable_phi_function, ppo_args, sft_mode=_mode(sft_loss_agg_mode))
+
+
+def _mode(sft_loss_agg_mode: str | None) -> str | None:
+    """`sft_loss_agg_mode` checked (a `loss_agg_mode` name, or None)."""
+    if sft_loss_agg_mode is not None:
+        check_loss_agg_mode(sft_loss_agg_mode)
+    return sft_loss_agg_mode
 
 
 mix_chord_policy_loss.derived_args = DERIVED_ARGS  # type: ignore[attr-defined]
