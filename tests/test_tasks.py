@@ -291,8 +291,8 @@ def test_random_selector_draws_with_replacement():
     assert max(drawn.values()) > 1  # replacement: 100 draws from 50 repeat some
     with pytest.raises(ValueError, match="batch_size"):
         list(sel.batches(_tasks(3), 0, 1))
-    with pytest.raises(KeyError, match="Valid names: random, sequential, shuffle"):
-        make_selector("easy2hard")
+    with pytest.raises(KeyError, match="Valid names: difficulty_based, offline_easy2hard, random"):
+        make_selector("easy_to_hard")
 
 
 def test_carry_slip_forgets_the_ones_carry_or_borrow():

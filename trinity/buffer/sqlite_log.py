@@ -74,6 +74,11 @@ CREATE TABLE IF NOT EXISTS explorer_report (
     step INTEGER NOT NULL,
     metrics TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS explorer_selector (
+    explorer TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS buffer_state (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -123,19 +128,28 @@ class SQLiteLog:
                         "VALUES (?, ?, ?)",
                         (cursor.explorer, cursor.step, json.dumps(cursor.metrics)),
                     )
+                if cursor.selector is not None:
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO explorer_selector (explorer, step, state) "
+                        "VALUES (?, ?, ?)",
+                        (cursor.explorer, cursor.step, json.dumps(cursor.selector)),
+                    )
         return ids
 
     def cursor(self, explorer: str) -> Cursor | None:
         """The explorer's cursor with its step's report (None when that step had none)."""
         row = self.conn.execute(
-            "SELECT c.step, c.tasks, r.metrics FROM explorer_cursor c LEFT JOIN explorer_report r "
-            "ON r.explorer = c.explorer AND r.step = c.step WHERE c.explorer = ?",
+            "SELECT c.step, c.tasks, r.metrics, s.state FROM explorer_cursor c "
+            "LEFT JOIN explorer_report r ON r.explorer = c.explorer AND r.step = c.step "
+            "LEFT JOIN explorer_selector s ON s.explorer = c.explorer AND s.step = c.step "
+            "WHERE c.explorer = ?",
             (explorer,),
         ).fetchone()
         if row is None:
             return None
         metrics = json.loads(row[2]) if row[2] is not None else None
-        return Cursor(explorer, int(row[0]), int(row[1]), metrics)
+        selector = json.loads(row[3]) if row[3] is not None else None
+        return Cursor(explorer, int(row[0]), int(row[1]), metrics, selector)
 
     def lease(self, ids: list[int], lease: int) -> None:
         self._set(ids, "state = 1, lease = ?", (lease,))

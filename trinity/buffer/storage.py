@@ -41,7 +41,7 @@ the actor raises `Superseded` instead of taking or writing anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
@@ -69,12 +69,15 @@ class Lease:
 class Cursor:
     """Where an explorer stands: its last explore step written, and the tasks its task stream
     had handed out by then (a step's failed tasks are replaced, so not `step * batch_size`);
-    `metrics`: that step's metrics report (durable with the step, module docstring)."""
+    `metrics`: that step's metrics report (durable with the step, module docstring);
+    `selector`: what an adaptive task selector had learned by then (`TaskStream.state_dict`,
+    JSON), so a resumed explorer selects as the uninterrupted one would."""
 
     explorer: str
     step: int
     tasks: int
     metrics: dict[str, float] | None = None
+    selector: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -65,11 +65,22 @@ class RolloutArgs(ConfigSection):
 class TaskSelectorConfig(ConfigSection):
     """Order in which tasks are drawn from a taskset."""
 
-    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"
+    selector_type: Literal[
+        "sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"
+    ] = "sequential"
     """'sequential' = file order; 'shuffle' = a new permutation each epoch; 'random' = sample with
-    replacement."""
+    replacement; 'offline_easy2hard' = sorted by `feature_keys`, highest (easiest) first;
+    'difficulty_based' = BOTS, tasks near a target pass rate under a posterior learned online
+    (docs/data.md)."""
     seed: int | None = None
-    """Seed for 'shuffle' and 'random'; None = the global seed."""
+    """Seed for 'shuffle', 'random' and 'difficulty_based'; None = the global seed."""
+    feature_keys: list[str] = Field(default_factory=list)
+    """Columns of the task rows: 'offline_easy2hard' sorts by them; 'difficulty_based' reads 0,
+    1 or 2 of them as offline reference pass rates (a dotted key reads nested fields)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """'difficulty_based': m (samples per task, 16), lamb (history discount, 0.2), rho
+    (pseudo-count weight, 0.2), target_reward (1.0), tau (temperature; 0 = top-k, 1.0),
+    do_sample (draw pass rates from the posteriors, false), adaptive_rho (false)."""
 
 
 class ReplayBufferConfig(ConfigSection):

@@ -185,6 +185,8 @@ def _check_one(
     openai_api = cfg.explorer.rollout_model.enable_openai_api
     for path, storage, is_eval in storages:
         problems += _storage_name_problems(path, storage, inp, is_eval, openai_api, served)
+        if not is_eval:
+            problems += _selector_problems(path, storage, cfg.seed)
         if storage.storage_type == "synthetic" and (found := _generator_problems(path, storage)):
             problems += found
             continue  # the generator cannot run
@@ -214,6 +216,7 @@ def _check_one(
         return problems + found, skipped
     from trinity.algorithm.algorithms import is_pairwise
 
+    problems += _selector_problems(path, buf, cfg.seed, explored=False)
     pairwise = is_pairwise(cfg.algorithm.algorithm_type)  # as trainer.sft_data.DatasetSource
     kwargs = {"is_eval": False, "default_seed": cfg.seed, "require_response": not pairwise}
     _check_data(path, buf, kwargs | {"require_pair": pairwise}, cache, problems, skipped)
@@ -282,6 +285,24 @@ def _args_problems(
         Problem(f"{path}.{key}", f"unknown argument of {callee}; {accepts}", suggest(key, names))
         for key in sorted(set(args) - names)
     ]
+
+
+def _selector_problems(
+    path: str, storage: StorageConfig, seed: int, explored: bool = True
+) -> list[Problem]:
+    """The storage's `data_selector` builds with its keys and arguments; one that learns from
+    rollouts (difficulty_based) orders only an explored taskset."""
+    from trinity.tasks import make_selector
+
+    where = f"{path}.data_selector"
+    try:
+        selector = make_selector(storage.data_selector, seed)
+    except ValueError as e:
+        return [Problem(where, str(e))]
+    if selector.adaptive and not explored:
+        why = "learns from rollouts' pass rates: it orders an explored taskset, not a dataset"
+        return [Problem(f"{where}.selector_type", f"{storage.data_selector.selector_type} {why}")]
+    return []
 
 
 def _operator_problems(cfg: TrinityConfig) -> list[Problem]:

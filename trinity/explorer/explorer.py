@@ -53,6 +53,7 @@ from trinity.sync.schedule import (
 )
 from trinity.sync.synchronizer import TrainingFinished
 from trinity.tasks import Task, load_taskset, make_selector
+from trinity.tasks.selector import TaskStream
 from trinity.workflows import WORKFLOW
 
 if TYPE_CHECKING:
@@ -60,18 +61,6 @@ if TYPE_CHECKING:
     from trinity.explorer.serve import ServeMode
 
 SHARE_WAIT_S = 120.0  # longest wait for a part of a split run's cores (`_take_share`)
-
-
-class _Counting(Iterator[Task]):
-    """An iterator that counts the items it handed out (`taken`)."""
-
-    def __init__(self, items: Iterator[Task]) -> None:
-        self.items, self.taken = items, 0
-
-    def __next__(self) -> Task:
-        item = next(self.items)
-        self.taken += 1
-        return item
 
 
 class WorkflowFailed(RuntimeError):
@@ -140,7 +129,7 @@ class Explorer:
         self.train_tasks: list[Task] = []
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
-        self._stream: _Counting | None = None  # the run's task stream, counting what it handed out
+        self._stream: TaskStream | None = None  # the run's tasks, counting what it handed out
         self._token: int | None = None  # this process's writer token (`register_writer`)
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
         self.endpoint: EndpointServer | None = None
@@ -251,15 +240,15 @@ class Explorer:
         self._started_at = started_at
         return {"train_tasks": len(self.train_tasks)}
 
-    def _task_stream(self) -> Iterator[Task]:
+    def _task_stream(self) -> TaskStream:
         """The selector's order, task by task (steps take `batch_size`, refills take more)."""
         inp = self.cfg.buffer.explorer_input
         selector_cfg = (inp.taskset or inp.tasksets[0]).data_selector
         selector = make_selector(selector_cfg, default_seed=self.cfg.seed)
-        batches = selector.batches(
-            self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs
+        self._positions = {id(t): i for i, t in enumerate(self.train_tasks)}
+        return TaskStream(
+            selector, self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs
         )
-        return itertools.chain.from_iterable(batches)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -322,11 +311,10 @@ class Explorer:
             await self.load_weights(*weights)
         if self.live_weights and sync == "schedule":
             await self.share_trainer_weights()
-        stream = self._stream = _Counting(self._task_stream())
+        stream = self._stream = self._task_stream()
         first = 1
         if start is not None:
-            for _ in range(start.tasks):
-                next(stream, None)
+            stream.resume(start.tasks, start.selector)
             first = start.step + 1
         step, written, stopped = first - 1, first - 1, ""
         try:
@@ -566,10 +554,25 @@ class Explorer:
         }
         after = await then() if then is not None else {}
         stream = self._stream
-        cursor = Cursor(self.cfg.explorer.name, step, stream.taken, report) if stream else None
+        cursor = None
+        if stream is not None:
+            stream.feedback(*self._pass_rates(tasks, sampled))  # an adaptive selector learns
+            cursor = Cursor(self._name, step, stream.taken, report, stream.state_dict())
         t_write = time.perf_counter()
         await self._write(experiences, cursor)
         return {**report, **after, "timing/buffer_write": time.perf_counter() - t_write}
+
+    def _pass_rates(
+        self, tasks: list[Task], sampled: list[Experience]
+    ) -> tuple[list[int], list[float]]:
+        """Each of the step's tasks' pass rate (the mean valid reward of its samples, as
+        sampled, kept or not) by its position in the run's tasks, for the selector."""
+        by_task: dict[int, list[float]] = {}
+        for e in sampled:
+            if e.reward is not None and not math.isnan(e.reward):
+                by_task.setdefault(e.info["step_task"], []).append(e.reward)
+        indices = [self._positions[id(tasks[i])] for i in by_task]
+        return indices, [sum(r) / len(r) for r in by_task.values()]
 
     def _grouped(self, step: int, tasks: list[Task], groups: list[Any]) -> list[Any]:
         """`groups` ((position in `tasks`, experiences)) with each experience's id naming its
@@ -582,6 +585,7 @@ class Explorer:
                     "taskset_id": tasks[i].taskset_name,
                     "index": tasks[i].index,
                 }
+                e.info["step_task"] = i  # its task's position in the step (`_pass_rates`)
         return groups
 
     async def _greedy_baselines(

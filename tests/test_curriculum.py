@@ -1,0 +1,198 @@
+"""Curricula (`trinity.tasks.curriculum`): BOTS's posterior update by hand and against
+Trinity-RFT's formula, selection near the target, easy-to-hard order, and a selector's state
+surviving a resume bit-exactly through the buffer's cursor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_one_process import _cfg
+
+from trinity.buffer.queue import QueueStorage
+from trinity.buffer.storage import Cursor
+from trinity.common.experience import Experience
+from trinity.config.preflight import _selector_problems
+from trinity.tasks.curriculum import BetaPassRates
+from trinity.tasks.selector import TaskStream, make_selector
+from trinity.tasks.task import Task
+
+
+def tasks(*rows: dict) -> list[Task]:
+    return [Task(index=i, raw=row, prompt=f"q{i}", taskset_name="t") for i, row in enumerate(rows)]
+
+
+# -- the posterior --------------------------------------------------------------------------------
+
+
+def test_the_posterior_update_by_hand_without_reference_columns():
+    """n = 3, m = 4, λ = ρ = 0.5; task 0 passes 3 of 4: p̃ = 0.75 for every task (the step's
+    mean), then task 0: α = 0.5·1 + 0.5 + 0.5·3 + 0.5·4·0.75 = 4, β = 0.5 + 0.5 + 0.5·1 +
+    0.5·4·0.25 = 2; tasks 1, 2: α = 1 + 1.5 = 2.5, β = 1 + 0.5 = 1.5."""
+    rates = BetaPassRates(3, m=4, lamb=0.5, rho=0.5)
+    rates.update([0], [0.75])
+    assert rates.alphas.tolist() == [4.0, 2.5, 2.5] and rates.betas.tolist() == [2.0, 1.5, 1.5]
+    assert rates.pass_rates().tolist() == [4 / 6, 2.5 / 4, 2.5 / 4]
+
+
+def test_one_reference_column_shifts_by_the_policys_offset():
+    """f = [0.2, 0.7]; task 0 passes at 0.5: offset c = 0.3, so task 1 is predicted 1.0."""
+    rates = BetaPassRates(2, np.array([[0.2], [0.7]]), m=4, lamb=0.5, rho=0.5)
+    rates.update([0], [0.5])
+    assert rates.cap == pytest.approx(0.3)
+    assert rates.alphas[1] == pytest.approx(0.5 + 0.5 + 0.5 * 4 * 1.0)  # p̃ = clip(0.7 + 0.3)
+
+
+def trinity_rft_update(alphas, betas, features, cap, m, lamb, rho, indices, rates):
+    """Trinity-RFT's InterpolationBetaPREstimator.update (two reference columns), written out
+    from its formula as the reference."""
+    anchors = features[indices].mean(axis=0)
+    est = (np.mean(rates) - anchors[0]) / (anchors[1] - anchors[0] + 1e-6)
+    cap = est if cap is None else 0.9 * cap + 0.1 * est
+    s, f = np.zeros(len(alphas)), np.zeros(len(alphas))
+    s[indices], f[indices] = np.array(rates) * m, (1 - np.array(rates)) * m
+    p = np.clip((features[:, 1] - features[:, 0]) * cap + features[:, 0], 0, 1)
+    p[indices] = rates
+    alphas = (1 - lamb) * alphas + lamb + (1 - rho) * s + rho * p * m
+    betas = (1 - lamb) * betas + lamb + (1 - rho) * f + rho * (1 - p) * m
+    return alphas, betas, cap
+
+
+def test_two_reference_columns_update_as_trinity_rfts_interpolation():
+    rng = np.random.default_rng(0)
+    features = np.sort(rng.uniform(0, 1, (20, 2)), axis=1)
+    ours = BetaPassRates(20, features, m=8, lamb=0.1, rho=0.1)
+    alphas, betas, cap = np.ones(20), np.ones(20), None
+    for _ in range(5):
+        idx = rng.choice(20, 6, replace=False).tolist()
+        rates = (rng.integers(0, 9, 6) / 8).tolist()
+        ours.update(idx, rates)
+        alphas, betas, cap = trinity_rft_update(
+            alphas, betas, features, cap, 8, 0.1, 0.1, idx, rates
+        )
+    np.testing.assert_allclose(ours.alphas, alphas, rtol=1e-12)
+    np.testing.assert_allclose(ours.betas, betas, rtol=1e-12)
+
+
+# -- selection ---------------------------------------------------------------------------------------
+
+
+def difficulty(**kwargs) -> object:
+    cfg = {"selector_type": "difficulty_based", "seed": 3, "kwargs": kwargs}
+    return make_selector(SimpleNamespace(**cfg, feature_keys=kwargs.pop("feature_keys", [])))
+
+
+def test_tau_0_takes_the_tasks_nearest_the_target_and_learns_from_feedback():
+    stream = TaskStream(difficulty(target_reward=0.5, tau=0, m=4), tasks(*[{}] * 6), 2, 1)
+    assert [t.index for t in (next(stream), next(stream))] == [0, 1]  # all 0.5: index order
+    stream.feedback([0, 1, 2, 3], [1.0, 1.0, 0.0, 0.5])  # 3 sits at the target
+    batch = [next(stream).index, next(stream).index]
+    assert batch[0] == 3 and 2 not in batch[1:] and 0 not in batch and 1 not in batch
+
+
+def test_a_stream_resumed_from_its_state_continues_bit_exactly():
+    """A difficulty-based stream with sampled pass rates and a temperature, its state taken
+    mid-batch (JSON, as the cursor stores it), continues exactly as the uninterrupted one."""
+
+    def run(stop: int | None) -> tuple[list[int], dict | None]:
+        s = TaskStream(
+            difficulty(tau=0.5, do_sample=True, target_reward=0.5), tasks(*[{}] * 12), 4, 3
+        )
+        out = []
+        for k in range(20):
+            out.append(next(s).index)
+            if k % 4 == 3:
+                s.feedback(out[-4:], [float(i % 3 == 0) for i in out[-4:]])
+            if stop is not None and k == stop:
+                return out, json.loads(json.dumps(s.state_dict()))
+        return out, None
+
+    whole, _ = run(None)
+    head, state = run(9)  # two batches and a half: pending holds the rest of the third
+    assert state["pending"] and state["taken"] == 10
+    resumed = TaskStream(
+        difficulty(tau=0.5, do_sample=True, target_reward=0.5), tasks(*[{}] * 12), 4, 3
+    )
+    resumed.resume(10, state)
+    tail = []
+    for k in range(10, 20):
+        tail.append(next(resumed).index)
+        if k % 4 == 3:
+            seen = (head + tail)[-4:]
+            resumed.feedback(seen, [float(i % 3 == 0) for i in seen])
+    assert head + tail == whole
+    fresh = TaskStream(difficulty(), tasks(*[{}] * 12), 4, 3)
+    with pytest.raises(ValueError, match="resuming it needs its state at the cursor"):
+        fresh.resume(10, None)
+
+
+def test_the_selectors_state_travels_with_the_cursor_through_the_queues_log(tmp_path):
+    state = {"taken": 10, "batch_no": 3, "pending": [5, 7], "selector": {"alphas": [1.5]}}
+    exp = Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=1, reward=1.0)
+
+    async def scenario() -> Cursor | None:
+        q = QueueStorage(tmp_path / "buf.db")
+        await q.write([exp], Cursor("e", 3, 10, {"m": 1.0}, state))
+        return await QueueStorage(tmp_path / "buf.db").cursor("e")  # reopened: from disk
+
+    cursor = asyncio.run(scenario())
+    assert cursor is not None and cursor.selector == state and cursor.tasks == 10
+
+
+def test_offline_easy2hard_serves_the_highest_features_first():
+    rows = [{"acc": 0.2, "len": 1}, {"acc": 0.9, "len": 5}, {"acc": 0.2, "len": 7}, {"acc": 0.5}]
+    sel = make_selector({"selector_type": "offline_easy2hard", "feature_keys": ["acc"]})
+    order = [t.index for b in sel.batches(tasks(*rows), 4, 2) for t in b]
+    assert order == [1, 3, 2, 0] * 2  # ties: the later task first, as Trinity-RFT's
+    nested = tasks({"m": {"p": 0.1}}, {"m": {"p": 0.8}})
+    sel = make_selector({"selector_type": "offline_easy2hard", "feature_keys": ["m.p"]})
+    assert [t.index for b in sel.batches(nested, 2) for t in b] == [1, 0]
+    with pytest.raises(ValueError, match="task 3 of 't' has no 'len'"):
+        make_selector({"selector_type": "offline_easy2hard", "feature_keys": ["len"]}).prepare(
+            tasks(*rows)
+        )
+
+
+def test_selector_settings_are_checked_before_the_run():
+    storage = _cfg().buffer.explorer_input.taskset
+    ok = storage.model_copy(update={"data_selector": storage.data_selector.model_copy(
+        update={"selector_type": "difficulty_based", "kwargs": {"tau": 0, "m": 8}})})  # fmt: skip
+    assert _selector_problems("t", ok, 0) == []
+    assert "not a dataset" in str(_selector_problems("t", ok, 0, explored=False)[0])
+    bad = ok.model_copy(update={"data_selector": ok.data_selector.model_copy(
+        update={"kwargs": {"temperature": 1}})})  # fmt: skip
+    assert "unexpected keyword argument 'temperature'" in str(_selector_problems("t", bad, 0)[0])
+    three = ok.model_copy(update={"data_selector": ok.data_selector.model_copy(
+        update={"kwargs": {}, "feature_keys": ["a", "b", "c"]})})  # fmt: skip
+    with pytest.raises(ValueError, match="0, 1 or 2 feature_keys, not 3"):
+        TaskStream(make_selector(three.data_selector), tasks(*[{"a": 0, "b": 0, "c": 0}] * 2), 1, 1)
+
+
+@pytest.mark.slow  # a whole run (about 20 s on 2 cores)
+def test_a_run_with_difficulty_based_selection_keeps_its_state_at_the_cursor(
+    tmp_path, tiny_model_dir
+):
+    from test_e2e import grpo_config, run_trinity
+
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    text = cfg.read_text().replace(
+        "      format: {prompt_key: question, response_key: answer}\n",
+        "      format: {prompt_key: question, response_key: answer}\n"
+        "      data_selector: {selector_type: difficulty_based,\n"
+        "        kwargs: {m: 4, target_reward: 0.5, tau: 0.5, do_sample: true}}\n",
+        1,
+    )
+    assert "difficulty_based" in text
+    cfg.write_text(text)
+    r = run_trinity(cfg)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    buffer = tmp_path / "ckpt/e2e/grpo/buffer/exp.db"
+    cursor = asyncio.run(QueueStorage(buffer).cursor("explorer"))
+    assert cursor is not None and cursor.step == 3 and cursor.selector["taken"] == 12
+    learned = cursor.selector["selector"]
+    assert len(learned["alphas"]) == 40  # learned from three steps (a failing task: β grows)
+    assert learned["alphas"] != [1.0] * 40 or learned["betas"] != [1.0] * 40
