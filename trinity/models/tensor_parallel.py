@@ -25,8 +25,8 @@ any full tensor with torch's own `distribute_tensor`, the one rule for the start
 update alike.
 
 A rank's attention heads, KV heads and MLP inner width are the model's divided by the world
-size, which must divide all three (`divisibility_problem`, checked by pre-flight where the model's
-config is at hand and again at build).
+size, which must divide all three (`models.shapes.divisibility_problem`, checked by pre-flight
+where the model's config is at hand, and again at build).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trinity.common.process_group import init_process_group
+from trinity.models.shapes import TP_KEY as KEY
+from trinity.models.shapes import divisibility_problem
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 REPLICATED = frozenset({"replicated_with_grad_allreduce"})  # whole on every rank (no gradients)
-KEY = "tensor_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -54,29 +55,6 @@ class TPPlace:
     rank: int
     world: int
     address: tuple[str, int]
-
-
-def divisibility_problem(config: Any, world: int, key: str = KEY) -> str | None:
-    """Why `world` ranks cannot split the model of `config` (a transformers config or its
-    config.json as a dict), or None: its attention heads, KV heads and MLP intermediate size
-    must each be a multiple of `world`. `key`: the config key to name."""
-
-    def get(name: str) -> Any:
-        return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
-
-    heads = get("num_attention_heads")
-    sizes = {
-        "attention heads (num_attention_heads)": heads,
-        "KV heads (num_key_value_heads)": get("num_key_value_heads") or heads,
-        "MLP intermediate size (intermediate_size)": get("intermediate_size"),
-    }
-    bad = [f"{what} {n}" for what, n in sizes.items() if isinstance(n, int) and n % world]
-    if not bad:
-        return None
-    return (
-        f"{key}={world} must divide the model's attention heads, KV heads and MLP intermediate "
-        f"size: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not divisible by {world}"
-    )
 
 
 def tp_plan(model: Any) -> dict[str, Any]:
@@ -172,8 +150,3 @@ def local_rows(linear: Any) -> int:
     rows of a weight split over ranks."""
     weight = linear.weight
     return int((weight.to_local() if isinstance(weight, DTensor) else weight).shape[0])
-
-
-def is_split(model: Any) -> bool:
-    """Whether some parameter of `model` is split over tensor-parallel ranks."""
-    return any(isinstance(p, DTensor) for p in model.parameters())
