@@ -56,11 +56,18 @@ _END = object()
 
 
 def _placed(engine: Any, rank: int) -> dict[str, Any]:
-    """Where a rank runs: its node, device and threads (the engine's describe line)."""
+    """Where a rank runs: its node, process id, device and threads (`describe`)."""
     import torch
 
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
-    return {"rank": rank, "node": node, "device": engine.device, "threads": torch.get_num_threads()}
+    threads = torch.get_num_threads()
+    return {
+        "rank": rank,
+        "node": node,
+        "pid": os.getpid(),
+        "device": engine.device,
+        "threads": threads,
+    }
 
 
 def _finish(out: Any) -> None:
@@ -132,7 +139,7 @@ class TensorParallelEngine:
         )
         refs = [r.placed.remote() for r in self.ranks]
         self.engine = self._gather(build, refs)
-        self.placement = [_placed(self.engine, 0), *ray.get(refs)]
+        self.placement = [self.lane.run(_placed, self.engine, 0), *ray.get(refs)]  # its threads
         print(self.describe(), flush=True)
 
     def describe(self) -> str:
@@ -142,6 +149,10 @@ class TensorParallelEngine:
             for p in self.placement
         )
         return f"rollout engine: tensor-parallel over {self.world} ranks: {ranks}"
+
+    def ranks_placed(self) -> list[dict[str, Any]]:
+        """Each rank's node, process id, device and threads, rank 0 first."""
+        return [dict(p) for p in self.placement]
 
     # -- the RolloutEngine contract, in lockstep -----------------------------------------------
 
