@@ -116,6 +116,8 @@ def engines(ray_local, tiny_model_dir):
     from trinity.explorer.engine import HFRolloutEngine
 
     tp, pools = start_tp_engine(tiny_model_dir)
+    placed = ray.get(tp.ranks_placed.remote())  # two processes, one engine
+    assert [p["rank"] for p in placed] == [0, 1] and placed[0]["pid"] != placed[1]["pid"]
     one = HFRolloutEngine(str(tiny_model_dir), seed=0, max_model_len=64, num_threads=1)
     yield tp, one
     ray.kill(tp)
@@ -147,8 +149,6 @@ def assert_same_answers(tp, one) -> None:
 
 def test_a_tp2_engine_samples_and_scores_as_one_process(engines) -> None:
     tp, one = engines
-    placed = ray.get(tp.ranks_placed.remote())
-    assert [p["rank"] for p in placed] == [0, 1] and placed[0]["pid"] != placed[1]["pid"]
     assert_same_answers(tp, one)
     # streamed: each decode step's tokens as the engine samples them, then the same answer
     p, params = prompts(one)[:1], SamplingParams(n=2, temperature=1.0, max_tokens=6)
@@ -216,10 +216,10 @@ def test_a_rank_that_fails_alone_fails_the_engine_at_once(ray_local, monkeypatch
     engine.world, engine.failed, engine.engine = 2, None, object()
     lane, stuck = ComputeLane("test-rank0"), threading.Event()
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="(?s)rank 1 of 2 failed.*rank 1 broke"):
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed.*rank 1 broke"):
         engine._gather(lane.submit(stuck.wait), [rank_fails.remote()])
     assert time.monotonic() - t0 < 10
-    with pytest.raises(RuntimeError, match="(?s)failed earlier.*rank 1 broke"):
+    with pytest.raises(RuntimeError, match=r"(?s)failed earlier.*rank 1 broke"):
         engine._raise_if_failed()
     stuck.set()
 
@@ -267,3 +267,28 @@ def test_nccl_sync_reaches_every_rank_as_a_member_of_the_broadcast(engines, tmp_
     assert ray.get(tp.update_weights.remote("nccl", payload, 7, Peers(0, 1))) == 7
     one.update_weights("memory", sync_method("memory").send(state, 7, tmp_path), 7)
     assert_same_answers(tp, one)
+
+
+def test_a_grpo_run_with_tensor_parallel_engines_completes(tmp_path, tiny_model_dir) -> None:
+    """`trinity run` (mode both, 2 steps) with tensor_parallel_size 2 and nccl weight sync: the
+    plan says the engine's ranks, rank 0 prints where they run, and the synced weights serve
+    step 2."""
+    import json
+
+    from test_e2e import grpo_config, run_trinity
+
+    over = [
+        "buffer.total_steps=2",
+        "explorer.rollout_model.tensor_parallel_size=2",
+        "synchronizer.sync_method=nccl",
+    ]
+    r = run_trinity(grpo_config(tmp_path, tiny_model_dir), overrides=over)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "over 2 tensor-parallel ranks" in r.stdout
+    assert "rollout engine: tensor-parallel over 2 ranks" in r.stdout + r.stderr
+    records = [
+        json.loads(x)
+        for x in (tmp_path / "ckpt" / "e2e" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    versions = [rec["rollout/model_version"] for rec in records if "rollout/model_version" in rec]
+    assert versions[-2:] == [0, 1]
