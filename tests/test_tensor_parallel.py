@@ -161,9 +161,7 @@ def test_a_tp2_engine_samples_and_scores_as_one_process(engines) -> None:
     for step in steps:
         for _, sample, pos, token, _, _ in step.tokens:
             streamed.setdefault(sample, {})[pos] = token
-    assert [list(streamed[j].values()) for j in range(2)] == [
-        s.response_ids for s in expected[0]
-    ]
+    assert [list(streamed[j].values()) for j in range(2)] == [s.response_ids for s in expected[0]]
 
 
 def perturbed(one, seed: int) -> dict[str, torch.Tensor]:
