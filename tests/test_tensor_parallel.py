@@ -185,6 +185,25 @@ def test_a_tp2_engine_loads_synced_weights_as_one_process(engines, method, tmp_p
     assert_same_answers(tp, one)
 
 
+def test_a_lora_adapter_is_merged_into_each_rank_s_slices(engines, tmp_path) -> None:
+    """An adapter payload (`models/lora_merge.py`) on column-split (q, up) and row-split (o,
+    down) layers: each rank adds its slices of scaling · B·A to its slices of W0."""
+    from trinity.models import lora_merge
+
+    tp, one = engines
+    g, adapter = torch.Generator().manual_seed(5), {lora_merge.SCALING: torch.tensor(2.0)}
+    weights = dict(one.model.named_parameters())
+    for module in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"):
+        name = f"model.layers.1.{module}"
+        out, inner = weights[f"{name}.weight"].shape
+        adapter[lora_merge.adapter_key(name, "A")] = 0.1 * torch.randn(4, inner, generator=g)
+        adapter[lora_merge.adapter_key(name, "B")] = 0.1 * torch.randn(out, 4, generator=g)
+    payload = sync_method("memory").send(adapter, 4, tmp_path)
+    ray.get(tp.update_weights.remote("memory", payload, 4))
+    one.update_weights("memory", payload, 4)
+    assert_same_answers(tp, one)
+
+
 def test_weights_every_rank_refuses_leave_the_engine_usable(engines, tmp_path) -> None:
     """A payload that does not match the model fails on every rank alike: the call raises the
     engine's own error, the ranks stay in step, and the engine answers as before."""

@@ -29,6 +29,10 @@ residuals added by the matmuls), which is faster than the modules even with the 
 refresh after each weight update (docs/benchmarks.md, "Fewer ops between the decode step's
 matmuls"). The prefill always runs through the model's own modules.
 
+A model split over tensor-parallel ranks (`models.tensor_parallel`) takes the same path through
+its modules, whose hooks do the all-reduces: the cache holds this rank's KV heads, and the decode
+steps never use packed weights (a pack of split weights would skip the hooks).
+
 `lean_support(model)` says why a model must take the portable path (None when it need not): an
 unknown family, a sliding window, a missing submodule, or hooks that move weights at call time.
 """
