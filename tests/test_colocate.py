@@ -319,9 +319,8 @@ def test_a_colocated_engine_that_must_know_it_when_built_is_told(monkeypatch, ti
     share = engine_pools.Share(1, 0, 1)
     for engine_type, colocated in (("vllm", True), ("vllm", False), ("transformers", True)):
         cfg = _cfg(explorer={"rollout_model": {"engine_type": engine_type}})
-        engine_pools._spawn(
-            engine_type, cfg.explorer.rollout_model, "m", [0], share, [], 0, None, None, colocated
-        )
+        rm = cfg.explorer.rollout_model
+        engine_pools._spawn([], engine_type, rm, "m", [0], share, [], 0, None, None, colocated)
     assert built[0]["enable_sleep_mode"] is True and "enable_sleep_mode" not in built[1]
     assert "enable_sleep_mode" not in built[2]
     assert VLLMRolloutEngine.sleep_kwarg == "enable_sleep_mode"

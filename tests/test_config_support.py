@@ -63,7 +63,7 @@ def test_refusals_name_the_key_and_feature() -> None:
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
                 # served to workflows; its own not-built keys are refused where they are
-                "auxiliary_models": [{"model_path": "judge", "tensor_parallel_size": 2}],
+                "auxiliary_models": [{"model_path": "judge", "reasoning_parser": "qwen3"}],
             },
             "cluster": {"node_num": 1},
             "monitor": {"monitor_type": ["jsonl", "swanlab"], "detailed_stats": True},
@@ -73,14 +73,13 @@ def test_refusals_name_the_key_and_feature() -> None:
     probs = {p.path: p.message for p in not_built_problems(cfg)}
     assert set(probs) == {
         "model.external_model",
-        "explorer.rollout_model.tensor_parallel_size",
         "explorer.rollout_model.reasoning_parser",
-        "explorer.auxiliary_models[0].tensor_parallel_size",
+        "explorer.auxiliary_models[0].reasoning_parser",
         "monitor.detailed_stats",
-    }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert
+    }  # logprobs 0, node_num 1 and sequence-parallel size 1 are inert; tensor parallelism built
     assert "externally served" in probs["model.external_model"]
     assert "evaluation metric" in probs["monitor.detailed_stats"]  # swanlab is built
-    assert "tensor-parallel" in probs["explorer.rollout_model.tensor_parallel_size"]
+    assert "reasoning parsers" in probs["explorer.auxiliary_models[0].reasoning_parser"]
 
 
 def test_not_applicable_keys_are_noted_when_set_with_reason() -> None:

@@ -26,10 +26,10 @@ def test_world_size_is_the_key_or_the_gpus_beyond_the_engines() -> None:
     cfg = config(
         trainer={"trainer_strategy": "fsdp2"},
         cluster={"node_num": 2, "gpu_per_node": 4, "ray_address": "auto"},
-        explorer={"rollout_model": {"engine_num": 2, "tensor_parallel_size": 1}},
+        explorer={"rollout_model": {"engine_num": 2, "tensor_parallel_size": 2}},
     )
     r = resolve(validate_config(cfg))
-    assert r.trainer_world_size == 6
+    assert r.trainer_world_size == 4  # 8 - 2 × 2
     assert "trainer ranks" in format_batch_table(r)
     # verl's FSDP1 name: sharded by FSDP2, said so
     r = resolve(validate_config(config(trainer={"trainer_strategy": "fsdp"})))

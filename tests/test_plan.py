@@ -43,6 +43,7 @@ def test_one_cpu_node_runs_in_one_process_unless_told_otherwise():
         ({"explorer": {"rollout_model": {"in_explorer_process": False}}}, False, "engine proc"),
         ({"explorer": {"rollout_model": {"max_restarts": 2}}}, False, "max_restarts"),
         ({"explorer": {"rollout_model": {"engine_type": "vllm"}}}, False, "engine_type vllm"),
+        ({"explorer": {"rollout_model": {"tensor_parallel_size": 2}}}, False, "ranks are proc"),
         ({"trainer": {"num_threads": 1}, "explorer": {"rollout_model": {"num_threads": 2}}},
          False, "thread counts"),
     ],

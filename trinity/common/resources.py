@@ -17,7 +17,10 @@ each side runs alone and uses every free core. `trainer.num_threads` and
 GPU. GPUs are those Ray has free, at most `cluster.gpu_per_node`. The trainer uses one device;
 with one GPU for the trainer and one per engine each gets a whole one, with fewer they share
 them in equal fractions (Ray makes a fractional GPU visible to the actor, which then runs on
-it; `_gpu_shares`). No GPU: everything runs on CPU. Sharing puts two of them on one device,
+it; `_gpu_shares`). No GPU: everything runs on CPU. A tensor-parallel engine
+(`explorer.rollout_model.tensor_parallel_size` t) counts t GPU users, one GPU per rank (rollout
+GPUs = engine_num × t, Trinity-RFT's rule; a plan that would put two of its ranks on one GPU is
+refused); on CPUs it has one engine's share of the cores, divided between its ranks. Sharing puts two of them on one device,
 where NCCL cannot run a group: `sync_method: nccl` then sends weights by `memory`
 (`ResourcePlan.gpu_shared`, the launcher).
 """
@@ -38,8 +41,9 @@ class Share:
 @dataclass(frozen=True)
 class ResourcePlan:
     trainer: Share | None
-    engine: Share | None  # each of the engines
+    engine: Share | None  # each of the engines (GPUs: each of its ranks', below)
     run_share: str = ""  # a process of a split run: what it holds of the run's cores
+    engine_ranks: int = 1  # processes per rollout engine (`tensor_parallel_size`)
 
     def gpu_shared(self) -> bool:
         """Whether trainer and engines run on GPUs and some of them share one: their fractions
@@ -55,8 +59,10 @@ class ResourcePlan:
         parts = []
         for name, s in (("trainer", self.trainer), ("each engine", self.engine)):
             if s is not None:
-                gpu = f", {s.num_gpus:g} GPU" if s.num_gpus else ""
-                parts.append(f"{name} {s.num_cpus:g} CPU{gpu} ({s.threads} threads)")
+                ranks = self.engine_ranks if s is self.engine else 1
+                gpu = f", {s.num_gpus * ranks:g} GPU" if s.num_gpus else ""
+                over = f" over {ranks} tensor-parallel ranks" if ranks > 1 else ""
+                parts.append(f"{name} {s.num_cpus:g} CPU{gpu} ({s.threads} threads){over}")
         if self.run_share:
             parts.append(self.run_share)
         return "resources: " + "; ".join(parts)
@@ -71,12 +77,19 @@ def plan_resources(
     trainer_threads: int | None = None,
     engine_threads: int | None = None,
     reserve_cpus: bool = True,
+    engine_ranks: int | None = None,
+    tensor_parallel: int = 1,
 ) -> ResourcePlan:
     """Each compute actor's share of `cpus` free cores and `gpus` free GPUs (module docstring).
 
     `engines` is the number of rollout engines (0 when the stage has none), `lockstep` whether
     trainer and engines never run at the same time, `reserve_cpus` False for a process of a
-    split run (its threads still follow the plan).
+    split run (its threads still follow the plan). `engine_ranks`: the engines' processes
+    (None: one each), where a tensor-parallel engine counts its `tensor_parallel_size` ranks:
+    on GPUs each rank takes a GPU of its own (Trinity-RFT's engine_num × tensor_parallel_size),
+    and `Share.num_gpus` of the engines is each rank's; on CPUs an engine's share is the same
+    whatever its ranks, which divide it. `tensor_parallel`: the rollout engines' ranks (what
+    `describe` says). Raises ValueError when tensor-parallel ranks would share a GPU.
     """
     if not trainer and engines == 0:
         return ResourcePlan(None, None)
@@ -90,20 +103,31 @@ def plan_resources(
             return explicit
         return max(1, int(alone if lockstep else reserved))
 
-    t_gpu, e_gpu = _gpu_shares(gpus, trainer, engines)
+    ranks = engines if engine_ranks is None else engine_ranks
+    t_gpu, e_gpu = _gpu_shares(gpus, trainer, ranks)
+    if ranks > engines and 0 < e_gpu < 1:
+        need = ranks + int(trainer)
+        raise ValueError(
+            "explorer.rollout_model.tensor_parallel_size: each rank of a tensor-parallel "
+            f"engine needs a GPU of its own (NCCL puts one rank on a device): {ranks} engine "
+            f"ranks{' and the trainer' if trainer else ''} need {need} GPUs, and {gpus:g} are "
+            "free (lower engine_num or tensor_parallel_size, or add GPUs)"
+        )
     plan_trainer = plan_engine = None
     keep = 1.0 if reserve_cpus else 0.0
     if trainer:
         plan_trainer = Share(
-            _round(keep * trainer_cpus), t_gpu, threads(trainer_cpus, cores, trainer_threads)
+            round_resource(keep * trainer_cpus),
+            t_gpu,
+            threads(trainer_cpus, cores, trainer_threads),
         )
     if engines:
         plan_engine = Share(
-            _round(keep * engine_cpus),
+            round_resource(keep * engine_cpus),
             e_gpu,
             threads(engine_cpus, cores / engines, engine_threads),
         )
-    return ResourcePlan(plan_trainer, plan_engine)
+    return ResourcePlan(plan_trainer, plan_engine, engine_ranks=tensor_parallel)
 
 
 def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]:
@@ -120,13 +144,13 @@ def _gpu_shares(gpus: float, trainer: bool, engines: int) -> tuple[float, float]
     if gpus >= users:
         each = 1.0
     elif gpus >= 1:
-        each = _round(1.0 / math.ceil(users / math.floor(gpus)))
+        each = round_resource(1.0 / math.ceil(users / math.floor(gpus)))
     else:
-        each = _round(gpus / users)
+        each = round_resource(gpus / users)
     return (each if trainer else 0.0), (each if engines else 0.0)
 
 
-def _round(x: float) -> float:
+def round_resource(x: float) -> float:
     """Ray takes resource requests in units of 1/10000."""
     return float(int(x * 10000) / 10000)
 

@@ -539,6 +539,52 @@ def _vllm_engines_can_run(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check(
+    "explorer.rollout_model",
+    "explorer.auxiliary_models",
+    "synchronizer.sync_method",
+    "cluster.one_process",
+)
+def _tensor_parallel_engines(cfg: TrinityConfig) -> Iterator[Problem]:
+    """A tensor-parallel engine (`tensor_parallel_size` > 1, `explorer/tp_engine.py`) is that
+    many processes of the transformers engine, each holding slices of the weights. (Whether
+    the size divides the model's heads is pre-flight's: it reads the model's config.)"""
+    pools = [("rollout_model", cfg.explorer.rollout_model)]
+    pools += [(f"auxiliary_models[{i}]", m) for i, m in enumerate(cfg.explorer.auxiliary_models)]
+    for at, pool in pools:
+        t, key = pool.tensor_parallel_size, f"explorer.{at}.tensor_parallel_size"
+        if t == 1:
+            continue
+        if pool.engine_type == "vllm":
+            yield Problem(
+                key,
+                f"{t}: not built for engine_type vllm (the engine loads synced weights into "
+                "the model in its own process, and vLLM's tensor parallelism runs the model in "
+                "worker processes of its own); use engine_type transformers, or 1",
+            )
+        if at != "rollout_model":  # auxiliary engines are actors in every layout
+            continue
+        if pool.in_explorer_process:
+            yield Problem(
+                key,
+                f"{t}: a tensor-parallel engine is {t} processes, and in_explorer_process "
+                "makes the engines threads of the explorer; remove one of them",
+            )
+        if cfg.cluster.one_process:
+            yield Problem(
+                "cluster.one_process",
+                f"{key} {t}: a tensor-parallel engine's ranks are processes of their own, not "
+                "objects of the run's one process; remove one_process",
+            )
+        if cfg.synchronizer.sync_method == "shared":
+            yield Problem(
+                "synchronizer.sync_method",
+                f"shared: the engines would sample with the trainer's own tensors, and each "
+                f"rank of a tensor-parallel engine ({key} {t}) keeps a copy of its slices; use "
+                "memory, checkpoint or nccl",
+            )
+
+
 # advantage fns that score each sample on its own: a train step may split a task's samples
 _PER_SAMPLE_ADVANTAGES = frozenset(
     {"gae", "ppo", "reinforce", "reinforceplusplus", "on_policy_distill", "none"}

@@ -57,8 +57,12 @@ class InferenceModelConfig(ConfigSection):
     docs/engines.md); None = 'transformers'."""
     engine_num: int = Field(1, ge=1)
     """Number of engine replicas."""
-    tensor_parallel_size: Annotated[int, NotBuilt("tensor-parallel inference")] = Field(1, ge=1)
-    """GPUs per engine replica."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Processes per engine replica, which split each decoder layer between them (tensor
+    parallelism: attention heads, KV heads and the MLP's inner width, each of which it must
+    divide): on GPUs one GPU each (rollout GPUs = engine_num × tensor_parallel_size), on CPUs
+    the replica's cores divided between them. The transformers engine only
+    (docs/scale_out.md); not with in_explorer_process or cluster.one_process."""
     dtype: Dtype = "auto"
     """Weight dtype of the engine."""
     seed: int | None = None

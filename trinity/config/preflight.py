@@ -14,7 +14,8 @@ base config and every stage (problems located under `stages[i].`):
    a dotted path (`my_pkg.mod.Fn`) is imported here, and a failed import is a problem;
 3. every `*_args` key against the parameters of the function or class it is passed to, with the
    accepted names and a did-you-mean (a callee taking `**kwargs` accepts any key);
-4. model folders exist (`tiny://` URLs only have to parse: they are built on first use);
+4. model folders exist (`tiny://` URLs only have to parse: they are built on first use), and a
+   tensor-parallel engine's size divides its model's heads and MLP width;
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
    reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
@@ -145,6 +146,7 @@ def _check_one(
         problems += _operator_problems(cfg)
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
+    problems += [p for p in _tensor_parallel_problems(cfg) if not blocked(skip, p.path)]
     where = "trainer.malloc_mmap_threshold_mb"
     if cfg.trainer.malloc_mmap_threshold_mb is not None and not blocked(skip, where):
         from trinity.common.memory import can_set_mmap_threshold
@@ -512,6 +514,27 @@ def _model_problems(cfg: TrinityConfig) -> list[Problem]:
         for path, value in paths
         if value and value.strip() and (why := model_path_problem(value))
     ]
+
+
+def _tensor_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
+    """Each tensor-parallel engine pool's size divides its model's attention heads, KV heads and
+    MLP intermediate size, where the model's config is at hand (`models.shapes`; an imported
+    GGUF's is not until imported, and the engine checks again when it builds)."""
+    from trinity.models.shapes import divisibility_problem, model_shape
+
+    rm = cfg.explorer.rollout_model
+    pools = [("rollout_model", rm, rm.model_path or cfg.model.model_path)]
+    pools += [
+        (f"auxiliary_models[{i}]", m, m.model_path)
+        for i, m in enumerate(cfg.explorer.auxiliary_models)
+    ]
+    problems = []
+    for at, pool, path in pools:
+        t = pool.tensor_parallel_size
+        shape = model_shape(path) if t > 1 and path else None
+        if shape is not None and (why := divisibility_problem(shape, t)) is not None:
+            problems.append(Problem(f"explorer.{at}.tensor_parallel_size", f"{why} (model {path})"))
+    return problems
 
 
 # --- data ---------------------------------------------------------------------------------------

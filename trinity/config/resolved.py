@@ -79,6 +79,7 @@ class ResolvedConfig:
     sync_method_source: str
     engine_type: str  # rollout engine of explorer.rollout_model
     engine_type_source: str
+    engine_ranks: int  # processes per rollout engine (explorer.rollout_model.tensor_parallel_size)
     trainer_strategy: str  # torch | fsdp2 (fsdp is sharded by FSDP2)
     trainer_strategy_source: str
     trainer_world_size: int  # ranks of the trainer (1 with torch)
@@ -218,6 +219,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         sync_offset=cfg.synchronizer.sync_offset,
         **{key: value for key, (value, _) in chosen.items()},
         **{f"{key}_source": why for key, (_, why) in chosen.items()},
+        engine_ranks=cfg.explorer.rollout_model.tensor_parallel_size,
         trainer_world_size=world,
         trainer_world_size_source=world_source,
         ppo_epochs=cfg.trainer.ppo_epochs,
@@ -328,6 +330,17 @@ def format_batch_table(r: ResolvedConfig) -> str:
         ("explore steps ahead (offset)", str(r.sync_offset), "synchronizer.sync_offset"),
         ("weight sync method", r.sync_method, r.sync_method_source),
         ("rollout engine", r.engine_type, r.engine_type_source),
+        *(
+            [
+                (
+                    "ranks per rollout engine",
+                    str(r.engine_ranks),
+                    "explorer.rollout_model.tensor_parallel_size: tensor-parallel",
+                )
+            ]
+            if r.engine_ranks > 1
+            else []
+        ),
         ("trainer strategy", r.trainer_strategy, r.trainer_strategy_source),
     ]
     label_w = max(len(label) for label, _, _ in rows)

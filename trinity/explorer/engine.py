@@ -44,6 +44,7 @@ from trinity.common.rollout import (
 from trinity.common.startup import StartupMarks
 from trinity.explorer.detokenize import RowTexts
 from trinity.models import load_model, load_tokenizer, offload, resolve_model_path
+from trinity.models.basics import resolve_dtype
 from trinity.models.forward import cache_kwarg
 from trinity.models.loading import load_weights
 from trinity.sync.method import sync_method
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from trinity.explorer import sampling
     from trinity.models import lean_decode as decoders
     from trinity.models import lean_head
+    from trinity.models.tensor_parallel import TensorParallel, TPPlace
 else:
     torch = lazy_module("torch")
     transformers = lazy_module("transformers")
@@ -110,6 +112,7 @@ class HFRolloutEngine:
         trim_when_idle: bool = True,
         lean_decode: bool = True,
         lend_cores: bool = False,
+        tensor_parallel: TPPlace | None = None,
     ) -> None:
         """`trim_when_idle`: give the KV cache's freed heap back to the OS once the engine
         idles (`common.memory.IdleTrim`); False where the process's other user of the heap
@@ -117,7 +120,10 @@ class HFRolloutEngine:
         Llama-layout models with `models.lean_decode.LeanDecoder` (False: the model's own
         forward for every family, `HFDecoder`). `lend_cores`: the engine's threads are a part of
         its process's cores that it lends while idle and that grows by idle parts while it
-        samples (`common.core_shares`; a one-process run whose sides overlap)."""
+        samples (`common.core_shares`; a one-process run whose sides overlap).
+        `tensor_parallel`: this process's rank of a tensor-parallel engine (`tp_engine.py`):
+        it joins the ranks' process group, keeps its slices of the decoder layers
+        (`models.tensor_parallel`) and samples the tokens rank 0 draws."""
         import_now(torch, transformers, sampling, lean_head, decoders)  # before the `imports` mark
 
         self.startup = StartupMarks("engine")  # its process start, its imports done
@@ -125,9 +131,18 @@ class HFRolloutEngine:
         threads = num_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tp: TensorParallel | None = None
+        if tensor_parallel is not None:
+            from trinity.models.tensor_parallel import TensorParallel
+
+            self.tp = TensorParallel.join(tensor_parallel)
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(path, custom_chat_template=custom_chat_template)
-        self.model = load_model(path, dtype=dtype, device=self.device)
+        if self.tp is None:
+            self.model = load_model(path, dtype=dtype, device=self.device)
+        else:  # loaded whole on CPU (in the device's dtype), then its slices go to the device
+            dtype = str(resolve_dtype(dtype, self.device)).removeprefix("torch.")
+            self.model = self.tp.parallelize(load_model(path, dtype=dtype)).to(self.device)
         self.model.requires_grad_(False)
         self.cache_kw = cache_kwarg(self.model)
         self.lean_decode = lean_decode
@@ -317,6 +332,8 @@ class HFRolloutEngine:
                 top_p=params.top_p,
                 uniforms=sampling.keyed_uniforms(row_keys, t) if params.temperature > 0 else None,
             )  # [b]
+            if self.tp is not None:  # every rank goes on with rank 0's draw
+                tok = self.tp.agree(tok)
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             lp = raw.gather(-1, tok[:, None]).squeeze(-1)
             tokens[alive, t], logprobs[alive, t] = tok, lp
@@ -436,7 +453,10 @@ class HFRolloutEngine:
         """Load a name -> tensor dict as weights `version` (tied output embeddings may be absent).
         `take`: keep the tensors as the parameters (`load_weights`; a sync method that hands
         them over), so the engine holds one copy of the weights, not the transport's and its
-        own."""
+        own. A tensor-parallel rank keeps its slices of each split weight
+        (`TensorParallel.shard`)."""
+        if self.tp is not None:
+            tensors = self.tp.shard(self.model, tensors)
         with self._busy():  # the replaced weights' blocks, when they were copied
             load_weights(self.model, tensors, f"weight update v{version}", take=take)
         self.model_version = version

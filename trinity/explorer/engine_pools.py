@@ -5,7 +5,9 @@ processes start, import and load their models while the explorer's process is st
 (on 2 cores that took the explorer's imports off the path to the first rollout); an explorer
 built without them starts them itself, first thing. Rollout engines with
 `explorer.rollout_model.in_explorer_process` are no actors: the explorer builds them on threads
-of its own (`in_explorer_engines`).
+of its own (`in_explorer_engines`). A pool with `tensor_parallel_size` t > 1 is t actors per
+engine in a placement group of its own (`explorer/tp_engine.py`): the handle is rank 0's, and the
+groups are the pools' to remove once the engines are gone (`EnginePools.release`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import ray
 
 from trinity.common.compute import compute_lane
 from trinity.common.placement import on_node
-from trinity.common.resources import Share
+from trinity.common.resources import Share, round_resource
 from trinity.common.rollout import engine_class, pool_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import (
@@ -41,9 +43,19 @@ class EnginePools:
     run in the explorer's process: it builds them)."""
     auxiliary: dict[int, list[Any]] = field(default_factory=dict)
     """`explorer.auxiliary_models` position -> its engines (served models only, never trained)."""
+    groups: list[Any] = field(default_factory=list)
+    """The placement groups of tensor-parallel engines, one per engine."""
 
     def all(self) -> list[Any]:
         return [*self.rollout, *(e for pool in self.auxiliary.values() for e in pool)]
+
+    def release(self) -> None:
+        """Free the tensor-parallel engines' placement groups (once their actors are killed)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups:
+            remove_placement_group(group)
+        self.groups = []
 
 
 def start_engine_pools(
@@ -55,10 +67,12 @@ def start_engine_pools(
     Ray places it), the auxiliary engines numbered after the rollout engines."""
     rm, nodes = cfg.explorer.rollout_model, list(nodes or [])
     share = share or Share(0, 0, os.cpu_count() or 1)
+    groups: list[Any] = []
     rollout = (
         []
         if engines_in_explorer(cfg)
         else _spawn(
+            groups,
             resolve(cfg).engine_type,  # unset: best available
             rm,
             model_path,
@@ -77,6 +91,7 @@ def start_engine_pools(
         aux = cfg.explorer.auxiliary_models[i]
         seed = seeds.auxiliary_seed(cfg, i)
         auxiliary[i] = _spawn(
+            groups,
             aux.engine_type or BEST_ENGINE[0],
             aux,
             seeds.model_path(cfg, aux.model_path),
@@ -88,7 +103,7 @@ def start_engine_pools(
             chat_template=None,  # its own tokenizer's template
         )
         first += aux.engine_num
-    return EnginePools(rollout, auxiliary)
+    return EnginePools(rollout, auxiliary, groups)
 
 
 def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[InThread]:
@@ -154,6 +169,7 @@ def _engine_kwargs(
 
 
 def _spawn(
+    groups: list[Any],
     engine_type: str,
     pool: Any,
     model_path: str,
@@ -167,13 +183,25 @@ def _spawn(
 ) -> list[Any]:
     """One engine actor per seed in `replica_seeds` for the pool `pool` (an
     `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
-    `share`, with the pool's own `num_threads` if set. `colocated`: the engines will sleep
-    (`common.turns`); an engine that must know it when built names the keyword that says so
-    (`sleep_kwarg`: vLLM's `enable_sleep_mode`)."""
+    `share`, with the pool's own `num_threads` if set. A tensor-parallel pool's engines are
+    `_tensor_parallel` ones, their placement groups appended to `groups`. `colocated`: the
+    engines will sleep (`common.turns`); an engine that must know it when built names the
+    keyword that says so (`sleep_kwarg`: vLLM's `enable_sleep_mode`)."""
     engine_cls = engine_class(engine_type)
     kwargs = _engine_kwargs(engine_cls, pool, share, max_model_len, chat_template)
     if colocated and getattr(engine_cls, "sleep_kwarg", None):
         kwargs[engine_cls.sleep_kwarg] = True
+    if pool.tensor_parallel_size > 1:
+        if (
+            engine_type != "transformers"
+        ):  # the config refuses it: `checks._tensor_parallel_engines`
+            raise ValueError(f"tensor_parallel_size: not built for engine_type {engine_type}")
+        return [
+            _tensor_parallel(
+                groups, pool, model_path, seed, share, on_node(nodes, first + r), kwargs
+            )
+            for r, seed in enumerate(replica_seeds)
+        ]
     actor_cls = ray.remote(engine_cls)
     return [
         actor_cls.options(
@@ -184,3 +212,55 @@ def _spawn(
         ).remote(model_path, seed=seed, **kwargs)
         for r, seed in enumerate(replica_seeds)
     ]
+
+
+def _tensor_parallel(
+    groups: list[Any],
+    pool: Any,
+    model_path: str,
+    seed: int,
+    share: Share,
+    pinned: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A tensor-parallel engine (`explorer/tp_engine.py`): a placement group of t bundles, each
+    a t-th of `share`'s CPUs and its GPUs (a rank's, `common.resources`; a token 0.01 CPU where
+    the share reserves none: a bundle cannot be empty), packed on one node (on the node `pinned` names, if any, where all
+    t must fit: its ranks meet in every layer); rank 0 in bundle 0 starts the others. The
+    engine's threads are divided between its ranks. Returns rank 0's handle."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from trinity.explorer.tp_engine import TensorParallelEngine
+
+    t = pool.tensor_parallel_size
+    cpus, gpus = round_resource(share.num_cpus / t), share.num_gpus  # a GPU is each rank's
+    bundle = {"CPU": max(cpus, 0.01), **({"GPU": gpus} if gpus else {})}
+    target = getattr(pinned.get("scheduling_strategy"), "node_id", None)
+    group = placement_group(
+        [dict(bundle) for _ in range(t)],
+        strategy="STRICT_PACK" if target else "PACK",
+        _soft_target_node_id=target,
+    )
+    groups.append(group)
+    per_rank = {**kwargs, "num_threads": max(1, kwargs["num_threads"] // t)}
+    return (
+        ray.remote(TensorParallelEngine)
+        .options(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_restarts=pool.max_restarts,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=0
+            ),
+        )
+        .remote(
+            model_path,
+            tensor_parallel_size=t,
+            placement_group=group,
+            rank_cpus=cpus,
+            rank_gpus=gpus,
+            seed=seed,
+            **per_rank,
+        )
+    )

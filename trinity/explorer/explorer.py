@@ -117,6 +117,7 @@ class Explorer:
         )
         # explorer.auxiliary_models (served ones) by position: engines never trained
         self.aux_engines: dict[int, list[Any]] = pools.auxiliary
+        self.own_pools = pools if engines is None else None  # released at shutdown
         self.auxiliary: AuxiliaryModels | None = None  # their clients, after `prepare`
         self.aux_endpoints: list[EndpointServer] = []
         self.model_path = resolve_model_path(model_path)
@@ -906,6 +907,8 @@ class Explorer:
             else:
                 ray.kill(e)
         self.engines, self.aux_engines = [], {}
+        if self.own_pools is not None:  # tensor-parallel engines' placement groups
+            self.own_pools.release()
 
 
 def finish_experiences(

@@ -82,9 +82,11 @@ def resource_plan(
     have = _settled_resources(split) if ray.is_initialized() else local_resources()
     rm = cfg.explorer.rollout_model
     engines = engine_count(cfg) if has_engines else 0
+    ranks = engine_ranks(cfg)[:engines]  # each engine's processes (tensor_parallel_size)
     if nodes:
         have = node_resources(nodes)
         engines = len(range(0, engines, len(nodes)))  # those on the first node
+        ranks = ranks[:: len(nodes)]
     cpus, note = have.get("CPU", 0.0), ""
     if split and run_shares is not None:
         role = process_role(cfg)
@@ -107,6 +109,8 @@ def resource_plan(
         trainer_threads=cfg.trainer.num_threads,
         engine_threads=rm.num_threads,
         reserve_cpus=not split,
+        engine_ranks=sum(ranks),
+        tensor_parallel=rm.tensor_parallel_size,
     )
     return dataclasses.replace(plan, run_share=note)
 
@@ -117,6 +121,16 @@ def engine_count(cfg: Any) -> int:
     from trinity.explorer.auxiliary import auxiliary_engines
 
     return cfg.explorer.rollout_model.engine_num + auxiliary_engines(cfg)
+
+
+def engine_ranks(cfg: Any) -> list[int]:
+    """The processes of each of the explorer's engines, in `engine_count`'s order (the rollout
+    engines, then the served auxiliary models'): its pool's `tensor_parallel_size`."""
+    from trinity.explorer.auxiliary import served_auxiliary
+
+    pools = [cfg.explorer.rollout_model]
+    pools += [cfg.explorer.auxiliary_models[i] for i in served_auxiliary(cfg)]
+    return [p.tensor_parallel_size for p in pools for _ in range(p.engine_num)]
 
 
 def local_resources() -> dict[str, float]:

@@ -264,6 +264,11 @@ def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
         return f"the run spreads over {cfg.cluster.node_num} nodes"
     if cfg.trainer.trainer_strategy in ("fsdp", "fsdp2"):
         return f"trainer.trainer_strategy {cfg.trainer.trainer_strategy}: its ranks are processes"
+    if rm.tensor_parallel_size > 1:
+        return (
+            f"explorer.rollout_model.tensor_parallel_size {rm.tensor_parallel_size}: an "
+            "engine's ranks are processes"
+        )
     if cfg.cluster.gpu_per_node or (cfg.cluster.gpu_per_node is None and gpus_here):
         return "the run has GPUs (one process is built for CPUs)"
     if cfg.synchronizer.sync_method == "nccl":

@@ -71,6 +71,7 @@ class StageParts:
     def __init__(self, stage: StagePlan, ctx: RunContext) -> None:
         self.stage, self.ctx = stage, ctx
         self.actors: list[Any] = []  # this process's own: killed at the end of the stage
+        self.pools: list[Any] = []  # engine pools: their placement groups, freed after that
         self.in_host: list[str] = []  # objects of the run's ServiceHost: removed at the end
         self.attached: list[Any] = []  # shared with other processes of the run: detached
         self.joined_live_run = False  # the first shared actor had users already
@@ -120,6 +121,8 @@ class StageParts:
                 "killed[/]",
                 soft_wrap=True,
             )
+        for pools in self.pools:  # tensor-parallel engines' placement groups
+            pools.release()
         # a dead host took its services with it (and the stage's own error is the one to raise)
         with contextlib.suppress(ray.exceptions.RayActorError):
             refs.get([self.ctx.host.remove.remote(n) for n in self.in_host])
@@ -298,6 +301,7 @@ def _start_parts(
         # process imports (`explorer.engine_pools`)
         pools = start_engine_pools(cfg, model_path, plan.engine, ctx.nodes)
         parts.actors.extend(pools.all())
+        parts.pools.append(pools)
         shares = ctx.run_shares if stage.mode == "explore" else None
         explorer = parts.start(
             Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, ctx.hub,

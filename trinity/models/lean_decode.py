@@ -29,6 +29,10 @@ residuals added by the matmuls), which is faster than the modules even with the 
 refresh after each weight update (docs/benchmarks.md, "Fewer ops between the decode step's
 matmuls"). The prefill always runs through the model's own modules.
 
+A model split over tensor-parallel ranks (`models.tensor_parallel`) takes the same path through
+its modules, whose hooks do the all-reduces: the cache holds this rank's KV heads, and the decode
+steps never use packed weights (a pack of split weights would skip the hooks).
+
 `lean_support(model)` says why a model must take the portable path (None when it need not): an
 unknown family, a sliding window, a missing submodule, or hooks that move weights at call time.
 """
@@ -44,6 +48,7 @@ from torch.nn import functional as F
 
 from trinity.models import packed_weights
 from trinity.models.packed_weights import PackedModel
+from trinity.models.tensor_parallel import local_rows
 
 LEAN_FAMILIES = frozenset({"llama", "qwen2", "qwen3"})  # `config.model_type` of the Llama layout
 GROW = 128  # tokens the lean KV cache grows by when a step needs room past its capacity
@@ -288,9 +293,9 @@ class LeanDecoder:
     def prefill(self, input_ids: Tensor, attention: Tensor, positions: Tensor, n: int) -> Tensor:
         rows, width = input_ids.shape
         dtype, device = self.backbone.embed_tokens.weight.dtype, input_ids.device
-        cfg = self.model.config
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = self.layers[0].self_attn.head_dim
+        attn = self.layers[0].self_attn
+        head_dim = attn.head_dim
+        kv_heads = local_rows(attn.k_proj) // head_dim  # this rank's, under tensor parallelism
         cap = width + min(self.room, GROW)
         self.keys = [
             torch.zeros(rows, kv_heads, cap, head_dim, dtype=dtype, device=device)

@@ -47,11 +47,15 @@ def adapter_key(module: str, which: str) -> str:
 
 def merged_weight(w0: Any, a: Any, b: Any, scaling: float) -> Any:
     """W0 + scaling · B·A, computed in float32 and returned in W0's dtype and device.
-    w0: [out, in], a: [r, in], b: [out, r]."""
+    w0: [out, in], a: [r, in], b: [out, r]. A W0 split over tensor-parallel ranks (a DTensor,
+    `models.tensor_parallel`) gets this rank's slices of scaling · B·A."""
     import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
     with torch.no_grad():
         delta = b.to(w0.device, torch.float32) @ a.to(w0.device, torch.float32)  # [out, in]
+        if isinstance(w0, DTensor):
+            delta = distribute_tensor(delta, w0.device_mesh, w0.placements, src_data_rank=None)
         return (w0.float() + scaling * delta).to(w0.dtype)
 
 

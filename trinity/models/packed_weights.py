@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 # pack only models whose packed copy stays under this: the copy is the memory price of the gain
 MAX_PACKED_BYTES = 512 * 1024**2
@@ -179,9 +180,12 @@ def _stamp(t: Tensor | None) -> tuple[int, int]:
 
 def packable(model: Any) -> bool:
     """Whether `model` (a layout `LeanDecoder` serves) decodes from packed weights: on CPU, with
-    plain `nn.Linear` projections, and a packed copy of at most `MAX_PACKED_BYTES`."""
+    plain `nn.Linear` projections of whole weights (not split over tensor-parallel ranks: their
+    modules' hooks do the collectives), and a packed copy of at most `MAX_PACKED_BYTES`."""
     mods = _sources(model)
     if not all(isinstance(m, torch.nn.Linear) for m in mods):
+        return False
+    if any(isinstance(m.weight, DTensor) for m in mods):
         return False
     if mods[0].weight.device.type != "cpu":
         return False

@@ -23,7 +23,6 @@ memory, no read) and receive their shards from rank 0's full weights
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,35 +37,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from trinity.common import process_group
+from trinity.common.process_group import free_address as free_address  # the trainer ranks' import
 from trinity.trainer.parallel import Ranks
-
-
-def free_address() -> tuple[str, int]:
-    """This node's address and a free TCP port: where rank 0's process group rendezvous."""
-    import ray
-
-    host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return host, int(s.getsockname()[1])
 
 
 def init_process_group(ranks: Ranks, address: tuple[str, int], timeout_s: float = 600.0) -> str:
     """Join the trainer's process group (gloo on CPU, NCCL on CUDA); returns the device."""
-    from datetime import timedelta
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(0)  # Ray gives each rank actor its own GPU as device 0
-    host, port = address
-    dist.init_process_group(
-        "nccl" if device == "cuda" else "gloo",
-        init_method=f"tcp://{host}:{port}",
-        rank=ranks.rank,
-        world_size=ranks.world,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    return device
+    return process_group.init_process_group(ranks.rank, ranks.world, address, timeout_s)
 
 
 class PassRoot(torch.nn.Module):
