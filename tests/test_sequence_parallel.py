@@ -139,3 +139,109 @@ def test_a_model_whose_heads_do_not_split_is_refused_by_name(tiny_model_dir):
         r"and key/value heads \(1\)",
     ):
         use_sequence_parallel(model, Ranks(0, 2, 2))
+
+
+# -- the trainer: sp ranks make the updates of one process ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="sp")
+    yield
+    ray.shutdown()
+
+
+def sp_experiences(vocab: int) -> list:
+    """test_trainer's first 5 experiences (odd lengths: 2-5 prompt and 1-6 response tokens),
+    the last replaced by a 9-token prompt with a 1-token response: alone in its micro-batch
+    (2 rows each), its 9 columns split 5 + 5 (padded), its one response token predicted from
+    column 8, so the first rank's slice holds no response token at all."""
+    import dataclasses
+
+    from tests.test_trainer import experiences
+
+    exps = experiences(vocab)[:5]
+    g = torch.Generator().manual_seed(1)
+    exps[4] = dataclasses.replace(
+        exps[4], tokens=torch.randint(3, vocab, (10,), generator=g), prompt_length=9,
+        logprobs=-torch.rand(1, generator=g), action_mask=None,
+    )  # fmt: skip
+    return exps
+
+
+SP_FIXED = {
+    "micro_batch_size_per_gpu": 2,
+    "use_dynamic_bsz": "false",
+    "trainer_strategy": "fsdp2",
+    "ulysses_sequence_parallel_size": 2,
+}
+SP_CASES = {
+    # world 2, sp 2 (one data-parallel group): GRPO with a k3 KL loss (a sequence-parallel
+    # reference model too), 3 micro-batches, the last with nothing on rank 0's slice
+    "world2_grpo_kl": (2, "grpo", {**SP_FIXED, "world_size": 2}),
+    # world 4, sp 2: two data-parallel groups (3 and 2 rows), token-packed micro-batches,
+    # seq-mean aggregation over whole-batch counts
+    "world4_token_budget_seq_mean": (
+        4,
+        "grpo",
+        {
+            **SP_FIXED,
+            "world_size": 4,
+            "use_dynamic_bsz": "true",
+            "max_token_len_per_gpu": 8,
+            "agg": "seq-mean-token-mean",
+        },
+    ),
+    # PPO: a sequence-parallel critic, its values and its update
+    "world2_ppo_critic": (2, "ppo", {**SP_FIXED, "world_size": 2, "algo": "kl_loss_fn: none"}),
+    # activation checkpointing recomputes the all-to-alls in backward; the lean LM head
+    "world2_checkpointing_lean_head": (
+        2,
+        "grpo",
+        {
+            **SP_FIXED,
+            "world_size": 2,
+            "enable_gradient_checkpointing": "true",
+            "lean_lm_head": "true",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c if c == "world2_grpo_kl" else pytest.param(c, marks=pytest.mark.slow) for c in SP_CASES],
+)
+def test_sequence_parallel_ranks_make_the_updates_of_one_process(
+    tmp_path, tiny_model_dir, ray_instance, case
+):
+    """Gradients of the first step within 1e-6 of one process's, parameters after 3 steps
+    within 1e-4, the same losses."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_fsdp import _full_grads, config, on_ranks, one_process_run, sharded, weights
+
+    world, algorithm_type, kw = SP_CASES[case]
+    cfg = config(tmp_path, tiny_model_dir, algorithm_type, **kw)
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    exps = sp_experiences(vocab)
+    single, m1, g1 = one_process_run(cfg, tiny_model_dir, exps, 3)
+    st = sharded(cfg, tiny_model_dir, world)
+    m2 = [st.train_step(copy.deepcopy(exps))]
+    g2 = on_ranks(st, _full_grads)
+    m2 += [st.train_step(copy.deepcopy(exps)) for _ in range(2)]
+    assert set(g2) == set(g1)
+    for n in g1:
+        torch.testing.assert_close(g2[n], g1[n], rtol=0, atol=1e-6, msg=n)
+    w2, w1 = weights(st), single.model.state_dict()
+    for n, t in w2.items():
+        torch.testing.assert_close(t, w1[n], rtol=0, atol=1e-4)
+    for a, b in zip(m1, m2, strict=True):
+        for k in ("train/loss", "train/pg_loss", "train/kl_loss", "critic/vf_loss"):
+            if k in a:
+                assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    st.close()
