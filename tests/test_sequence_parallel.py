@@ -245,3 +245,16 @@ def test_sequence_parallel_ranks_make_the_updates_of_one_process(
             if k in a:
                 assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     st.close()
+
+
+@pytest.mark.slow  # a whole run on 2 ranks
+def test_trinity_run_trains_with_sequence_parallelism(tmp_path, tiny_model_dir):
+    """`trinity run` (mode both) with 2 ranks per sequence: the plan names the groups and every
+    step trains."""
+    from tests.test_fsdp import fsdp_run, trained_steps
+
+    out, run_dir = fsdp_run(tmp_path, tiny_model_dir, "trainer.ulysses_sequence_parallel_size=2")
+    groups = "(1 data-parallel group of 2 ranks, each sequence split over a group)"
+    assert f"trainer: fsdp2 over 2 ranks {groups}: rank 0" in out
+    assert "ranks per sequence 2 (trainer.ulysses_sequence_parallel_size" in out
+    assert trained_steps(run_dir) == [1, 2, 3]

@@ -159,7 +159,9 @@ class ShardedTrainer:
             f"rank {p['rank']} on node {p['node'][:12]} ({p['device']}, {p['threads']} threads)"
             for p in self.placed
         )
-        sp = f" ({self.world // self.sp} data-parallel groups of {self.sp})" if self.sp > 1 else ""
+        dp = self.world // self.sp
+        groups = f"{dp} data-parallel group{'s' if dp > 1 else ''} of {self.sp} ranks"
+        sp = f" ({groups}, each sequence split over a group)" if self.sp > 1 else ""
         return f"trainer: fsdp2 over {self.world} ranks{sp}: {ranks}"
 
     # 3.
