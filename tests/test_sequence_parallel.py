@@ -38,17 +38,32 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, k, v, torch.randn(B, T, HEADS, D, generator=g)
 
 
-def _one_process(q, k, v, up):
-    """The whole sequence's causal attention written out (no transformers code):
-    softmax(q k^T / sqrt(D) + causal) v with each key/value head shared by 2 query heads;
-    (output [B, T, HEADS, D], gradients of q, k, v under the upstream gradient `up`)."""
+def _one_process(q, k, v, up, inner: str):
+    """One process's attention on the whole sequence, as a transformers model runs it: the
+    `inner` attention function on q, k, v with the model's causal mask for the whole sequence
+    (sdpa: none, its causal kernel; eager: transformers' additive mask); (output [B, T, HEADS,
+    D], gradients of q, k, v under the upstream gradient `up`)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
+
+    module = _attention_module()
+    module.config._attn_implementation = inner
+    mask = create_causal_mask(module.config, torch.empty(B, T, 1), None, None)
+    fn = eager_attention_forward if inner == "eager" else AttentionInterface._global_mapping[inner]
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, _ = fn(module, q, k, v, mask, dropout=0.0, scaling=D**-0.5)
+    (out * up).sum().backward()
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _written_out(q, k, v):
+    """The causal attention written out, as an oracle of the one-process reference:
+    softmax(q k^T / sqrt(D) + causal) v, each key/value head shared by 2 query heads."""
     kk, vv = (t.repeat_interleave(HEADS // KV, dim=1) for t in (k, v))
     scores = q @ kk.transpose(-1, -2) / D**0.5
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    out = (scores.softmax(-1) @ vv).transpose(1, 2)  # [B, T, HEADS, D]
-    (out * up).sum().backward()
-    return out.detach(), q.grad, k.grad, v.grad
+    return (scores.softmax(-1) @ vv).transpose(1, 2)  # [B, T, HEADS, D]
 
 
 def _attention_rank(rank: int, world: int, store: str, inner: str, queue: Any) -> None:
@@ -90,7 +105,8 @@ def test_ulysses_attention_equals_one_process_forward_and_backward(tmp_path, inn
     results = sorted((queue.get() for _ in range(2)), key=lambda r: r[0])
     while not procs.join():
         pass
-    out, dq, dk, dv = _one_process(*_inputs())
+    out, dq, dk, dv = _one_process(*_inputs(), inner)
+    torch.testing.assert_close(out, _written_out(*_inputs()[:3]), rtol=0, atol=1e-5)
     for rank, *arrays in results:
         r_out, r_dq, r_dk, r_dv = (torch.from_numpy(a) for a in arrays)
         cut = slice(rank * T // 2, (rank + 1) * T // 2)
