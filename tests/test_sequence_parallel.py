@@ -274,3 +274,42 @@ def test_trinity_run_trains_with_sequence_parallelism(tmp_path, tiny_model_dir):
     assert f"trainer: fsdp2 over 2 ranks {groups}: rank 0" in out
     assert "ranks per sequence 2 (trainer.ulysses_sequence_parallel_size" in out
     assert trained_steps(run_dir) == [1, 2, 3]
+
+
+@pytest.mark.slow  # 2 ranks and one process, 2 steps each
+def test_a_lora_adapter_trained_with_sequence_parallelism_is_one_process_s(
+    tmp_path, tiny_model_dir, ray_instance
+):
+    """LoRA (the reference: the adapter switched off) on 2 ranks per sequence: the adapter
+    after 2 steps equals one process's within 1e-5."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_fsdp import sharded
+    from tests.test_lora import lora_config
+    from trinity.config import load_config
+    from trinity.sync.method import sync_method
+    from trinity.trainer.trainer import Trainer
+
+    lora_config(tmp_path, tiny_model_dir)
+    path = tmp_path / "cfg.yaml"
+    sp = "trainer_strategy: fsdp2, world_size: 2, ulysses_sequence_parallel_size: 2"
+    path.write_text(
+        path.read_text().replace(
+            "micro_batch_size_per_gpu: 6", f"{sp}, micro_batch_size_per_gpu: 2"
+        )
+    )
+    cfg = load_config(path)
+    exps = sp_experiences(AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size)
+    one = Trainer(cfg, str(tiny_model_dir), total_steps=10)
+    st = sharded(cfg, tiny_model_dir)
+    for _ in range(2):
+        one.train_step(copy.deepcopy(exps))
+        st.train_step(copy.deepcopy(exps))
+    got = sync_method("memory").receive(st.publish("memory", 2, None)[1])
+    st.close()
+    want = one.sync_state()
+    assert set(got) == set(want)
+    for k, t in want.items():
+        torch.testing.assert_close(got[k], t, rtol=0, atol=1e-5)
