@@ -4,13 +4,18 @@ backward; ranks' coordinates; models that cannot be split are refused by name.""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
+import ray.cloudpickle
 import torch
 import torch.multiprocessing as mp
 
 from trinity.trainer.parallel import Ranks
+
+# the probes below run inside the rank actors, which cannot import this module
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # tiny GQA attention: 4 query heads over 2 key/value heads, head dim 8, 10 positions (5 a rank)
 B, HEADS, KV, D, T = 2, 4, 2, 8, 10
@@ -94,17 +99,16 @@ def _attention_rank(rank: int, world: int, store: str, inner: str, queue: Any) -
 def test_ulysses_attention_equals_one_process_forward_and_backward(tmp_path, inner):
     """Each rank's output slice and its slices' gradients of q, k, v equal one process's on
     the whole sequence within 1e-6 (fp32): the all-to-alls only move data."""
+    # each rank's few KB fit the pipe: the ranks exit before they are read, and a rank that
+    # fails raises here (join) instead of leaving the test waiting for its results
     queue = mp.get_context("spawn").SimpleQueue()
-    procs = mp.start_processes(
+    mp.start_processes(
         _attention_rank,
         args=(2, str(tmp_path / "store"), inner, queue),
         nprocs=2,
-        join=False,
         start_method="spawn",
     )
     results = sorted((queue.get() for _ in range(2)), key=lambda r: r[0])
-    while not procs.join():
-        pass
     out, dq, dk, dv = _one_process(*_inputs(), inner)
     torch.testing.assert_close(out, _written_out(*_inputs()[:3]), rtol=0, atol=1e-5)
     for rank, *arrays in results:
@@ -226,6 +230,12 @@ SP_CASES = {
 }
 
 
+def _sequence_place(rank) -> tuple[int, int, str]:
+    """A rank actor's (data-parallel group, place in its sequence-parallel group, attention)."""
+    t = rank.trainer
+    return t.ranks.dp_rank, t.ranks.sp_rank, t.model.config._attn_implementation
+
+
 @pytest.mark.parametrize(
     "case",
     [c if c == "world2_grpo_kl" else pytest.param(c, marks=pytest.mark.slow) for c in SP_CASES],
@@ -247,6 +257,9 @@ def test_sequence_parallel_ranks_make_the_updates_of_one_process(
     exps = sp_experiences(vocab)
     single, m1, g1 = one_process_run(cfg, tiny_model_dir, exps, 3)
     st = sharded(cfg, tiny_model_dir, world)
+    # every rank splits its sequences: its place in a group of 2, its attention the wrapper
+    placed = [ray.get(r.__ray_call__.remote(_sequence_place)) for r in st.ranks]
+    assert placed == [(r // 2, r % 2, "trinity_ulysses_sdpa") for r in range(world)]
     m2 = [st.train_step(copy.deepcopy(exps))]
     g2 = on_ranks(st, _full_grads)
     m2 += [st.train_step(copy.deepcopy(exps)) for _ in range(2)]
