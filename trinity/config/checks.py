@@ -14,7 +14,12 @@ from numbers import Real
 from typing import Any
 
 from trinity.config.problems import Problem
-from trinity.config.resolved import mixed_rows, samples_per_task
+from trinity.config.resolved import (
+    mixed_rows,
+    samples_per_task,
+    trainer_strategy,
+    trainer_world_size,
+)
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
@@ -373,9 +378,10 @@ def _colocation_is_one_device(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("trainer", "cluster.one_process", "synchronizer.sync_method", "algorithm.optimizer")
 def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
-    """A sharded trainer (`trainer_strategy: fsdp2`) is `world_size` processes of its own."""
+    """A sharded trainer (`trainer_strategy: fsdp2`, or unset with sequence parallelism) is
+    `world_size` processes of its own."""
     t = cfg.trainer
-    sharded = t.trainer_strategy in ("fsdp", "fsdp2")
+    sharded = trainer_strategy(cfg)[0] == "fsdp2"
     if not sharded:
         if (t.world_size or 1) > 1:
             yield Problem(
@@ -386,25 +392,54 @@ def _sharded_trainer_is_processes(cfg: TrinityConfig) -> Iterator[Problem]:
         return
     if cfg.mode in ("explore", "bench", "serve"):
         return
+    what = f"trainer.trainer_strategy {t.trainer_strategy}"
+    if t.trainer_strategy is None:
+        what = f"trainer.ulysses_sequence_parallel_size {t.ulysses_sequence_parallel_size}"
     if cfg.cluster.one_process:
         yield Problem(
             "cluster.one_process",
-            f"trainer.trainer_strategy {t.trainer_strategy}: the trainer's ranks are processes "
+            f"{what}: the trainer's ranks are processes "
             "of their own, not objects of the run's one process; remove one_process",
         )
     if cfg.synchronizer.sync_method == "shared":
         yield Problem(
             "synchronizer.sync_method",
-            f"trainer.trainer_strategy {t.trainer_strategy}: shared maps the trainer's own "
+            f"{what}: shared maps the trainer's own "
             "tensors into the engines, and a sharded trainer holds only shards; use memory, "
             "checkpoint or nccl",
         )
     if cfg.algorithm.optimizer.state_dtype == "bfloat16":
         yield Problem(
             "algorithm.optimizer.state_dtype",
-            f"not built yet with trainer.trainer_strategy {t.trainer_strategy}: bf16 moments "
+            f"not built yet with {what}: bf16 moments "
             "with stochastic rounding on sharded parameters; use float32 (sharding already "
             "divides the moments' memory by the ranks)",
+        )
+
+
+@_check("trainer", "cluster", "explorer.rollout_model", "mode")
+def _sequence_parallel_fits(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`ulysses_sequence_parallel_size` ranks split each sequence: a sharded trainer whose
+    world they divide into data-parallel groups (the model's heads: pre-flight)."""
+    t, key = cfg.trainer, "trainer.ulysses_sequence_parallel_size"
+    sp = t.ulysses_sequence_parallel_size
+    if sp == 1:
+        return
+    strategy, _ = trainer_strategy(cfg)
+    if strategy != "fsdp2":
+        yield Problem(
+            key,
+            f"{sp} ranks per sequence need a sharded trainer: set trainer.trainer_strategy: "
+            f"fsdp2 (trainer_strategy {t.trainer_strategy} is one process)",
+        )
+        return
+    world, source = trainer_world_size(cfg, strategy)
+    if world % sp:
+        yield Problem(
+            key,
+            f"{sp} must divide trainer.world_size {world} ({source}): the ranks form "
+            f"world_size / {sp} data-parallel groups of {sp} ranks, each a slice of every "
+            "sequence",
         )
 
 

@@ -14,8 +14,9 @@ base config and every stage (problems located under `stages[i].`):
    a dotted path (`my_pkg.mod.Fn`) is imported here, and a failed import is a problem;
 3. every `*_args` key against the parameters of the function or class it is passed to, with the
    accepted names and a did-you-mean (a callee taking `**kwargs` accepts any key);
-4. model folders exist (`tiny://` URLs only have to parse: they are built on first use), and a
-   tensor-parallel engine's size divides its model's heads and MLP width;
+4. model folders exist (`tiny://` URLs only have to parse: they are built on first use), a
+   tensor-parallel engine's size divides its model's heads and MLP width, and with sequence
+   parallelism the trained models' heads split over its ranks;
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
    reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
@@ -147,6 +148,8 @@ def _check_one(
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     problems += [p for p in _tensor_parallel_problems(cfg) if not blocked(skip, p.path)]
+    if not blocked(skip, "trainer", "model", "algorithm.algorithm_type"):
+        problems += _sequence_parallel_problems(cfg)
     where = "trainer.malloc_mmap_threshold_mb"
     if cfg.trainer.malloc_mmap_threshold_mb is not None and not blocked(skip, where):
         from trinity.common.memory import can_set_mmap_threshold
@@ -535,6 +538,29 @@ def _tensor_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
         if shape is not None and (why := divisibility_problem(shape, t)) is not None:
             problems.append(Problem(f"explorer.{at}.tensor_parallel_size", f"{why} (model {path})"))
     return problems
+
+
+def _sequence_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
+    """The trained models' attention and key/value heads divide over
+    `trainer.ulysses_sequence_parallel_size` ranks (where they can be read without building
+    the model: a `tiny://` preset or a folder's config.json; the trainer checks the rest)."""
+    from trinity.algorithm.algorithms import known_algorithm
+    from trinity.models.loading import attention_heads
+    from trinity.trainer.sequence_parallel import KEY, heads_problem
+
+    sp = cfg.trainer.ulysses_sequence_parallel_size
+    if sp == 1:
+        return []
+    paths = {cfg.model.model_path: "model.model_path"}
+    spec = known_algorithm(cfg.algorithm.algorithm_type)
+    if spec is not None and spec.use_critic and cfg.model.critic_model_path:
+        paths.setdefault(cfg.model.critic_model_path, "model.critic_model_path")
+    found = []
+    for path, where in paths.items():
+        heads = attention_heads(path) if path and path.strip() else None
+        if heads is not None and (why := heads_problem(*heads, sp)):
+            found.append(Problem(KEY, f"{why} ({where} {path})"))
+    return found
 
 
 # --- data ---------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class ResolvedConfig:
     trainer_strategy_source: str
     trainer_world_size: int  # ranks of the trainer (1 with torch)
     trainer_world_size_source: str
+    sequence_parallel_size: int  # ranks one sequence is split over (1: none)
     ppo_epochs: int  # passes over each train batch
     ppo_mini_batch_size: int | None  # experiences per optimizer update; None = whole batch
     grad_clip: float  # max global gradient norm
@@ -143,7 +144,6 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     """Derive the run directory, batch numbers and sync settings of `cfg` (pure function)."""
     engine = cfg.explorer.rollout_model.engine_type
     sync = cfg.synchronizer.sync_method
-    strategy = cfg.trainer.trainer_strategy
     best_sync = BEST_SYNC_SPLIT if cfg.mode in ("explore", "train") else BEST_SYNC
     sc = cfg.synchronizer
     lockstep = sc.sync_style == "fixed" and sc.sync_interval == 1 and sc.sync_offset == 0
@@ -154,7 +154,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     chosen = {
         "engine_type": (engine, "explorer.rollout_model.engine_type") if engine else BEST_ENGINE,
         "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,
-        "trainer_strategy": (strategy, "trainer.trainer_strategy") if strategy else BEST_STRATEGY,
+        "trainer_strategy": trainer_strategy(cfg),
     }
     if sync in ("nccl", "shared") and cfg.mode != "both":
         chosen["sync_method"] = (
@@ -186,13 +186,9 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
     elif save is None:
         save_source = "unset: a tenth of the steps planned at run time"
     clip = cfg.trainer.grad_clip
-    if chosen["trainer_strategy"][0] == "fsdp":
-        chosen["trainer_strategy"] = (
-            "fsdp2",
-            "trainer.trainer_strategy fsdp (verl's FSDP1): sharded by FSDP2 here, the same "
-            "parameter sharding with PyTorch's current API",
-        )
     world, world_source = trainer_world_size(cfg, chosen["trainer_strategy"][0])
+    sp = cfg.trainer.ulysses_sequence_parallel_size
+    groups = max(world // sp, 1)  # data-parallel groups: the ways the rows are split
     return ResolvedConfig(
         run_dir=f"{cfg.checkpoint_root_dir.rstrip('/')}/{cfg.project}/{cfg.name}",
         mode=cfg.mode,
@@ -210,7 +206,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         expert_rows_source=experts_source,
         grad_accum_steps=None
         if dynamic
-        else math.ceil(math.ceil((train_batch + experts) / world) / micro),
+        else math.ceil(math.ceil((train_batch + experts) / groups) / micro),
         total_steps=total,
         total_steps_source=total_source,
         save_interval=save,
@@ -222,6 +218,7 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         engine_ranks=cfg.explorer.rollout_model.tensor_parallel_size,
         trainer_world_size=world,
         trainer_world_size_source=world_source,
+        sequence_parallel_size=sp,
         ppo_epochs=cfg.trainer.ppo_epochs,
         ppo_mini_batch_size=cfg.trainer.ppo_mini_batch_size,
         grad_clip=clip if clip is not None else cfg.algorithm.optimizer.clip_grad,
@@ -255,6 +252,26 @@ def mixed_rows(cfg: TrinityConfig, written: int, derived: bool) -> tuple[int, in
     return written - experts, experts, f"{why} from auxiliary_buffers.{source}"
 
 
+def trainer_strategy(cfg: TrinityConfig) -> tuple[str, str]:
+    """The trainer strategy (torch or fsdp2) and why: the key's value (fsdp, verl's FSDP1, is
+    sharded by FSDP2); unset, fsdp2 where `trainer.ulysses_sequence_parallel_size` > 1 asks for
+    ranks (Trinity-RFT's trainer is always sharded), else torch."""
+    strategy, sp = cfg.trainer.trainer_strategy, cfg.trainer.ulysses_sequence_parallel_size
+    if strategy == "fsdp":
+        return "fsdp2", (
+            "trainer.trainer_strategy fsdp (verl's FSDP1): sharded by FSDP2 here, the same "
+            "parameter sharding with PyTorch's current API"
+        )
+    if strategy is not None:
+        return strategy, "trainer.trainer_strategy"
+    if sp > 1:
+        return "fsdp2", (
+            f"unset, and trainer.ulysses_sequence_parallel_size {sp} splits sequences over "
+            "ranks (Trinity-RFT's default is verl's fsdp)"
+        )
+    return BEST_STRATEGY
+
+
 def trainer_world_size(cfg: TrinityConfig, strategy: str) -> tuple[int, str]:
     """The trainer's ranks and where the number came from (`trainer.world_size`'s doc)."""
     if strategy != "fsdp2":
@@ -270,6 +287,9 @@ def trainer_world_size(cfg: TrinityConfig, strategy: str) -> tuple[int, str]:
                 f"unset: {total} GPUs (cluster.node_num × gpu_per_node) less {engines} for the "
                 "rollout engines"
             )
+    sp = cfg.trainer.ulysses_sequence_parallel_size
+    if sp > 1:
+        return sp, "unset: trainer.ulysses_sequence_parallel_size, one group of ranks"
     return 1, "unset: 1 (set trainer.world_size)"
 
 
@@ -281,6 +301,8 @@ def format_batch_table(r: ResolvedConfig) -> str:
     if r.use_dynamic_bsz:
         micro = "tokens per micro-batch", str(r.max_token_len_per_micro_batch or "unset")
         micro_note = "trainer.max_token_len_per_gpu, per GPU; use_dynamic_bsz packs by tokens"
+        if r.sequence_parallel_size > 1:  # each rank holds 1/sp of the micro-batch's columns
+            micro_note += f" (× {r.sequence_parallel_size} per micro-batch: sequences are split)"
         accum, accum_note = "dynamic", "depends on sequence lengths"
     else:
         micro = "experiences per micro-batch", str(r.micro_batch_size)
@@ -288,7 +310,13 @@ def format_batch_table(r: ResolvedConfig) -> str:
         accum = str(r.grad_accum_steps)
         rows = r.train_batch_size + r.expert_rows
         accum_note = f"gradient accumulation = ceil({rows} / {r.micro_batch_size})"
-        if r.trainer_world_size > 1:
+        if r.sequence_parallel_size > 1:
+            accum_note = (
+                f"per rank: ceil(ceil({rows} / "
+                f"{r.trainer_world_size // r.sequence_parallel_size} data-parallel groups) / "
+                f"{r.micro_batch_size})"
+            )
+        elif r.trainer_world_size > 1:
             accum_note = (
                 f"per rank: ceil(ceil({rows} / {r.trainer_world_size} ranks) / "
                 f"{r.micro_batch_size})"
@@ -322,6 +350,17 @@ def format_batch_table(r: ResolvedConfig) -> str:
         *(
             [("trainer ranks", str(r.trainer_world_size), r.trainer_world_size_source)]
             if r.trainer_strategy == "fsdp2"
+            else []
+        ),
+        *(
+            [
+                (
+                    "ranks per sequence",
+                    str(r.sequence_parallel_size),
+                    "trainer.ulysses_sequence_parallel_size; each a slice of every sequence",
+                )
+            ]
+            if r.sequence_parallel_size > 1
             else []
         ),
         ("total steps", *steps),

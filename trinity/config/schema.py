@@ -418,10 +418,13 @@ class TrainerConfig(ConfigSection):
     GPUs). None = the GPUs the cluster has beyond the rollout engines' (node_num × gpu_per_node
     − engine_num × tensor_parallel_size, Trinity-RFT's rule) when `cluster.gpu_per_node` is set,
     else 1. Each rank takes an equal part of the trainer's cores."""
-    ulysses_sequence_parallel_size: Annotated[int, NotBuilt("sequence parallelism", inert=(1,))] = (
-        Field(1, ge=1)
-    )
-    """Devices one sequence is split over (Ulysses sequence parallel)."""
+    ulysses_sequence_parallel_size: int = Field(1, ge=1)
+    """Ranks one sequence is split over (DeepSpeed-Ulysses sequence parallelism; unit: ranks;
+    1 = off): a sharded trainer's `world_size` ranks form world_size / this data-parallel
+    groups, whose ranks take the same rows, each a contiguous slice of every sequence, and
+    exchange attention heads by all-to-all (trinity/trainer/sequence_parallel.py). Must divide
+    `world_size` and the model's attention and key/value heads. Unset trainer_strategy becomes
+    fsdp2, unset world_size this many ranks."""
     trainer_config: dict[str, Any] = Field(default_factory=dict)
     """An inline verl config tree (actor_rollout_ref, critic, trainer, ...); the keys that mean
     something here map to our fields (see compat.py)."""

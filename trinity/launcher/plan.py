@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity.config import format_batch_table, resolve, stage_configs
-from trinity.config.resolved import ResolvedConfig, in_lockstep
+from trinity.config.resolved import ResolvedConfig, in_lockstep, trainer_strategy
 from trinity.config.run_folder import trains_from_queue
 from trinity.config.schema import TrinityConfig
 
@@ -262,8 +262,8 @@ def _needs_processes(cfg: TrinityConfig, gpus_here: bool) -> str | None:
         return f"mode {cfg.mode} is one process of a run split over processes"
     if (cfg.cluster.node_num or 1) > 1:
         return f"the run spreads over {cfg.cluster.node_num} nodes"
-    if cfg.trainer.trainer_strategy in ("fsdp", "fsdp2"):
-        return f"trainer.trainer_strategy {cfg.trainer.trainer_strategy}: its ranks are processes"
+    if (strategy := trainer_strategy(cfg))[0] == "fsdp2":
+        return f"trainer strategy fsdp2 ({strategy[1]}): its ranks are processes"
     if rm.tensor_parallel_size > 1:
         return (
             f"explorer.rollout_model.tensor_parallel_size {rm.tensor_parallel_size}: an "

@@ -127,6 +127,31 @@ def model_path_problem(model_path: str) -> str | None:
     return None
 
 
+def attention_heads(model_path: str) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) of a model, read without building it: a `tiny://`
+    preset's, or a local folder's `config.json`; None where they cannot be read so (an import
+    URL, a missing folder, a config without the keys)."""
+    import json
+
+    if model_path.startswith(TINY_SCHEME):
+        from trinity.models.tiny import PRESETS
+
+        try:
+            shape = PRESETS[parse_tiny_url(model_path)[0]]
+        except ValueError:
+            return None
+        return shape["num_attention_heads"], shape["num_key_value_heads"]
+    config = Path(model_path).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    found = json.loads(config.read_text(encoding="utf-8"))
+    heads = found.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv = found.get("num_key_value_heads")
+    return heads, kv if isinstance(kv, int) else heads
+
+
 def _check_model_dir(path: str | Path, what: str) -> Path:
     p = Path(resolve_model_path(path))
     if not p.exists():

@@ -23,6 +23,7 @@ from trinity.models import load_model
 from trinity.trainer.batch import Batch
 from trinity.trainer.optim import build_optimizer
 from trinity.trainer.parallel import Ranks, idle_rows
+from trinity.trainer.sequence_parallel import gather_slices, slice_states, use_sequence_parallel
 from trinity.trainer.sharding import (
     build_sharded,
     full_state,
@@ -37,11 +38,16 @@ CRITIC_OPTIMIZER = "critic/optimizer"  # a sharded critic's optimizer state (DCP
 
 
 class ValueModel(torch.nn.Module):
-    """A causal LM's trunk and a scalar head: [B, T] token ids -> V [B, R] at response positions."""
+    """A causal LM's trunk and a scalar head: [B, T] token ids -> V [B, R] at response positions.
+    `sp`: this rank's sequence-parallel group (`trinity.trainer.sequence_parallel`: the trunk
+    runs on this rank's slice of each sequence, the values are summed over the group)."""
 
-    def __init__(self, path: str, dtype: Any, device: str) -> None:
+    def __init__(self, path: str, dtype: Any, device: str, sp: Ranks | None = None) -> None:
         super().__init__()
         lm = load_model(path, dtype=dtype, device=device)
+        self.sp = sp
+        if sp is not None:
+            use_sequence_parallel(lm, sp)
         self.trunk = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.base_model
         hidden = lm.config.hidden_size
         param = next(self.trunk.parameters())
@@ -50,6 +56,13 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
+        if self.sp is not None:  # this slice's states [N, H]; the group's values summed
+            hidden, (rows, cols), h = slice_states(
+                self.trunk, batch.input_ids, batch.response_pos, batch.valid_mask, self.sp
+            )
+            values = torch.zeros(batch.valid_mask.shape, device=h.device)  # [B, R]
+            values = values.index_put((rows, cols), self.head(h).squeeze(-1).float())
+            return gather_slices(hidden, self.sp, values)[0]
         hidden = self.trunk(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
         ).last_hidden_state  # [B, T, H]
@@ -71,8 +84,10 @@ class Critic:
         ccfg = config.trainer.critic
         self.ranks, self.sharded = ranks or Ranks(), sharded
 
+        sp = self.ranks if self.ranks.sp > 1 else None
+
         def load() -> ValueModel:
-            return ValueModel(path, config.trainer.dtype, device)
+            return ValueModel(path, config.trainer.dtype, device, sp)
 
         self.model = (
             build_sharded(load, self.ranks, device, root=lambda m: m) if sharded else load()

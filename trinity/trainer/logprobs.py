@@ -9,9 +9,16 @@ the lean path the SFT memorisation test (tests/test_learning.py) ends at 52 of 1
 instead of 60 or more, every time, although one step's gradients agree with the plain path's
 to 7e-7 (relative). Until that is understood the lean head is opt-in (`trainer.lean_lm_head`;
 docs/real_model.md).
+
+With sequence parallelism (`sp`: `trinity.trainer.sequence_parallel`) the backbone runs on this
+rank's slice of each sequence, the LM head on the response tokens whose state lies in it, and
+the group's slices are summed into the whole rows: every rank of the group returns the same
+[B, R] tensors, as one process would.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +31,10 @@ from trinity.trainer.prefix import (
     split_prefixes,
     worth_sharing,
 )
+from trinity.trainer.sequence_parallel import gather_slices, slice_states
+
+if TYPE_CHECKING:
+    from trinity.trainer.parallel import Ranks
 
 
 def response_logprobs(
@@ -34,27 +45,38 @@ def response_logprobs(
     lean: bool = False,
     share_prefix: bool = True,
     entropy_grad: bool = True,
+    sp: Ranks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (logprobs [B, R], entropy [B, R] or None); zeros where `valid_mask` is False.
     `lean`: keep no [chunk, V] logits for backward (module docstring). `share_prefix`: one
     backbone pass per distinct prompt where rows share one (`trinity.trainer.prefix`).
-    `entropy_grad=False`: the entropy is a metric only (no autograd through it)."""
+    `entropy_grad=False`: the entropy is a metric only (no autograd through it). `sp`: this
+    rank's place in its sequence-parallel group (None: the whole sequence here)."""
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     head = model.get_output_embeddings()
-    rows, cols = torch.nonzero(batch.valid_mask, as_tuple=True)  # N valid response tokens
-    if rows.numel() == 0:
+    if not batch.valid_mask.any():
         raise ValueError("train batch has no response tokens: every experience is prompt-only")
-    hidden, pos = response_states(backbone, batch, share_prefix)  # [B, T', H], [B, R]
-    h = hidden[rows, pos[rows, cols]]  # [N, H]
+    if sp is not None:  # this slice's states [N, H], of the response tokens (rows, cols)
+        ids = batch.input_ids[:, :-1]  # [B, T - 1]: the last token predicts nothing
+        hidden, (rows, cols), h = slice_states(
+            backbone, ids, batch.response_pos, batch.valid_mask, sp
+        )
+    else:
+        hidden, pos = response_states(backbone, batch, share_prefix)  # [B, T', H], [B, R]
+        rows, cols = torch.nonzero(batch.valid_mask, as_tuple=True)  # N valid response tokens
+        h = hidden[rows, pos[rows, cols]]  # [N, H]
     labels = batch.response_ids[rows, cols]  # [N]
-    lp, ent = head_logprobs(
-        head, h, labels, chunk_size, with_entropy, lean=lean, entropy_grad=entropy_grad
-    )
-    logprobs = torch.zeros(batch.valid_mask.shape, dtype=lp.dtype, device=h.device)
-    logprobs = logprobs.index_put((rows, cols), lp)
-    entropy = None
-    if ent is not None:
-        entropy = torch.zeros_like(logprobs).index_put((rows, cols), ent)
+    logprobs = torch.zeros(batch.valid_mask.shape, dtype=torch.float32, device=h.device)
+    entropy = torch.zeros_like(logprobs) if with_entropy else None
+    if rows.numel():  # a rank's slice may hold no response token
+        lp, ent = head_logprobs(
+            head, h, labels, chunk_size, with_entropy, lean=lean, entropy_grad=entropy_grad
+        )
+        logprobs = logprobs.to(lp.dtype).index_put((rows, cols), lp)
+        if ent is not None:
+            entropy = torch.zeros_like(logprobs).index_put((rows, cols), ent)
+    if sp is not None:  # the group's slices summed: the whole rows on every rank
+        logprobs, entropy = gather_slices(hidden, sp, logprobs, entropy)
     return logprobs, entropy
 
 

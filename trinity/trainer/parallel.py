@@ -21,11 +21,18 @@ FSDP2 gathers each layer's parameters in a collective at every forward and backw
 rank must run the same number of micro-batches: a rank with fewer rows runs idle ones (`None`
 in `micro_batches`; `idle_rows` makes one whose tokens are all untrained: it contributes exactly
 0 to every loss and gradient).
+
+With sequence parallelism (`trainer.ulysses_sequence_parallel_size: sp`,
+`trinity.trainer.sequence_parallel`) the world is `dp = world / sp` data-parallel groups of `sp`
+consecutive ranks: the rows are split over the groups (`dp_rank`), and the ranks of a group take
+the same rows, each a slice of their sequence. A group's ranks end each pass holding the same
+whole rows' results, so the sums above count each group once: its first rank's (`leads`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,17 +41,48 @@ from trinity.trainer.batch import Batch, micro_batches
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place among the trainer's data-parallel ranks (world 1: one process)."""
+    """This process's place among the trainer's ranks (world 1: one process): `sp` consecutive
+    ranks split each sequence (1: none), and their groups split the rows. `sp_group`: the
+    process group of this rank's sequence-parallel group (`sharding.sequence_groups`)."""
 
     rank: int = 0
     world: int = 1
+    sp: int = 1
+    sp_group: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.world % self.sp:
+            raise ValueError(
+                f"trainer.ulysses_sequence_parallel_size {self.sp} must divide "
+                f"trainer.world_size {self.world}"
+            )
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel groups: the ways the rows are split."""
+        return self.world // self.sp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel group: which rows it takes."""
+        return self.rank // self.sp
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's place in its sequence-parallel group: which slice of each sequence."""
+        return self.rank % self.sp
+
+    @property
+    def leads(self) -> bool:
+        """This rank reports its group's results (the first of its sequence-parallel group)."""
+        return self.sp_rank == 0
 
     def rows(self, n: int, unit: int = 1, rank: int | None = None) -> torch.Tensor:
-        """Row indices of `rank` (default: this one) in a batch of `n` rows: contiguous blocks
-        of whole units, the first `n_units % world` ranks one unit more."""
-        r = self.rank if rank is None else rank
+        """Row indices of data-parallel group `rank` (default: this rank's) in a batch of `n`
+        rows: contiguous blocks of whole units, the first `n_units % dp` groups one unit more."""
+        r = self.dp_rank if rank is None else rank
         units = n // unit
-        base, extra = divmod(units, self.world)
+        base, extra = divmod(units, self.dp)
         start = r * base + min(r, extra)
         count = base + (1 if r < extra else 0)
         return torch.arange(start * unit, (start + count) * unit)
@@ -52,32 +90,36 @@ class Ranks:
     def micro_batches(
         self, batch: Batch, size: int, max_tokens: int | None, unit: int = 1
     ) -> list[torch.Tensor | None]:
-        """This rank's micro-batches (row indices into `batch`), then `None` (an idle
-        micro-batch) up to the largest count of any rank: every rank can compute every rank's
-        split, so no message is needed to agree on the count."""
-        if self.world == 1:  # one process: the batch's own micro-batches, nothing to pad
+        """This rank's micro-batches (row indices into `batch`; its data-parallel group's), then
+        `None` (an idle micro-batch) up to the largest count of any group: every rank can
+        compute every group's split, so no message is needed to agree on the count."""
+        if self.dp == 1:  # one group: the batch's own micro-batches, nothing to pad
             return list(micro_batches(batch, size, max_tokens, unit))
         counts, mine = [], []
-        for r in range(self.world):
+        for r in range(self.dp):
             rows = self.rows(len(batch), unit, r)
             parts = (
                 [] if len(rows) == 0 else micro_batches(batch.select(rows), size, max_tokens, unit)
             )
             counts.append(len(parts))
-            if r == self.rank:
+            if r == self.dp_rank:
                 mine = [rows[p] for p in parts]
         return [*mine, *[None] * (max(counts) - len(mine))]
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` summed over ranks, in place (world 1: `t` itself)."""
+        """`t` summed over data-parallel groups (each group's copy, its leading rank's, once),
+        in place (world 1: `t` itself)."""
         if self.world > 1:
             import torch.distributed as dist
 
+            if not self.leads:
+                t.zero_()
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        """Each metric summed over ranks (a rank without a key counts 0 for it)."""
+        """Each metric summed over data-parallel groups (a rank without a key counts 0 for it;
+        a group counts once, its leading rank's)."""
         if self.world == 1:
             return sums
         import torch.distributed as dist
@@ -85,7 +127,8 @@ class Ranks:
         keys: list[list[str]] = [[] for _ in range(self.world)]
         dist.all_gather_object(keys, sorted(sums))
         names = sorted(set().union(*keys))
-        values = torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64)
+        own = sums if self.leads else {}
+        values = torch.tensor([own.get(k, 0.0) for k in names], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return dict(zip(names, values.tolist(), strict=True))
 

@@ -8,8 +8,9 @@ process and many alike.
    one node, or spread over the run's nodes (`cluster.node_num` > 1: one rank per node when
    there are as many nodes as ranks, `STRICT_SPREAD`), one process per rank;
 2. rank 0 picks a rendezvous address; every rank joins one process group (gloo on CPU, NCCL on
-   CUDA) and builds its `Trainer` with its place (`parallel.Ranks`): rank 0 reads the weights,
-   the others receive their shards (`sharding.build_sharded`);
+   CUDA), and with `trainer.ulysses_sequence_parallel_size` > 1 its sequence-parallel group
+   (`sharding.sequence_groups`), and builds its `Trainer` with its place (`parallel.Ranks`):
+   rank 0 reads the weights, the others receive their shards (`sharding.build_sharded`);
 3. each call (plan, train step, checkpoint, resume, publish) goes to every rank at once, with
    the same arguments (a train batch is put in the object store once): the ranks meet in their
    collectives; rank 0's answer is the answer.
@@ -34,10 +35,10 @@ PLACEMENT_TIMEOUT_S = 120.0  # waiting for the ranks' placement group: then it f
 class TrainerRank:
     """One rank of a sharded trainer (a Ray actor): a `Trainer` on its shards."""
 
-    def __init__(self, rank: int, world: int) -> None:
+    def __init__(self, rank: int, world: int, sp: int = 1) -> None:
         from trinity.trainer.parallel import Ranks
 
-        self.ranks = Ranks(rank, world)
+        self.ranks = Ranks(rank, world, sp)
         self.trainer: Any = None
 
     def address(self) -> tuple[str, int]:
@@ -55,10 +56,11 @@ class TrainerRank:
         num_threads: int | None,
     ) -> dict[str, Any]:
         """Join the process group and build this rank's trainer; returns where it runs."""
-        from trinity.trainer.sharding import init_process_group
+        from trinity.trainer.sharding import init_process_group, sequence_groups
         from trinity.trainer.trainer import Trainer
 
         device = init_process_group(self.ranks, address)
+        self.ranks = sequence_groups(self.ranks)
         self.trainer = Trainer(config, model_path, total_steps, num_threads, ranks=self.ranks)
         import torch
 
@@ -103,8 +105,12 @@ class ShardedTrainer:
         spread over them), or none (packed)."""
         from trinity.algorithm import resolve_algorithm
         from trinity.models import load_tokenizer, resolve_model_path
+        from trinity.trainer.parallel import Ranks
 
         self.world = world
+        # ranks per sequence (`trinity.trainer.sequence_parallel`); Ranks refuses one that does
+        # not divide the world, before any rank starts
+        self.sp = Ranks(0, world, config.trainer.ulysses_sequence_parallel_size).sp
         self.failed: str | None = None  # why the ranks were stopped
         self.closed = False
         # 1.
@@ -129,7 +135,7 @@ class ShardedTrainer:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=i
                 ),
-            ).remote(i, world)
+            ).remote(i, world, self.sp)
             for i in range(world)
         ]
         # 2.
@@ -153,7 +159,10 @@ class ShardedTrainer:
             f"rank {p['rank']} on node {p['node'][:12]} ({p['device']}, {p['threads']} threads)"
             for p in self.placed
         )
-        return f"trainer: fsdp2 over {self.world} ranks: {ranks}"
+        dp = self.world // self.sp
+        groups = f"{dp} data-parallel group{'s' if dp > 1 else ''} of {self.sp} ranks"
+        sp = f" ({groups}, each sequence split over a group)" if self.sp > 1 else ""
+        return f"trainer: fsdp2 over {self.world} ranks{sp}: {ranks}"
 
     # 3.
     def _all(self, method: str, *args: Any) -> Any:

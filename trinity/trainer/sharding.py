@@ -15,6 +15,12 @@ Gradients are SUMMED over ranks, not averaged (FSDP2's default): the losses are 
 the whole batch's counts (`trinity.trainer.parallel`). Under gloo a custom divide factor needs
 FSDP2's sum-only reduction (`set_force_sum_reduction_for_comms`), set on every FSDP module.
 
+With sequence parallelism (`trinity.trainer.sequence_parallel`) the mesh stays 1-D over all the
+world's ranks, and each group of `sp` ranks has a process group of its own for its all-to-alls
+(`sequence_groups`). A rank whose slice of a micro-batch holds no response token leaves the LM
+head (or value head) unused: FSDP2 then reduce-scatters a zero gradient for it
+(`set_reduce_scatter_unused_params`), as every rank must take part in each reduce-scatter.
+
 Rank 0 reads the checkpoint from disk; the other ranks build the model on the meta device (no
 memory, no read) and receive their shards from rank 0's full weights
 (`set_model_state_dict(..., broadcast_from_rank0=True)`). Buffers that are not in a state dict
@@ -23,6 +29,7 @@ memory, no read) and receive their shards from rank 0's full weights
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,19 @@ def init_process_group(ranks: Ranks, address: tuple[str, int], timeout_s: float 
     return process_group.init_process_group(ranks.rank, ranks.world, address, timeout_s)
 
 
+def sequence_groups(ranks: Ranks) -> Ranks:
+    """`ranks` with its sequence-parallel process group (`sp` consecutive ranks): every rank
+    creates every group, in the same order, as `new_group` requires. No group with sp 1."""
+    if ranks.sp == 1:
+        return ranks
+    mine = None
+    for first in range(0, ranks.world, ranks.sp):
+        group = dist.new_group(list(range(first, first + ranks.sp)))
+        if first == ranks.dp_rank * ranks.sp:
+            mine = group
+    return dataclasses.replace(ranks, sp_group=mine)
+
+
 class PassRoot(torch.nn.Module):
     """A model as one pass: `forward(fn, *args)` runs `fn(model, *args)`. Sharded, it is the
     FSDP root, so a pass that calls the model's parts directly (backbone, then LM head) still
@@ -61,10 +81,12 @@ class PassRoot(torch.nn.Module):
         return fn(self.module, *args, **kwargs)
 
 
-def shard(root: torch.nn.Module, device: str) -> torch.nn.Module:
+def shard(root: torch.nn.Module, device: str, unused_grads: bool = False) -> torch.nn.Module:
     """`root` with each decoder layer under it and the rest (root group) sharded over the world's
     ranks, gradients summed over ranks. `root`'s forward must be a whole pass (`PassRoot`, or a
-    model that calls its parts in its own forward, as the critic's `ValueModel`)."""
+    model that calls its parts in its own forward, as the critic's `ValueModel`).
+    `unused_grads`: a parameter a rank did not use has a zero gradient in the reduce-scatter
+    (sequence parallelism: module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -76,6 +98,8 @@ def shard(root: torch.nn.Module, device: str) -> torch.nn.Module:
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
+            if unused_grads:
+                m.set_reduce_scatter_unused_params(True, recurse=False)
     return root
 
 
@@ -103,8 +127,9 @@ def build_sharded(
     """The sharded `root(model)` of a model that `load` reads. With `build_meta` only rank 0
     reads it; the other ranks build it on the meta device (no memory, no read) and receive
     their shards from rank 0. Without, every rank loads it and keeps its shards."""
+    unused = ranks.sp > 1
     if build_meta is None:
-        return shard(root(load()), device)
+        return shard(root(load()), device, unused)
     if ranks.rank == 0:
         model = load()
         full = model.state_dict()
@@ -113,7 +138,7 @@ def build_sharded(
         with torch.device("meta"):
             model = build_meta()
         full, buffers = {}, {}
-    wrapped = shard(root(model), device)
+    wrapped = shard(root(model), device, unused)
     if ranks.rank != 0:
         wrapped.to_empty(device=device)
     set_model_state_dict(

@@ -2,7 +2,8 @@
 
 One PyTorch model on one device (`trainer.trainer_strategy: torch`), or one rank of several
 (`fsdp2`: the model's parameters sharded over the ranks, each rank forwarding its own rows;
-`trinity.trainer.parallel` and `sharding`). Gradient accumulation is exact: every micro-batch's
+`trinity.trainer.parallel` and `sharding`; with `ulysses_sequence_parallel_size` > 1 each rank
+takes a slice of its rows' sequences, `trinity.trainer.sequence_parallel`). Gradient accumulation is exact: every micro-batch's
 loss is aggregated with the counts of the WHOLE train batch (`Aggregator`), so summing
 micro-batch gradients, over micro-batches and over ranks, equals one big batch's gradient for
 every `loss_agg_mode`.
@@ -54,6 +55,7 @@ from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs
 from trinity.trainer.optim import build_optimizer
 from trinity.trainer.parallel import Ranks, idle_rows
+from trinity.trainer.sequence_parallel import use_sequence_parallel
 from trinity.trainer.sft_data import auxiliary_readers
 from trinity.trainer.sharding import (
     PassRoot,
@@ -113,6 +115,8 @@ class Trainer:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.sharded = ranks is not None
         self.ranks = ranks or Ranks()
+        # this rank's sequence-parallel group, where sequences are split (None: not split)
+        self.sp = self.ranks if self.ranks.sp > 1 else None
         path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(
             path, custom_chat_template=config.model.custom_chat_template
@@ -204,6 +208,8 @@ class Trainer:
 
         def load() -> Any:
             model = load_model(path, dtype=dtype, device=self.device)
+            if self.sp is not None:  # attention over the group's slices
+                use_sequence_parallel(model, self.sp)
             return model if adapter is None else lora.wrap(model, adapter)
 
         if not self.sharded:
@@ -211,6 +217,8 @@ class Trainer:
 
         def empty() -> Any:
             model = build_empty_model(path, dtype=dtype, device=self.device)
+            if self.sp is not None:
+                use_sequence_parallel(model, self.sp)
             return model if adapter is None else lora.wrap(model, adapter)
 
         return build_sharded(load, self.ranks, self.device, build_meta=empty)
@@ -516,6 +524,7 @@ class Trainer:
             lean=tcfg.lean_lm_head,
             share_prefix=self.share_prefix,
             entropy_grad=self.entropy_grad,
+            sp=self.sp,
         )
         mask = mb.response_mask
         if not recompute_old:  # recorded for the off-policy metrics
@@ -581,14 +590,19 @@ class Trainer:
                 tcfg.logprob_chunk_size,
                 with_entropy=False,
                 share_prefix=self.share_prefix,
+                sp=self.sp,
             )
             if idx is not None:
                 out[idx, : lp.shape[1]] = lp
         return self.ranks.all_sum(out)
 
     def _token_budget(self) -> int | None:
+        """Tokens per micro-batch (`max_token_len_per_gpu`); with sequence parallelism a rank
+        holds 1/sp of each sequence, so a micro-batch takes sp times the budget (as verl)."""
         t = self.config.trainer
-        return t.max_token_len_per_gpu if t.use_dynamic_bsz else None
+        if not t.use_dynamic_bsz or t.max_token_len_per_gpu is None:
+            return None
+        return t.max_token_len_per_gpu * self.ranks.sp
 
     # -- weights out -------------------------------------------------------------------------
 
