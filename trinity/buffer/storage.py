@@ -2,10 +2,12 @@
 
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
-`ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type`; a storage is
-built as `cls(path, capacity, settled, reopen)` (`path`: its durable file, or None for memory only;
-`settled`: leases a resumed trainer's checkpoint recorded as trained) and runs as a named Ray
-actor, so explorers and trainers in other processes meet in it.
+`ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type` (`queue`:
+`queue.py`, `sql`: `sql.py`); a storage is built as `cls(path, capacity, settled, reopen, name)`
+(`path`: where it is durable, `cls.location(config path, stage folder, name)`, or None for memory
+only; `settled`: leases a resumed trainer's checkpoint recorded as trained; `name`: the buffer's
+name in its store) and runs as a named Ray actor, so explorers and trainers in other processes
+meet in it.
 
 Exactly once. `read` hands experiences out under a *lease*; the trainer `ack`s a lease only once
 the train step that used it is durably checkpointed. A lease never acked (the trainer crashed
@@ -136,12 +138,14 @@ class ExperienceStorage(Protocol):
         """The storage's state in words, for messages of whoever waits on it."""
         ...
 
-    def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, int]:
         """Counts: written, trained, pending, leased, dropped, trained_twice."""
         ...
 
 
-STORAGE: Registry[type] = Registry("storage_type", modules={"queue": "trinity.buffer.queue"})
+STORAGE: Registry[type] = Registry(
+    "storage_type", modules={"queue": "trinity.buffer.queue", "sql": "trinity.buffer.sql"}
+)
 
 
 def storage_class(storage_type: str) -> type:
