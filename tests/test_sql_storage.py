@@ -1,0 +1,238 @@
+"""What is the `sql` storage's own, beyond the shared contract (`test_storage_contract.py`): what
+`path` may name, the schema version, several readers taking rows at once, buffers apart in one
+database, peers that do not take each other's leases, and reading Trinity-RFT's tables."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+import time
+
+import pytest
+import sqlalchemy as sa
+import torch
+from safetensors.torch import save as safetensors_save
+from storages import exp
+
+from trinity.buffer.sql import SQLStorage
+from trinity.buffer.sql_schema import SCHEMA_VERSION, SchemaVersionError, meta
+from trinity.buffer.sql_url import database_url, url_problem
+from trinity.buffer.storage import BufferClosed
+from trinity.buffer.trinity_rft_sql import read_trinity_rft_table
+from trinity.common.experience import ExperienceKind
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "b.sqlite")
+    return request.getfixturevalue("postgres_url")
+
+
+def test_path_names_a_sqlite_file_or_a_database_url(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert database_url("runs/b.sqlite").database == str(tmp_path / "runs/b.sqlite")  # absolute
+    assert database_url("sqlite:///b.sqlite").database == str(tmp_path / "b.sqlite")
+    pg = database_url("postgresql://me@/trinity?host=/run/pg&port=5433")
+    assert pg.drivername == "postgresql+psycopg"  # psycopg 3, not SQLAlchemy's psycopg2
+    assert dict(pg.query) == {"host": "/run/pg", "port": "5433"}
+    assert database_url("postgres://me@db.local/t").drivername == "postgresql+psycopg"
+    assert url_problem(None) is None  # the default: a file in the run folder
+    assert "'mysql' is not supported" in url_problem("mysql://me@host/db")
+    assert "in-memory SQLite" in url_problem("sqlite://")
+    assert "can parse" in url_problem("postgresql://me@host:port/db")
+    assert "database name" in url_problem("postgresql://me@host")
+
+
+def test_a_database_of_another_schema_version_is_refused_naming_both(db):
+    SQLStorage(db).shutdown()  # creates the tables at our version
+    engine = sa.create_engine(database_url(db))
+    with engine.begin() as conn:
+        conn.execute(meta.update().values(value="99"))
+    engine.dispose()
+    with pytest.raises(
+        SchemaVersionError, match=rf"version 99.*reads and writes version {SCHEMA_VERSION}"
+    ):
+        SQLStorage(db)
+
+
+def test_two_readers_take_different_rows_each_in_write_order(db):
+    """Two readers, each a storage of its own over one database (SKIP LOCKED on PostgreSQL,
+    BEGIN IMMEDIATE on SQLite), read batches while a writer writes: every row once."""
+
+    async def main():
+        writer, readers = SQLStorage(db), [SQLStorage(db), SQLStorage(db)]
+        await writer.register_writer("w")
+
+        async def write():
+            for s in range(30):
+                await writer.write([exp(s * 10 + k) for k in range(10)])
+            await writer.release_writer("w")
+
+        async def read(q: SQLStorage) -> list[float]:
+            got: list[float] = []
+            while True:
+                try:
+                    lease = await q.read(7, timeout=20)
+                except BufferClosed:
+                    return got
+                got += [e.reward for e in lease.experiences]
+                await q.ack([lease.id])
+
+        _, a, b = await asyncio.gather(write(), read(readers[0]), read(readers[1]))
+        assert a == sorted(a) and b == sorted(b)  # each in write order
+        assert sorted(a + b) == [float(i) for i in range(300)]  # every row once
+        assert (await writer.stats())["trained"] == 300
+
+    asyncio.run(main())
+
+
+def test_buffers_of_one_database_are_apart_and_peers_keep_their_leases(db):
+    async def main():
+        a = SQLStorage(db, name="proj/run1/exp")
+        other = SQLStorage(db, name="proj/run2/exp")  # a rerun under a fresh name
+        await a.write([exp(0), exp(1), exp(2)])
+        assert (await other.stats())["written"] == 0
+        with pytest.raises(TimeoutError):
+            await other.read(1, timeout=0.05)
+        lease = await a.read(2)
+        peer = SQLStorage(db, name="proj/run1/exp")  # another process opens the same buffer
+        assert (await peer.stats())["leased"] == 2  # a's reader still holds its lease
+        assert [e.reward for e in (await peer.read(1, timeout=1)).experiences] == [2.0]
+        await a.ack([lease.id])
+        assert (await peer.stats())["trained"] == 2
+
+    asyncio.run(main())
+
+
+def test_a_read_cancelled_by_its_caller_gives_its_lease_back(db):
+    async def main():
+        q = SQLStorage(db)
+        await q.write([exp(0), exp(1)])
+        take = q.store.take
+
+        def slow_take(*args):  # the caller gives up while the transaction runs
+            time.sleep(0.2)
+            return take(*args)
+
+        q.store.take = slow_take
+        reader = asyncio.create_task(q.read(2, timeout=5))
+        await asyncio.sleep(0.05)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        q.store.take = take
+        got = await q.read(2, timeout=1)  # polls until the given-back rows are pending again
+        assert [e.reward for e in got.experiences] == [0.0, 1.0]
+        assert (await q.stats())["leased"] == 2  # this lease only: the first was given back
+
+    asyncio.run(main())
+
+
+# -- Trinity-RFT's tables ------------------------------------------------------------------------
+
+
+def trxp(items: list[dict], tensors: dict[str, torch.Tensor]) -> bytes:
+    """`experience_bytes` as Trinity-RFT writes it (trinity_rft_sql's module doc)."""
+    metadata = pickle.dumps({"version": 1, "num_items": len(items), "items": items})
+    blob = safetensors_save(tensors)
+    return b"TRXP" + struct.pack("<BQQ", 1, len(metadata), len(blob)) + metadata + blob
+
+
+def rft_table(name: str, schema_type: str) -> tuple[sa.MetaData, sa.Table]:
+    """A table in Trinity-RFT's layout for `schema_type`."""
+    md = sa.MetaData()
+    cols = {
+        "experience": [
+            sa.Column("timestamp", sa.DateTime, server_default=sa.func.now()),
+            sa.Column("task_id", sa.String(64)), sa.Column("run_id", sa.Integer),
+            sa.Column("msg_id", sa.String(64)), sa.Column("model_version", sa.Integer),
+            sa.Column("experience_bytes", sa.LargeBinary), sa.Column("reward", sa.Float),
+            sa.Column("consumed", sa.Integer, default=0),
+        ],
+        "sft": [sa.Column("message_list", sa.JSON), sa.Column("experience_bytes", sa.LargeBinary)],
+        "dpo": [
+            sa.Column("chosen_message_list", sa.JSON), sa.Column("rejected_message_list", sa.JSON),
+            sa.Column("experience_bytes", sa.LargeBinary),
+        ],
+    }[schema_type]  # fmt: skip
+    return md, sa.Table(name, md, sa.Column("id", sa.Integer, primary_key=True), *cols)
+
+
+def test_experiences_are_read_from_a_table_in_trinity_rft_s_layout(db):
+    engine = sa.create_engine(database_url(db))
+    md, table = rft_table("exp_buffer", "experience")
+    md.create_all(engine)
+    item = {
+        "eid": {"batch": 3, "task": "7", "run": 1, "step": 0, "suffix": "a1b2c3"},
+        "reward": 0.0, "truncate_status": None, "info": {"k": "v"}, "metrics": {"m": 1.0},
+        "prompt_length": 2, "response_text": "42", "prompt_text": "6*7=",
+        "messages": None, "tools": None, "chosen_messages": None, "rejected_messages": None,
+        "custom_fields": [], "multi_modal_input_keys": [],
+    }  # fmt: skip
+    single = {
+        "0:tokens": torch.tensor([5, 6, 7, 8], dtype=torch.int32),
+        "0:logprobs": torch.tensor([-0.5, -0.25]),
+        "0:action_mask": torch.ones(2, dtype=torch.bool),
+    }
+    multi = {
+        "0:tokens": torch.tensor([5, 6, 7, 8, 9], dtype=torch.int32),
+        "0:logprobs": torch.tensor([-0.5, 0.0, -0.25]),
+        "0:action_mask": torch.tensor([True, False, True]),
+    }
+    with engine.begin() as conn:
+        conn.execute(
+            table.insert(),
+            [
+                {"task_id": "7", "run_id": 1, "msg_id": "a1b2c3", "model_version": 4,
+                 "reward": 1.0, "experience_bytes": trxp([item], single)},
+                {"task_id": "x9", "run_id": 0, "msg_id": "d4", "model_version": 5,
+                 "reward": 0.5, "experience_bytes": trxp(
+                     [{**item, "eid": {**item["eid"], "task": "x9"}}], multi)},
+                {"task_id": "7", "run_id": 2, "msg_id": "e5", "model_version": 6,
+                 "reward": 0.0, "experience_bytes": pickle.dumps({"an": "old row"})},
+            ],
+        )  # fmt: skip
+    engine.dispose()
+    got = read_trinity_rft_table(db, "exp_buffer", "experience", limit=2)
+    a, b = got
+    assert a.tokens.tolist() == [5, 6, 7, 8] and a.prompt_length == 2
+    assert a.logprobs.tolist() == [-0.5, -0.25] and a.action_mask.tolist() == [True, True]
+    assert (a.reward, a.model_version) == (1.0, 4)  # the row's columns
+    assert (a.eid.batch, a.eid.task, a.eid.run, a.eid.suffix) == (3, 7, 1, "")
+    assert a.info == {"k": "v", "msg_id": "a1b2c3"} and a.metrics == {"m": 1.0}
+    assert a.kind == ExperienceKind.SINGLE_TURN and a.response_text == "42"
+    assert b.kind == ExperienceKind.MULTI_TURN and b.action_mask.tolist() == [True, False, True]
+    assert b.info["trinity_rft_task"] == "x9" and b.eid.task != 0  # a text id: a stable number
+    assert read_trinity_rft_table(db, "exp_buffer", after=1, limit=1)[0].reward == 0.5
+    with pytest.raises(ValueError, match="exp_buffer row 3: not Trinity-RFT's TRXP"):
+        read_trinity_rft_table(db, "exp_buffer", after=2)
+
+
+def test_sft_and_dpo_rows_from_trinity_rft_s_tables(db):
+    engine = sa.create_engine(database_url(db))
+    md_sft, sft = rft_table("sft_data", "sft")
+    md_dpo, dpo = rft_table("dpo_data", "dpo")
+    md_sft.create_all(engine)
+    md_dpo.create_all(engine)
+    item = {"eid": {}, "prompt_length": 3, "info": {}, "metrics": {}}
+    with engine.begin() as conn:
+        conn.execute(sft.insert().values(
+            message_list=[{"role": "user", "content": "hi"}],
+            experience_bytes=trxp([item], {"0:tokens": torch.tensor([1, 2, 3, 4, 5])}),
+        ))  # fmt: skip
+        pair = {
+            "0:tokens": torch.tensor([1, 2, 3]),
+            "0:chosen": torch.tensor([7, 8]),
+            "0:rejected": torch.tensor([9]),
+        }
+        conn.execute(dpo.insert().values(experience_bytes=trxp([item], pair)))
+    engine.dispose()
+    (s,) = read_trinity_rft_table(db, "sft_data", "sft")
+    assert s.kind == ExperienceKind.SFT and s.response_length == 2
+    chosen, rejected = read_trinity_rft_table(db, "dpo_data", "dpo")
+    assert chosen.tokens.tolist() == [1, 2, 3, 7, 8] and rejected.tokens.tolist() == [1, 2, 3, 9]
+    assert chosen.prompt_length == rejected.prompt_length == 3
+    assert chosen.kind == rejected.kind == ExperienceKind.DPO
+    assert (chosen.eid.task, chosen.eid.run, rejected.eid.run) == (1, 0, 1)
