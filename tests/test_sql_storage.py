@@ -5,8 +5,11 @@ database, peers that do not take each other's leases, and reading Trinity-RFT's 
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,7 +20,7 @@ from storages import exp
 
 from trinity.buffer.sql import SQLStorage
 from trinity.buffer.sql_schema import SCHEMA_VERSION, SchemaVersionError, meta
-from trinity.buffer.sql_url import database_url, url_problem
+from trinity.buffer.sql_url import database_url, shown, url_problem
 from trinity.buffer.storage import BufferClosed
 from trinity.buffer.trinity_rft_sql import read_trinity_rft_table
 from trinity.common.experience import ExperienceKind
@@ -236,3 +239,61 @@ def test_sft_and_dpo_rows_from_trinity_rft_s_tables(db):
     assert chosen.prompt_length == rejected.prompt_length == 3
     assert chosen.kind == rejected.kind == ExperienceKind.DPO
     assert (chosen.eid.task, chosen.eid.run, rejected.eid.run) == (1, 0, 1)
+
+
+def test_the_config_takes_sql_for_the_experience_buffer_and_checks_its_url(tmp_path):
+    from trinity.config import ConfigError, load_config
+    from trinity.config.run_folder import trains_from_queue
+    from trinity.config.support import not_built_problems
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        "model: {model_path: m}\n"
+        "buffer: {explorer_input: {taskset: {path: data/x}},\n"
+        "  trainer_input: {experience_buffer: {name: exp, storage_type: sql}}}\n"
+    )
+    cfg = load_config(path)  # no path: a SQLite file in the run folder
+    assert cfg.buffer.trainer_input.experience_buffer.storage_type == "sql"
+    url = "postgresql://me@/trinity?host=/run/pg&port=5433"
+    train = load_config(path, [f"buffer.trainer_input.experience_buffer.path={url}", "mode=train"])
+    assert trains_from_queue(train)  # mode train reads what explore processes write
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["buffer.trainer_input.experience_buffer.path=mysql://me@h/db"])
+    (problem,) = info.value.problems
+    assert problem.path == "buffer.trainer_input.experience_buffer.path"
+    assert "storage_type sql: database 'mysql' is not supported" in problem.message
+    assert not_built_problems(cfg) == []  # refused until now: "SQL experience storage"
+    taskset = load_config(path, ["buffer.explorer_input.taskset.storage_type=sql"])
+    (refused,) = not_built_problems(taskset)  # tasksets from SQL: another item, not built
+    assert "tasksets from a queue or SQL table" in refused.message
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_a_grpo_run_trains_from_sql_storage(tmp_path, tiny_model_dir, request, where):
+    """`trinity run` (mode both, GRPO, 3 steps) with `storage_type: sql`: with no path the buffer
+    is a SQLite file in the run folder, with a PostgreSQL URL rows of that database; every
+    experience written is trained once, and `trinity buffer stats` reads the buffer by the
+    config and by its file or URL."""
+    from test_e2e import buffer_counts, grpo_config, run_trinity
+
+    config = grpo_config(tmp_path, tiny_model_dir)
+    text = config.read_text().replace("storage_type: queue", "storage_type: sql")
+    store = str(tmp_path / "ckpt/e2e/grpo/buffer/exp.sqlite")
+    key = "buffer/exp.sqlite e2e/grpo/exp"
+    if where == "postgres":
+        store = request.getfixturevalue("postgres_url")
+        text = text.replace("storage_type: sql", f"storage_type: sql, path: '{store}'")
+        key = f"{shown(database_url(store))} e2e/grpo/exp"
+    config.write_text(text)
+    r = run_trinity(config)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not (tmp_path / "ckpt/e2e/grpo/buffer/exp.db").exists()  # no queue log
+    every = {"written": 3 * 4 * 4, "trained": 3 * 4 * 4, "pending": 0, "leased": 0,
+             "dropped": 0, "trained_twice": 0}  # fmt: skip
+    assert buffer_counts(config, key) == every
+    stats = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "buffer", "stats", store],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout) == {key.replace("buffer/exp.sqlite", store): every}

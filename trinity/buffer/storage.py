@@ -43,6 +43,7 @@ the actor raises `Superseded` instead of taking or writing anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
@@ -146,6 +147,24 @@ class ExperienceStorage(Protocol):
 STORAGE: Registry[type] = Registry(
     "storage_type", modules={"queue": "trinity.buffer.queue", "sql": "trinity.buffer.sql"}
 )
+
+
+def store_name(run_dir: str | Path, stage_dir: str | Path, buffer: str) -> str:
+    """A run's buffer's name in its store: `<project>/<run>[/<stage>]/<buffer>` (`run_dir` is
+    `<checkpoint_root_dir>/<project>/<run>`), so the runs and stages that share a database (sql
+    storage on one PostgreSQL server) keep their rows apart, and a rerun under a fresh name starts
+    empty. `run_prefix(run_dir)` begins the name of each of the run's buffers."""
+    run_dir, stage_dir = Path(run_dir), Path(stage_dir)
+    try:
+        stage = stage_dir.relative_to(run_dir).parts
+    except ValueError:  # a stage folder outside the run folder: named by its own folder
+        stage = (stage_dir.name,)
+    return run_prefix(run_dir) + "/".join([*stage, buffer])
+
+
+def run_prefix(run_dir: str | Path) -> str:
+    """`<project>/<run>/`: what the store names of a run's buffers begin with."""
+    return f"{Path(run_dir).parent.name}/{Path(run_dir).name}/"
 
 
 def storage_class(storage_type: str) -> type:
