@@ -48,6 +48,15 @@ def test_path_names_a_sqlite_file_or_a_database_url(tmp_path, monkeypatch):
     assert "database name" in url_problem("postgresql://me@host")
 
 
+def test_a_database_that_cannot_be_reached_is_named_its_password_hidden(tmp_path):
+    url = f"postgresql://me:secret@/trinity?host={tmp_path}&port=1"  # no server there
+    with pytest.raises(ConnectionError, match=r"cannot open postgresql\+psycopg://me:\*\*\*@/"):
+        SQLStorage(url)
+    # the launcher's location: a relative file made absolute where the driver runs
+    assert SQLStorage.location("b.sqlite", tmp_path, "exp").startswith("sqlite:////")
+    assert SQLStorage.location(None, tmp_path, "exp") == f"sqlite:///{tmp_path}/buffer/exp.sqlite"
+
+
 def test_a_database_of_another_schema_version_is_refused_naming_both(db):
     SQLStorage(db).shutdown()  # creates the tables at our version
     engine = sa.create_engine(database_url(db))

@@ -78,8 +78,10 @@ class SQLStorage(RefCounted):
     @classmethod
     def location(cls, configured: str | None, stage_dir: Path, name: str) -> str:
         """The database a run's buffer `name` lives in: `configured` (the config's `path`), or
-        a SQLite file in the run's folder."""
-        return configured or str(stage_dir / "buffer" / f"{name}.sqlite")
+        a SQLite file in the run's folder; as a full URL (a relative file made absolute here,
+        in the driver: the storage's actor runs in another working folder)."""
+        url = database_url(configured or str(stage_dir / "buffer" / f"{name}.sqlite"))
+        return url.render_as_string(hide_password=False)
 
     # -- the storage's thread and waiting ----------------------------------------------------
 

@@ -145,20 +145,24 @@ def open_database(url: URL) -> Engine:
     """An engine on `url` whose tables exist at our schema version: created when the database
     has none, a SchemaVersionError naming both versions when it has another."""
     engine = create_engine(url)
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":  # two processes opening a new database at once
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(7147740010)"))
-        found = schema_version(conn)
-        if found is None:
-            metadata.create_all(conn)
-            conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-        elif found != SCHEMA_VERSION:
-            engine.dispose()
-            raise SchemaVersionError(
-                f"{shown(url)} holds trinity SQL storage tables of schema version {found}; "
-                f"this trinity reads and writes version {SCHEMA_VERSION}: use another database "
-                "(or file), or the trinity version that wrote it"
-            )
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":  # two processes opening a new database
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(7147740010)"))
+            found = schema_version(conn)
+            if found is None:
+                metadata.create_all(conn)
+                conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+    except sa.exc.OperationalError as e:
+        engine.dispose()
+        raise ConnectionError(f"sql storage: cannot open {shown(url)}: {e.orig}") from None
+    if found not in (None, SCHEMA_VERSION):
+        engine.dispose()
+        raise SchemaVersionError(
+            f"{shown(url)} holds trinity SQL storage tables of schema version {found}; "
+            f"this trinity reads and writes version {SCHEMA_VERSION}: use another database "
+            "(or file), or the trinity version that wrote it"
+        )
     return engine
 
 
