@@ -306,3 +306,40 @@ def test_a_grpo_run_trains_from_sql_storage(tmp_path, tiny_model_dir, request, w
     )  # fmt: skip
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout) == {key.replace("buffer/exp.sqlite", store): every}
+
+
+def test_a_run_whose_trainer_finished_its_sql_buffer_counts_as_ended(tmp_path):
+    """Run naming (`launcher.naming.buffers_finished`) reads sql buffers as it reads queue logs:
+    a rerun without continue_from_checkpoint of an ended run takes a fresh name."""
+    from types import SimpleNamespace
+
+    from trinity.launcher.naming import buffers_finished
+
+    run_dir = tmp_path / "ckpt" / "proj" / "run"
+    cfg = SimpleNamespace(
+        buffer=SimpleNamespace(trainer_input=SimpleNamespace(experience_buffer=None))
+    )
+    assert buffers_finished(cfg, run_dir) == []  # no buffer yet: not ended
+    q = SQLStorage(str(run_dir / "buffer" / "exp.sqlite"), name="proj/run/exp")
+    SQLStorage(str(run_dir / "buffer" / "exp.sqlite"), name="proj/other/exp").shutdown()
+    assert buffers_finished(cfg, run_dir) == [False]  # this run's only
+    asyncio.run(q.finish())
+    assert buffers_finished(cfg, run_dir) == [True]
+
+
+def test_buffer_stats_of_one_store_and_its_refusals(tmp_path):
+    from typer.testing import CliRunner
+
+    from trinity.cli import app
+
+    db = str(tmp_path / "b.sqlite")
+    q = SQLStorage(db, name="p/r/exp")
+    asyncio.run(q.write([exp(0), exp(1)]))
+    run = CliRunner().invoke
+    out = run(app, ["buffer", "stats", db])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)[f"{db} p/r/exp"]["pending"] == 2
+    assert run(app, ["buffer", "stats"]).exit_code == 2  # neither a config nor a store
+    (tmp_path / "x.sqlite").write_bytes(b"not a database at all, just bytes" * 100)
+    refused = run(app, ["buffer", "stats", str(tmp_path / "x.sqlite")])
+    assert refused.exit_code == 2 and "not a SQLite database" in refused.output
