@@ -33,6 +33,13 @@ def db(request, tmp_path) -> str:
     return request.getfixturevalue("postgres_url")
 
 
+def test_sql_is_a_registered_experience_storage(tmp_path):
+    from trinity.buffer.storage import ExperienceStorage, storage_class
+
+    assert storage_class("sql") is SQLStorage
+    assert isinstance(SQLStorage(str(tmp_path / "b.sqlite")), ExperienceStorage)
+
+
 def test_path_names_a_sqlite_file_or_a_database_url(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert database_url("runs/b.sqlite").database == str(tmp_path / "runs/b.sqlite")  # absolute

@@ -157,6 +157,7 @@ class SQLStore:
         ended, or `capacity` rows are pending already."""
         with self.engine.begin() as conn:
             state = self._state(conn, "share")
+            state.pending = self._pending(conn)
             mine = state.tokens.get(cursor.explorer) if cursor is not None else token
             if token is not None and mine != token:
                 return Written(state, superseded=True)
@@ -164,7 +165,6 @@ class SQLStore:
                 return Written(state, refused="the trainer has finished: the buffer takes no more")
             if state.all_released:
                 return Written(state, refused="write to a closed buffer")
-            state.pending = self._pending(conn)
             if state.pending >= capacity:
                 return Written(state, full=True)
             rows = [
