@@ -7,6 +7,8 @@ Each storage is driven as a run drives it, through its async API in one process:
 phase appends `--experiences` tiny synthetic experiences (`--tokens` tokens, half prompt, with
 logprobs) `--batch` per `write` call, each call with an explorer cursor (one transaction); the
 read phase takes them `--batch` per `read` (a lease) and acks each lease (one transaction each).
+Each storage runs `--repeats` rounds (a fresh file or buffer each, the storages interleaved) and
+the median of each rate is shown; every round is in the JSON.
 Experiences are built packed (`Experience.from_dict`), as the buffer's process receives them.
 Targets on 2 cores: queue >= 20,000/s, SQLite >= 5,000/s, PostgreSQL >= 2,000/s (each phase).
 
@@ -22,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -81,10 +86,13 @@ def main() -> None:
     ap.add_argument("--experiences", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per storage; the median shown")
     ap.add_argument("--pg-url", default=None, help="a PostgreSQL database to use (default: own)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/buffer.json")
     args = ap.parse_args()
     exps = experiences(args.experiences, args.tokens)
+    gc.collect()
+    gc.freeze()  # the experiences are not the collector's work during the timed phases
     load = os.getloadavg()
     folder = Path(tempfile.mkdtemp(prefix="buffer_bench", dir="/tmp"))
     server = None
@@ -97,21 +105,27 @@ def main() -> None:
         pg = args.pg_url or server.create_database("bench")
         cap = args.experiences
         storages = {
-            "queue": lambda: QueueStorage(folder / "queue.db", cap),
-            "sql (SQLite)": lambda: SQLStorage(str(folder / "sql.sqlite"), cap),
+            "queue": lambda: QueueStorage(folder / f"queue{time.time_ns()}.db", cap),
+            "sql (SQLite)": lambda: SQLStorage(str(folder / f"sql{time.time_ns()}.sqlite"), cap),
             "sql (PostgreSQL)": lambda: SQLStorage(pg, cap, name=f"bench/{time.time_ns()}"),
         }
-        rows = {}
-        for name, make in storages.items():
-            storage = make()
-            rows[name] = asyncio.run(drive(storage, exps, args.batch))
-            if isinstance(storage, SQLStorage):
-                storage.shutdown()
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in storages}
+        for _ in range(args.repeats):  # interleaved: a burst of other load hits every storage
+            for name, make in storages.items():
+                storage = make()
+                runs[name].append(asyncio.run(drive(storage, exps, args.batch)))
+                if isinstance(storage, SQLStorage):
+                    storage.shutdown()
+        rows = {
+            name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            for name, rs in runs.items()
+        }
     finally:
         if server is not None:
             server.stop()
-    print(f"{args.experiences} experiences of {args.tokens} tokens, {args.batch} per call; "
-          f"load average at start {load[0]:.2f}")  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{args.experiences} experiences of {args.tokens} tokens, {args.batch} per call, "
+          f"median of {args.repeats}; load average at start {load[0]:.2f}")  # fmt: skip
     print(f"{'storage':<18} {'write/s':>10} {'read+ack/s':>11} {'both/s':>9}")
     for name, r in rows.items():
         print(
@@ -125,6 +139,7 @@ def main() -> None:
         "load_average_at_start": list(load),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "pg_url")},
         "results": rows,
+        "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
