@@ -19,6 +19,7 @@ test of `auto`'s own resolution passes `RAY_ADDRESS=""` to its subprocess.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shutil
 import tempfile
@@ -88,3 +89,41 @@ def copy_run(grpo_run, tmp_path):
     with `grpo_config(tmp_path, ...)`."""
     _, root = grpo_run
     shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+
+
+def postgres_required() -> bool:
+    """Whether the PostgreSQL tests must run: in CI (`CI` set, as CI services and `.ci/run` do)
+    or with `TRINITY_REQUIRE_POSTGRES=1`. Then a server that cannot start fails them; elsewhere
+    they skip, saying why."""
+    return any(
+        os.environ.get(k, "") not in ("", "0", "false") for k in ("CI", "TRINITY_REQUIRE_POSTGRES")
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A private PostgreSQL server for the session (`tests/postgres.py`), stopped at its end."""
+    from postgres import PostgresServer, PostgresUnavailable
+
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as e:
+        server.stop()
+        if postgres_required():
+            pytest.fail(f"PostgreSQL is required here (CI / TRINITY_REQUIRE_POSTGRES): {e}")
+        pytest.skip(f"no PostgreSQL server here: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request) -> str:
+    """The URL of a new, empty database of the session's server, one per test."""
+    import re
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[-50:]
+    return postgres_server.create_database(f"t{next(_databases)}_{name}")
+
+
+_databases = itertools.count()

@@ -26,7 +26,8 @@ def test_states_are_field_metadata_read_by_one_walker() -> None:
     # a section reused in several places gets its states at each place (Inside)
     assert by_path["buffer.explorer_input.taskset.capacity"].state == "not_applicable"
     assert "buffer.trainer_input.experience_buffer.capacity" not in by_path  # acted there
-    assert by_path["buffer.trainer_input.experience_buffer.storage_type"].refused == ("sql",)
+    assert "buffer.trainer_input.experience_buffer.storage_type" not in by_path  # sql is built
+    assert by_path["buffer.explorer_input.taskset.storage_type"].refused == ("queue", "sql")
     # every declared state comes from a marker on the walked schema
     marked = {p for p, _, marks in walk(TrinityConfig) if marks}
     assert marked == set(by_path)

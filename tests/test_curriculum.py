@@ -10,12 +10,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from test_one_process import _cfg
 
 from trinity.buffer.queue import QueueStorage
-from trinity.buffer.storage import Cursor
-from trinity.common.experience import Experience
 from trinity.config.preflight import _selector_problems
 from trinity.tasks.curriculum import BetaPassRates
 from trinity.tasks.selector import TaskStream, make_selector
@@ -128,19 +125,6 @@ def test_a_stream_resumed_from_its_state_continues_bit_exactly():
     fresh = TaskStream(difficulty(), tasks(*[{}] * 12), 4, 3)
     with pytest.raises(ValueError, match="resuming it needs its state at the cursor"):
         fresh.resume(10, None)
-
-
-def test_the_selectors_state_travels_with_the_cursor_through_the_queues_log(tmp_path):
-    state = {"taken": 10, "batch_no": 3, "pending": [5, 7], "selector": {"alphas": [1.5]}}
-    exp = Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=1, reward=1.0)
-
-    async def scenario() -> Cursor | None:
-        q = QueueStorage(tmp_path / "buf.db")
-        await q.write([exp], Cursor("e", 3, 10, {"m": 1.0}, state))
-        return await QueueStorage(tmp_path / "buf.db").cursor("e")  # reopened: from disk
-
-    cursor = asyncio.run(scenario())
-    assert cursor is not None and cursor.selector == state and cursor.tasks == 10
 
 
 def test_offline_easy2hard_serves_the_highest_features_first():

@@ -221,9 +221,12 @@ def test_explore_and_train_processes_trainer_budget_first(tmp_path, tiny_model_d
     assert named_actors(cluster, "trinity:topo/split_budget") == []
 
 
-def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, cluster):
-    # no budget on the trainer: it trains until its explorer has finished (3 steps)
+@pytest.mark.parametrize("storage", ["queue", "sql"])
+def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, cluster, storage):
+    # no budget on the trainer: it trains until its explorer has finished (3 steps); the two
+    # processes meet in a queue or in sql storage (a SQLite file in the run folder)
     cfg = config(tmp_path, tiny_model_dir, "split_tasks")
+    cfg.write_text(cfg.read_text().replace("storage_type: queue", f"storage_type: {storage}"))
     procs = {
         "train": start(cfg, cluster, "mode=train"),
         "explore": start(cfg, cluster, "mode=explore", "buffer.total_steps=3"),
@@ -252,6 +255,12 @@ def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, clust
     assert str(fresh) in stats_old.stderr
     # the first run's folder is as it was
     assert trained_steps(run_dir, ".trainer") == [1, 2, 3]
+    if storage == "sql":
+        from trinity.buffer.sql_inspect import buffer_counts
+
+        old = str(run_dir / "buffer" / "exp.sqlite")
+        assert buffer_counts(old) == {"topo/split_tasks/exp": before}
+        return
     old = SQLiteLog(run_dir / "buffer" / "exp.db", read_only=True)
     assert old.counts() == before
     old.close()

@@ -413,17 +413,45 @@ def model_check_template(
 
 
 @buffer_app.command("stats")
-def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
-    """Print JSON counts of every experience buffer of a run (read-only; safe while it runs).
+def buffer_stats(
+    store: Annotated[
+        str | None,
+        typer.Argument(
+            help="One buffer store instead of a run: a queue log (.db), or an sql storage's "
+            "SQLite file or database URL (every buffer in it).",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML config file: its run's buffers.")
+    ] = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Print JSON counts of experience buffers: a run's (--config), or one store's (read-only;
+    safe while it runs).
 
-    Per buffer file: written, trained (acked after a checkpoint), pending (waiting to be read),
+    Per buffer: written, trained (acked after a checkpoint), pending (waiting to be read),
     leased (read, not yet checkpointed), dropped (too stale, or written after the trainer's
-    step budget was reached), trained_twice (0 unless broken). A config whose folder was reused
-    runs as `<name>_<timestamp>` (continue_from_checkpoint: false): the newest such run is read.
+    step budget was reached), trained_twice (0 unless broken). A queue's log is named by its
+    file, an sql buffer by its database and its name there (<project>/<run>/<buffer>). A config
+    whose folder was reused runs as `<name>_<timestamp>` (continue_from_checkpoint: false): the
+    newest such run is read.
     """
     import json
 
-    from trinity.buffer.sqlite_log import SQLiteLog
+    from trinity.buffer.stats import run_counts, store_counts
+
+    if (store is None) == (config is None):
+        err.print("[red]error:[/] give a config (--config) or one buffer store, not both")
+        raise typer.Exit(2)
+    if store is not None:
+        try:
+            out = store_counts(store)
+        except (OSError, ValueError) as e:
+            err.print(f"[red]error:[/] {e}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        typer.echo(json.dumps(out, indent=2))
+        return
     from trinity.config import ConfigError, load_config, resolve
 
     try:
@@ -433,17 +461,10 @@ def buffer_stats(config: ConfigOpt, overrides: SetOpt = None) -> None:
     run_dir = newest_run_dir(Path(resolve(cfg).run_dir))
     if run_dir != Path(resolve(cfg).run_dir):
         err.print(f"newest run of this config: {run_dir}", soft_wrap=True)
-    files = sorted(run_dir.glob("**/buffer/*.db"))
-    if not files:
+    out = run_counts(cfg, run_dir)
+    if not out:
         err.print(f"[red]error:[/] no experience buffer under {run_dir}", markup=True)
         raise typer.Exit(2)
-    out = {}
-    for f in files:
-        log = SQLiteLog(f, read_only=True)
-        try:
-            out[str(f.relative_to(run_dir))] = log.counts()
-        finally:
-            log.close()
     typer.echo(json.dumps(out, indent=2))
 
 

@@ -36,10 +36,13 @@ class QueueStorage(RefCounted):
         capacity: int = 10000,
         settled: list[int] = (),
         reopen: bool = False,
+        name: str = "experience_buffer",
     ) -> None:
         """`settled`: leases the checkpoint a resumed trainer starts from has trained (its
         `buffer_leases.json`); acked before recovery, in case the crash came between writing
-        that checkpoint and its ack, so they are not handed out (and trained) again."""
+        that checkpoint and its ack, so they are not handed out (and trained) again. `name`:
+        the buffer's name (its file is its own: the name is only told)."""
+        self.name = name
         self.capacity = capacity
         self.log = SQLiteLog(path) if path is not None else None
         self._items: collections.deque[tuple[int, Experience]] = collections.deque()
@@ -66,6 +69,12 @@ class QueueStorage(RefCounted):
             if reopen and self.log.finished():
                 self.log.set_finished(False)
             self._closed = self._closed_for_good = self.log.finished()
+
+    @classmethod
+    def location(cls, configured: str | None, stage_dir: Path, name: str) -> str:
+        """The log file of a run's buffer `name`: in the run's folder (a configured `path` is
+        not read: the queue's file is the run's own)."""
+        return str(stage_dir / "buffer" / f"{name}.db")
 
     def _reload(self, settled: list[int] = ()) -> None:
         """Rebuild the queue from the log: `settled` leases acked, every other lease handed out
@@ -325,7 +334,8 @@ class QueueStorage(RefCounted):
         """Experiences waiting to be read (in memory and still on disk)."""
         return len(self._items) + self._on_disk
 
-    def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, int]:
+        """Counts: written, trained, pending, leased, dropped, trained_twice."""
         if self.log is not None:
             return self.log.counts()
         return {

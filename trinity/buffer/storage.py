@@ -2,10 +2,12 @@
 
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
-`ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type`; a storage is
-built as `cls(path, capacity, settled, reopen)` (`path`: its durable file, or None for memory only;
-`settled`: leases a resumed trainer's checkpoint recorded as trained) and runs as a named Ray
-actor, so explorers and trainers in other processes meet in it.
+`ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type` (`queue`:
+`queue.py`, `sql`: `sql.py`); a storage is built as `cls(path, capacity, settled, reopen, name)`
+(`path`: where it is durable, `cls.location(config path, stage folder, name)`, or None for memory
+only; `settled`: leases a resumed trainer's checkpoint recorded as trained; `name`: the buffer's
+name in its store) and runs as a named Ray actor, so explorers and trainers in other processes
+meet in it.
 
 Exactly once. `read` hands experiences out under a *lease*; the trainer `ack`s a lease only once
 the train step that used it is durably checkpointed. A lease never acked (the trainer crashed
@@ -41,6 +43,7 @@ the actor raises `Superseded` instead of taking or writing anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trinity.common.experience import Experience
@@ -139,12 +142,32 @@ class ExperienceStorage(Protocol):
         """The storage's state in words, for messages of whoever waits on it."""
         ...
 
-    def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, int]:
         """Counts: written, trained, pending, leased, dropped, trained_twice."""
         ...
 
 
-STORAGE: Registry[type] = Registry("storage_type", modules={"queue": "trinity.buffer.queue"})
+STORAGE: Registry[type] = Registry(
+    "storage_type", modules={"queue": "trinity.buffer.queue", "sql": "trinity.buffer.sql"}
+)
+
+
+def store_name(run_dir: str | Path, stage_dir: str | Path, buffer: str) -> str:
+    """A run's buffer's name in its store: `<project>/<run>[/<stage>]/<buffer>` (`run_dir` is
+    `<checkpoint_root_dir>/<project>/<run>`), so the runs and stages that share a database (sql
+    storage on one PostgreSQL server) keep their rows apart, and a rerun under a fresh name starts
+    empty. `run_prefix(run_dir)` begins the name of each of the run's buffers."""
+    run_dir, stage_dir = Path(run_dir), Path(stage_dir)
+    try:
+        stage = stage_dir.relative_to(run_dir).parts
+    except ValueError:  # a stage folder outside the run folder: named by its own folder
+        stage = (stage_dir.name,)
+    return run_prefix(run_dir) + "/".join([*stage, buffer])
+
+
+def run_prefix(run_dir: str | Path) -> str:
+    """`<project>/<run>/`: what the store names of a run's buffers begin with."""
+    return f"{Path(run_dir).parent.name}/{Path(run_dir).name}/"
 
 
 def storage_class(storage_type: str) -> type:

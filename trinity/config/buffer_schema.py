@@ -13,6 +13,10 @@ from pydantic import Field
 
 from trinity.config.base import ConfigSection, Inside, NotApplicable, NotBuilt, Refused, TopK
 
+EXPERIENCE_STORAGES = ("queue", "sql")
+"""Storage types of an experience buffer that explorers write and a trainer reads (an
+`ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write."""
+
 
 class FormatConfig(ConfigSection):
     """Which columns of a dataset row hold the prompt, the answer and the preference pair."""
@@ -104,12 +108,16 @@ class StorageConfig(ConfigSection):
     name: str = ""
     """Display name; used in metric keys of eval sets."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
-    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = in-memory
-    experience queue; 'sql' = SQL table at `path`; 'synthetic' = a generated taskset whose generator
-    name is `path` (e.g. 'arithmetic')."""
+    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
+    queue in memory with a SQLite log in the run folder; 'sql' = experiences in a SQL database at
+    `path` (SQLite or PostgreSQL; experience buffer only); 'synthetic' = a generated taskset whose
+    generator name is `path` (e.g. 'arithmetic')."""
     path: str | None = None
-    """Dataset path or hub id (file), database URL (sql) or generator name (synthetic). Checked to
-    exist by the pre-flight pass (`validate` and `run`), not by the schema."""
+    """Dataset path or hub id (file), generator name (synthetic), or for 'sql' the database: a
+    SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
+    `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`.
+    A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
+    URL's form by the config check (no connection is made)."""
     subset_name: str | None = None
     """Dataset subset (HF config name)."""
     split: str = "train"
@@ -179,7 +187,6 @@ _EVAL_TASKSETS = _TASKSET | {
     "data_selector": NotApplicable("eval sets are run whole, in file order"),
 }
 _EXPERIENCE_BUFFER: dict[str, Any] = {
-    "storage_type": Refused(("sql",), "SQL experience storage"),
     "replay_buffer": NotBuilt("experience replay (priority reuse of experiences)"),
     "schema_type": NotApplicable("the experience schema follows algorithm_type"),
     **{

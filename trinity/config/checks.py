@@ -114,6 +114,19 @@ def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("buffer.trainer_input.experience_buffer")
+def _sql_buffer_names_a_database(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`storage_type: sql`: `path` is a SQLite file or a database URL we run on (checked by its
+    form: no connection is made here)."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is None or eb.storage_type != "sql":
+        return
+    from trinity.buffer.sql_url import url_problem
+
+    if (why := url_problem(eb.path)) is not None:
+        yield Problem("buffer.trainer_input.experience_buffer.path", f"storage_type sql: {why}")
+
+
 @_check("mode", "algorithm.algorithm_type")
 def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import is_pairwise
@@ -667,10 +680,7 @@ def _batches_run_exactly(cfg: TrinityConfig) -> Iterator[Problem]:
     """
     if cfg.stages:
         return
-    queue = cfg.buffer.trainer_input.experience_buffer
-    trains_rollouts = cfg.mode == "both" or (
-        cfg.mode == "train" and queue is not None and queue.storage_type == "queue"
-    )
+    trains_rollouts = cfg.mode == "both" or trains_from_queue(cfg)
     if not trains_rollouts:
         return
     groups = samples_per_task(cfg)

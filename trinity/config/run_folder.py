@@ -18,11 +18,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trinity.config.buffer_schema import EXPERIENCE_STORAGES
+
 
 def trains_from_queue(cfg: Any) -> bool:
-    """Mode train reading a queue that `mode: explore` processes of the same run fill."""
+    """Mode train reading an experience storage (queue or sql) that `mode: explore` processes of
+    the same run fill."""
     eb = cfg.buffer.trainer_input.experience_buffer
-    return cfg.mode == "train" and eb is not None and eb.storage_type == "queue"
+    return cfg.mode == "train" and eb is not None and eb.storage_type in EXPERIENCE_STORAGES
 
 
 def joins_existing_run(cfg: Any) -> bool:

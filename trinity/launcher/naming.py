@@ -10,6 +10,7 @@ import ray
 from rich.console import Console
 
 from trinity.buffer.sqlite_log import SQLiteLog
+from trinity.buffer.storage import run_prefix
 from trinity.common.shared import RunName
 from trinity.config import resolve
 from trinity.config.run_folder import fresh_name, has_content, joins_existing_run
@@ -30,8 +31,8 @@ def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
     run_dir = Path(resolve(config).run_dir)
     # a folder whose run ended (its trainer finished the buffer) is an earlier run; one whose
     # trainer has not come yet (explorers first, then the trainer) is this run
-    logs = list(run_dir.glob("**/buffer/*.db"))
-    ended = bool(logs) and all(SQLiteLog.run_finished(p) for p in logs)
+    finished = buffers_finished(config, run_dir)
+    ended = bool(finished) and all(finished)
     fresh = not config.continue_from_checkpoint and has_content(run_dir) and ended
     proposal = fresh_name(config.name) if fresh else config.name
     actor = (
@@ -49,6 +50,23 @@ def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
         )
         config = config.model_copy(update={"name": name})
     return config, actor
+
+
+def buffers_finished(config: Any, run_dir: Path) -> list[bool]:
+    """Whether the trainer finished each experience buffer of the run in `run_dir`: the queue's
+    logs and the sql storage's databases (the run folder's SQLite files, and the configured
+    database's buffers of this run: `storage.run_prefix`)."""
+    flags = [SQLiteLog.run_finished(p) for p in run_dir.glob("**/buffer/*.db")]
+    databases = [str(p) for p in run_dir.glob("**/buffer/*.sqlite")]
+    eb = config.buffer.trainer_input.experience_buffer
+    if eb is not None and eb.storage_type == "sql" and eb.path:
+        databases.append(eb.path)
+    if databases:
+        from trinity.buffer.sql_inspect import buffers_finished as in_database
+
+        for path in databases:
+            flags += in_database(path, run_prefix(run_dir)).values()
+    return flags
 
 
 def fresh_folder_unless_continuing(config: Any, console: Console) -> Any:

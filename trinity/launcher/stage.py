@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from trinity.buffer.storage import storage_class
+from trinity.buffer.storage import storage_class, store_name
 from trinity.common import refs
 from trinity.common.placement import describe as describe_nodes
 from trinity.common.placement import on_node
@@ -29,6 +29,7 @@ from trinity.common.service_host import hosted
 from trinity.common.startup import StartupMarks, process_started_at
 from trinity.common.turns import DeviceTurns
 from trinity.config import resolve
+from trinity.config.buffer_schema import EXPERIENCE_STORAGES
 from trinity.config.problems import ConfigError, Problem
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
@@ -281,12 +282,13 @@ def _start_parts(
     if stage.explores or stage.serves or stage.reads_queue:
         buf_name = eb.name if eb and eb.name else "experience_buffer"
         storage = storage_class(eb.storage_type if eb else "queue")
-        path = str(stage.stage_dir / "buffer" / f"{buf_name}.db")
+        path = storage.location(eb.path if eb else None, stage.stage_dir, buf_name)
         # whichever process of a run creates the buffer settles the leases the run's newest
         # checkpoint trained (an explore process may come back before the train process)
         buffer = parts.start(
             storage, f"buffer/{buf_name}", path, eb.capacity if eb else 10000,
-            trained_leases(resume), continuing, share=stage.shared, service=True,
+            trained_leases(resume), continuing, store_name(r.run_dir, stage.stage_dir, buf_name),
+            share=stage.shared, service=True,
         )  # fmt: skip
     if ctx.nodes:
         engines = engine_count(cfg) if stage.explores or stage.evaluates else 0
@@ -420,7 +422,7 @@ def plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int | None:
     None: mode train reading a queue without a budget, trained until its explorers finish."""
     explicit = cfg.buffer.total_steps or cfg.trainer.total_steps
     eb = cfg.buffer.trainer_input.experience_buffer
-    if not explores and eb is not None and eb.storage_type == "queue":
+    if not explores and eb is not None and eb.storage_type in EXPERIENCE_STORAGES:
         return int(explicit) if explicit else None
     epochs = cfg.buffer.total_epochs
     if explores:

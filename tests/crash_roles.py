@@ -1,0 +1,85 @@
+"""The two processes of the sql storage's crash trial (`test_sql_crash.py`), each run as
+`python tests/crash_roles.py writer|reader <database> <folder>` and SIGKILLed at random.
+
+- writer: an explorer. Registers, continues after its cursor (step, written in the transaction
+  of the step's experiences), writes STEPS steps of PER_STEP experiences, releases the buffer.
+- reader: a trainer. Resumes from its checkpoint (`<folder>/checkpoint.json`: the experiences it
+  has trained and the leases its last steps used), so its restart settles those leases and takes
+  the others back (`reader_started`); reads batches, "trains" them, and every CKPT_EVERY batches
+  writes a checkpoint durably (temp file, fsync, rename) and only then acks its leases, as
+  `TrainerRunner._checkpoint` does. At the end (BufferClosed) a last checkpoint and `done`.
+
+No torch: experiences are built with `Experience.from_dict` (packed), so a restart is quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+from trinity.buffer.sql import SQLStorage
+from trinity.buffer.storage import BufferClosed, Cursor
+from trinity.common.experience import Experience
+
+STEPS, PER_STEP, BATCH, CKPT_EVERY = 60, 8, 12, 3
+NAME = "crash/run/exp"
+
+
+def experience(i: int) -> Experience:
+    return Experience.from_dict(
+        {"tokens": [1, 2, 3, i], "prompt_length": 3, "logprobs": [-0.5], "reward": float(i)}
+    )
+
+
+async def writer(db: str) -> None:
+    q = SQLStorage(db, capacity=50, name=NAME)
+    token = await q.register_writer("w")
+    cursor = await q.cursor("w")
+    for step in range(cursor.step if cursor else 0, STEPS):
+        batch = [experience(step * PER_STEP + k) for k in range(PER_STEP)]
+        await q.write(batch, Cursor("w", step + 1, (step + 1) * PER_STEP), token)
+        await asyncio.sleep(random.uniform(0.03, 0.1))  # exploring
+    await q.release_writer("w")
+
+
+def save(folder: Path, state: dict) -> None:
+    tmp = folder / "checkpoint.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / "checkpoint.json")
+
+
+async def reader(db: str, folder: Path) -> None:
+    ckpt = folder / "checkpoint.json"
+    state = json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
+    q = SQLStorage(db, capacity=50, settled=state["leases"], name=NAME)
+    token = (await q.reader_started(state["leases"]))["reader"]
+    trained, unacked, reads = list(state["trained"]), [], 0
+    while True:
+        try:
+            lease = await q.read(BATCH, timeout=60, reader=token)
+        except BufferClosed:
+            break
+        trained += [int(e.reward) for e in lease.experiences]  # the train step
+        await asyncio.sleep(random.uniform(0.0, 0.03))
+        unacked.append(lease.id)
+        reads += 1
+        if reads % CKPT_EVERY == 0:
+            save(folder, {"trained": trained, "leases": unacked})
+            await asyncio.sleep(0.05)  # widens the window where a kill loses the ack, not the fact
+            await q.ack(unacked)
+            unacked = []
+    save(folder, {"trained": trained, "leases": unacked})
+    await q.ack(unacked)
+    (folder / "done").write_text("")
+
+
+if __name__ == "__main__":
+    role, db, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    asyncio.run(writer(db) if role == "writer" else reader(db, folder))

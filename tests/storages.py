@@ -1,0 +1,85 @@
+"""The experience storages under test, one `Backend` each, for the shared contract suite
+(`test_storage_contract.py`) and the crash trial.
+
+    backend.open(capacity=3)   # a storage over the backend's database (the same one each call)
+    backend.die(storage)       # its process dies: files and connections let go, nothing flushed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import torch
+
+from trinity.buffer.queue import QueueStorage
+from trinity.buffer.sql import SQLStorage
+from trinity.common.experience import EID, Experience
+
+KINDS = ("memory", "queue", "sqlite", "postgres")
+DURABLE = ("queue", "sqlite", "postgres")
+
+
+def exp(i: int, version: int = 0) -> Experience:
+    return Experience(
+        tokens=torch.tensor([1, 2, 3, i]),
+        prompt_length=3,
+        logprobs=torch.tensor([-0.5]),
+        reward=float(i),
+        eid=EID(batch=i, task=0, run=0),
+        model_version=version,
+    )
+
+
+@dataclass
+class Backend:
+    kind: str  # one of KINDS
+    path: str | None  # the queue's log file, or the sql storage's database
+
+    @property
+    def peers(self) -> bool:
+        """Several storages over one database are peers (sql), not rivals (queue)."""
+        return self.kind in ("sqlite", "postgres")
+
+    def open(self, capacity: int = 10000, settled: list[int] = (), reopen: bool = False) -> Any:
+        cls = SQLStorage if self.peers else QueueStorage
+        return cls(self.path, capacity, settled, reopen, "proj/run/exp")
+
+    def die(self, storage: Any) -> None:
+        if isinstance(storage, SQLStorage):
+            storage.shutdown()
+        elif storage.log is not None:
+            storage.log.close()
+
+    def rows(self, storage: Any) -> list[tuple[int, int, int, float, int]]:
+        """(state, acks, model_version, reward, payload bytes) per row, in write order."""
+        if isinstance(storage, QueueStorage):
+            return storage.log.conn.execute(
+                "SELECT state, acks, model_version, reward, COALESCE(length(data), 0) "
+                "FROM experience_log LEFT JOIN experience_payload USING (id) ORDER BY id"
+            ).fetchall()
+        from trinity.buffer.sql_schema import experiences, payloads
+
+        e = experiences.c
+        q = (
+            sa.select(
+                e.state, e.acks, e.model_version, e.reward,
+                sa.func.coalesce(sa.func.length(payloads.c.data), 0),
+            )
+            .select_from(experiences.outerjoin(payloads, payloads.c.id == e.id))
+            .order_by(e.id)
+        )  # fmt: skip
+        with storage.store.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(q)]
+
+
+def backend_for(kind: str, tmp_path: Path, request: Any) -> Backend:
+    if kind == "memory":
+        return Backend(kind, None)
+    if kind == "queue":
+        return Backend(kind, str(tmp_path / "b.db"))
+    if kind == "sqlite":
+        return Backend(kind, str(tmp_path / "b.sqlite"))
+    return Backend(kind, request.getfixturevalue("postgres_url"))
