@@ -49,7 +49,6 @@ def test_tensor_parallel_is_built_and_shown_in_the_plan() -> None:
 @pytest.mark.parametrize(
     ("rollout", "sections", "path", "words"),
     [
-        ({"engine_type": "vllm"}, {}, KEY, "not built for engine_type vllm"),
         ({"in_explorer_process": True}, {}, KEY, "threads of the explorer"),
         ({}, {"cluster": {"one_process": True}}, "cluster.one_process", "processes of their own"),
         ({}, {"synchronizer": {"sync_method": "shared"}}, "synchronizer.sync_method", "slices"),
@@ -64,6 +63,14 @@ def test_what_a_tensor_parallel_engine_cannot_run_with_is_refused(
         validate_config(cfg)
     found = {p.path: p.message for p in info.value.problems}
     assert path in found and words in found[path], found
+
+
+def test_vllm_tensor_parallelism_loads_and_is_refused_before_the_run_as_not_built() -> None:
+    cfg = config()
+    cfg["explorer"]["rollout_model"] |= {"engine_type": "vllm"}
+    loaded = validate_config(cfg)  # Trinity-RFT's configs load (tests/data/trinity_configs)
+    problems = {p.path: p.message for p in preflight(loaded).problems}
+    assert "not built for engine_type vllm" in problems[KEY]
 
 
 def test_heads_a_size_does_not_divide_are_refused_with_the_numbers(tmp_path) -> None:

@@ -596,20 +596,14 @@ def _vllm_engines_can_run(cfg: TrinityConfig) -> Iterator[Problem]:
 def _tensor_parallel_engines(cfg: TrinityConfig) -> Iterator[Problem]:
     """A tensor-parallel engine (`tensor_parallel_size` > 1, `explorer/tp_engine.py`) is that
     many processes of the transformers engine, each holding slices of the weights. (Whether
-    the size divides the model's heads is pre-flight's: it reads the model's config.)"""
+    the size divides the model's heads is pre-flight's: it reads the model's config; so is the
+    refusal with engine_type vllm, a feature not built, as every not-built key's.)"""
     pools = [("rollout_model", cfg.explorer.rollout_model)]
     pools += [(f"auxiliary_models[{i}]", m) for i, m in enumerate(cfg.explorer.auxiliary_models)]
     for at, pool in pools:
         t, key = pool.tensor_parallel_size, f"explorer.{at}.tensor_parallel_size"
         if t == 1:
             continue
-        if pool.engine_type == "vllm":
-            yield Problem(
-                key,
-                f"{t}: not built for engine_type vllm (the engine loads synced weights into "
-                "the model in its own process, and vLLM's tensor parallelism runs the model in "
-                "worker processes of its own); use engine_type transformers, or 1",
-            )
         if at != "rollout_model":  # auxiliary engines are actors in every layout
             continue
         if pool.in_explorer_process:

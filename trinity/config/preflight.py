@@ -534,6 +534,16 @@ def _tensor_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
     problems = []
     for at, pool, path in pools:
         t = pool.tensor_parallel_size
+        if t > 1 and pool.engine_type == "vllm":
+            problems.append(
+                Problem(
+                    f"explorer.{at}.tensor_parallel_size",
+                    f"{t}: not built for engine_type vllm (the engine loads synced weights into "
+                    "the model in its own process, and vLLM's tensor parallelism runs the model "
+                    "in worker processes of its own); use engine_type transformers, or 1",
+                )
+            )
+            continue
         shape = model_shape(path) if t > 1 and path else None
         if shape is not None and (why := divisibility_problem(shape, t)) is not None:
             problems.append(Problem(f"explorer.{at}.tensor_parallel_size", f"{why} (model {path})"))
@@ -544,13 +554,13 @@ def _sequence_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
     """The trained models' attention and key/value heads divide over
     `trainer.ulysses_sequence_parallel_size` ranks (where they can be read without building
     the model: a `tiny://` preset or a folder's config.json; the trainer checks the rest)."""
+    sp = cfg.trainer.ulysses_sequence_parallel_size
+    if sp == 1:
+        return []  # before the imports: the trainer's module brings torch
     from trinity.algorithm.algorithms import known_algorithm
     from trinity.models.loading import attention_heads
     from trinity.trainer.sequence_parallel import KEY, heads_problem
 
-    sp = cfg.trainer.ulysses_sequence_parallel_size
-    if sp == 1:
-        return []
     paths = {cfg.model.model_path: "model.model_path"}
     spec = known_algorithm(cfg.algorithm.algorithm_type)
     if spec is not None and spec.use_critic and cfg.model.critic_model_path:
