@@ -284,6 +284,7 @@ def test_the_config_takes_sql_for_the_experience_buffer_and_checks_its_url(tmp_p
     assert "tasksets from a queue or SQL table" in refused.message
 
 
+@pytest.mark.slow  # two whole runs (about 12-20 s on 2 cores)
 @pytest.mark.parametrize("where", ["sqlite", "postgres"])
 def test_a_grpo_run_trains_from_sql_storage(tmp_path, tiny_model_dir, request, where):
     """`trinity run` (mode both, GRPO, 3 steps) with `storage_type: sql`: with no path the buffer

@@ -286,6 +286,7 @@ def test_nccl_sync_reaches_every_rank_as_a_member_of_the_broadcast(engines, tmp_
     assert_same_answers(tp, one)
 
 
+@pytest.mark.slow  # a whole run with two engine ranks (20-30 s on 2 cores)
 def test_a_grpo_run_with_tensor_parallel_engines_completes(tmp_path, tiny_model_dir) -> None:
     """`trinity run` (mode both, 2 steps) with tensor_parallel_size 2 and nccl weight sync: the
     plan says the engine's ranks, rank 0 prints where they run, and the synced weights serve
