@@ -324,3 +324,14 @@ def test_a_colocated_engine_that_must_know_it_when_built_is_told(monkeypatch, ti
     assert built[0]["enable_sleep_mode"] is True and "enable_sleep_mode" not in built[1]
     assert "enable_sleep_mode" not in built[2]
     assert VLLMRolloutEngine.sleep_kwarg == "enable_sleep_mode"
+
+
+def test_validate_refuses_colocated_vllm_on_cpus_as_the_run_would(monkeypatch):
+    from trinity.config import preflight as pf
+
+    monkeypatch.setattr(pf, "gpu_driver_present", lambda: False)
+    cfg = _cfg(cluster={"colocate": True}, explorer={"rollout_model": {"engine_type": "vllm"}})
+    said = {p.path: p.message for p in pf.preflight(cfg).problems}
+    assert "vLLM's sleep mode needs CUDA" in said["cluster.colocate"]
+    plain = _cfg(cluster={"colocate": True})
+    assert "cluster.colocate" not in {p.path for p in pf.preflight(plain).problems}

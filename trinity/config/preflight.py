@@ -174,6 +174,19 @@ def _check_one(
                     "cluster.gpu_per_node: 0 to run on CPUs, or leave one_process off",
                 )
             )
+    where = "cluster.colocate"
+    vllm = cfg.explorer.rollout_model.engine_type == "vllm"
+    if cfg.cluster.colocate and vllm and not blocked(skip, where, "explorer.rollout_model"):
+        on_cpu = cfg.cluster.gpu_per_node == 0 or not gpu_driver_present()
+        if on_cpu:  # as `launcher.placement.colocated_config` refuses it when the run starts
+            problems.append(
+                Problem(
+                    where,
+                    "with explorer.rollout_model.engine_type vllm on CPUs: vLLM's sleep mode "
+                    "needs CUDA, so its engines cannot give the device to the trainer; use "
+                    "engine_type transformers, or cluster.colocate: false",
+                )
+            )
     # 2., 3. and 5. for what the explorer reads
     inp = cfg.buffer.explorer_input
     storages = inp.storages(training=cfg.mode in ("both", "explore"))

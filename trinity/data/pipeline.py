@@ -79,6 +79,7 @@ class StepGroups:
         self.dropped: list[Group] = []  # groups the filters dropped whole (untrained)
         self.untrained = 0  # samples kept in the step untrained (their task kept others)
         self.filled = 0  # tasks the refills took
+        self.unfilled = 0  # dropped tasks that completed the step, untrained (`complete`)
         self._metrics: dict[str, float] = {}
         self._seen = 0  # experiences the pipeline saw (weights its own metrics' means)
 
@@ -153,7 +154,7 @@ class StepGroups:
             **self._metrics,
             "experience_pipeline/refill_tasks": float(self.filled),
             "experience_pipeline/kept_untrained": float(self.untrained),
-            "experience_pipeline/unfilled_tasks": float(getattr(self, "unfilled", 0)),
+            "experience_pipeline/unfilled_tasks": float(self.unfilled),
         }
 
 
