@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trinity.buffer.replay import ReplaySpec
 from trinity.buffer.sql_store import BufferState, SQLStore, Taken
 from trinity.buffer.sql_url import database_url
 from trinity.buffer.storage import STORAGE, BufferClosed, Cursor, Lease, Superseded
@@ -59,15 +60,16 @@ class SQLStorage(RefCounted):
         settled: list[int] = (),
         reopen: bool = False,
         name: str = "experience_buffer",
+        replay: ReplaySpec | None = None,
     ) -> None:
         """`path`: a SQLite file or a database URL (`sql_url.py`); `name`: this buffer's name
         in the database (rows of other names are other buffers). `settled`: leases the
         checkpoint a resumed trainer starts from has trained, acked now; `reopen`: a continued
-        run, so a finished buffer takes writes again."""
+        run, so a finished buffer takes writes again; `replay`: reuse by priority (`replay.py`)."""
         if path is None:
             raise ValueError("storage_type sql needs a database: a SQLite file or a URL")
         self.capacity = capacity
-        self.store = SQLStore(database_url(str(path)), name)
+        self.store = SQLStore(database_url(str(path)), name, replay, capacity)
         self.store.settle(list(settled), reopen)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql-storage")
         self._cond = asyncio.Condition()
@@ -148,10 +150,11 @@ class SQLStorage(RefCounted):
         linger: float = 0.0,
         reader: int | None = None,
     ) -> Lease:
-        """The next `n` experiences in write order under a new lease; the queue's contract
-        (`QueueStorage.read`): fewer only once writing has ended, BufferClosed once nothing is
-        left, `linger` s of waiting for a late writer after every writer released, stale rows
-        dropped, TimeoutError after `timeout` s, `Superseded` for a replaced reader's token."""
+        """The next `n` experiences in write order (by priority with replay) under a new lease;
+        the queue's contract (`QueueStorage.read`): fewer only once writing has ended,
+        BufferClosed once nothing is left, `linger` s of waiting for a late writer after every
+        writer released, stale rows dropped, TimeoutError after `timeout` s, `Superseded` for a
+        replaced reader's token."""
 
         def may_end(state: BufferState) -> bool:
             """Called in the transaction: has writing ended (a short read may take the rest)?"""

@@ -8,14 +8,17 @@ the launcher), so one PostgreSQL database keeps the buffers of many runs apart, 
 a fresh name (`continue_from_checkpoint: false`) starts empty. The `trinity_` prefix keeps our
 tables apart from a Trinity-RFT table (named after its buffer) in the same database.
 
-- `trinity_meta(key, value)`: `schema_version`. A database written by another version is refused
-  at open, naming both versions; a database without our tables gets them.
+- `trinity_meta(key, value)`: `schema_version`. A database of an older version is migrated at
+  open (`MIGRATIONS`), one of a newer or unknown version refused, naming both versions; a
+  database without our tables gets them.
 - `trinity_buffer`: one row per buffer: the current reader's token (`reader_started`), `closed`
   (writing ended for good: `close` or `finish`), `finished` (the trainer's step budget was
   reached; a continued run's trainer reopens it).
 - `trinity_experience`: one row per experience written, in write order (`id`), with its state
-  (pending -> leased -> trained, or dropped: `sqlite_log.py` draws it), its lease, how often it was
-  acked (above 1 = trained twice: never, by design), and the scalars counts and staleness use.
+  (pending -> leased -> trained, or dropped: `sqlite_log.py` draws it, and why it was dropped),
+  its lease, how often it was acked (above 1 = trained twice: never, by design), and the scalars
+  counts and staleness use. With replay (`replay.py`) also its group, priority, use count, when
+  it is ready, and for a replay copy the lease whose read made it (`origin`).
 - `trinity_payload`: the experience itself (`Experience.to_dict` as JSON), deleted when its row is
   trained or dropped (retention: counts stay exact, bytes go; deleted in write order, so whole
   SQLite pages empty out and are reused).
@@ -41,11 +44,13 @@ from sqlalchemy.engine import URL, Engine
 
 from trinity.buffer.sql_url import shown
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the replay columns of trinity_experience (`migrate` adds them to a 1)
 BUSY_TIMEOUT_MS = 60_000  # how long a SQLite transaction waits for another process's
 
 # lease states
 OPEN, ACKED, RETURNED = 0, 1, 2
+# why a row was dropped (`trinity_experience.reason`)
+STALE, FINISHED, EVICTED, REPLAY_STALE = 1, 2, 3, 4
 
 metadata = sa.MetaData()
 
@@ -73,7 +78,15 @@ experiences = sa.Table(
     sa.Column("acks", sa.Integer, nullable=False, default=0),
     sa.Column("model_version", sa.Integer, nullable=False),
     sa.Column("reward", sa.Float, nullable=True),
+    # version 2: replay
+    sa.Column("reason", sa.SmallInteger, nullable=False, default=0),
+    sa.Column("group_key", sa.String(256), nullable=True),
+    sa.Column("uses", sa.Integer, nullable=False, default=0),
+    sa.Column("priority", sa.Float, nullable=True),
+    sa.Column("ready_at", sa.Float, nullable=True),
+    sa.Column("origin", sa.BigInteger, nullable=True),
     sa.Index("trinity_experience_state", "buffer", "state", "id"),
+    sa.Index("trinity_experience_origin", "origin"),
     sa.Index("trinity_experience_lease", "lease"),
     sqlite_autoincrement=True,  # ids never reused: write order survives deletes
 )
@@ -155,10 +168,13 @@ def open_database(url: URL) -> Engine:
             if found is None:
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif found in MIGRATIONS:
+                migrate(conn, found)
+                found = SCHEMA_VERSION
     except sa.exc.OperationalError as e:
         engine.dispose()
         raise ConnectionError(f"sql storage: cannot open {shown(url)}: {e.orig}") from None
-    if found not in (None, SCHEMA_VERSION):
+    if found not in (None, SCHEMA_VERSION):  # newer than us, or unknown
         engine.dispose()
         raise SchemaVersionError(
             f"{shown(url)} holds trinity SQL storage tables of schema version {found}; "
@@ -166,6 +182,32 @@ def open_database(url: URL) -> Engine:
             "(or file), or the trinity version that wrote it"
         )
     return engine
+
+
+# version 1 -> 2: the replay columns (NOT NULL ones with their default, so old rows read as
+# fresh experiences of a storage without replay)
+MIGRATIONS = {
+    1: [
+        "ALTER TABLE trinity_experience ADD COLUMN reason SMALLINT NOT NULL DEFAULT 0",
+        "ALTER TABLE trinity_experience ADD COLUMN group_key VARCHAR(256)",
+        "ALTER TABLE trinity_experience ADD COLUMN uses INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE trinity_experience ADD COLUMN priority FLOAT",
+        "ALTER TABLE trinity_experience ADD COLUMN ready_at FLOAT",
+        "ALTER TABLE trinity_experience ADD COLUMN origin BIGINT",
+        "CREATE INDEX trinity_experience_origin ON trinity_experience (origin)",
+    ]
+}
+
+
+def migrate(conn: sa.Connection, found: int) -> None:
+    """Bring a database of schema version `found` to SCHEMA_VERSION, in the open's transaction
+    (on SQLite and PostgreSQL alike, DDL is transactional: a failed migration changes nothing)."""
+    for version in range(found, SCHEMA_VERSION):
+        for statement in MIGRATIONS[version]:
+            conn.exec_driver_sql(statement)
+    conn.execute(
+        meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+    )
 
 
 def schema_version(conn: sa.Connection) -> int | None:

@@ -20,6 +20,10 @@ flags. Each transaction reads the facts it needs and changes them atomically:
 - a write inserts the rows, their payloads and the writer's cursor in one transaction: the cursor
   is never ahead of or behind what the storage holds.
 
+With replay (`replay.py`), a read takes the highest-priority ready rows instead of the oldest,
+writes the replay copies of what it took in its transaction, and evicts the lowest-priority
+copies beyond `capacity`; a returned lease's copies are deleted with it.
+
 Nothing here waits for rows to arrive: a method that cannot proceed says why (`Written.full`,
 `Taken` without a lease) and the storage waits and tries again.
 """
@@ -27,6 +31,7 @@ Nothing here waits for rows to arrive: a method that cannot proceed says why (`W
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +39,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from trinity.buffer.replay import ReplaySpec, group_key
 from trinity.buffer.sql_schema import (
     ACKED,
+    EVICTED,
+    FINISHED,
     OPEN,
+    REPLAY_STALE,
     RETURNED,
+    STALE,
     buffers,
     cursors,
     experiences,
@@ -101,10 +111,14 @@ def _insert(conn: sa.Connection, table: sa.Table) -> Any:
 
 
 class SQLStore:
-    """One buffer (`buffer`: its name in the database) on the database at `url`."""
+    """One buffer (`buffer`: its name in the database) on the database at `url`; `replay`: its
+    replay settings (None: write order, each row read once); `capacity`: the pending rows beyond
+    which replay copies are evicted."""
 
-    def __init__(self, url: URL, buffer: str) -> None:
-        self.url, self.buffer = url, buffer
+    def __init__(
+        self, url: URL, buffer: str, replay: ReplaySpec | None = None, capacity: int = 10000
+    ) -> None:
+        self.url, self.buffer, self.replay, self.capacity = url, buffer, replay, capacity
         self.engine = open_database(url)
         with self.engine.begin() as conn:
             conn.execute(_insert(conn, buffers).values(buffer=buffer).on_conflict_do_nothing())
@@ -134,8 +148,11 @@ class SQLStore:
         return state
 
     def _pending(self, conn: sa.Connection) -> int:
+        """Fresh rows waiting (replay copies do not count against `capacity`)."""
         e = experiences.c
-        q = sa.select(sa.func.count()).where(e.buffer == self.buffer, e.state == PENDING)
+        q = sa.select(sa.func.count()).where(
+            e.buffer == self.buffer, e.state == PENDING, e.uses == 0
+        )
         return int(conn.execute(q).scalar_one())
 
     def _set_flags(self, conn: sa.Connection, **flags: Any) -> None:
@@ -167,11 +184,7 @@ class SQLStore:
                 return Written(state, refused="write to a closed buffer")
             if state.pending >= capacity:
                 return Written(state, full=True)
-            rows = [
-                {"buffer": self.buffer, "state": PENDING, "acks": 0,
-                 "model_version": e.model_version, "reward": e.reward}
-                for e in items
-            ]  # fmt: skip
+            rows = [self._fresh_row(e) for e in items]
             ids: list[int] = []
             if rows:
                 insert = experiences.insert().returning(
@@ -185,8 +198,18 @@ class SQLStore:
                 conn.execute(payloads.insert(), data)
             if cursor is not None:
                 self._move_cursor(conn, cursor)
+            if self.replay is not None:
+                self._evict(conn)
             state.pending += len(ids)
             return Written(state, ids=ids)
+
+    def _fresh_row(self, e: Experience) -> dict[str, Any]:
+        row = {"buffer": self.buffer, "state": PENDING, "acks": 0, "reason": 0, "uses": 0,
+               "model_version": e.model_version, "reward": e.reward}  # fmt: skip
+        if self.replay is not None:
+            row["group_key"] = group_key(e.eid)
+            row["priority"] = self.replay.priority(e.model_version, 0, row["group_key"])[0]
+        return row
 
     def _move_cursor(self, conn: sa.Connection, cursor: Cursor) -> None:
         metrics = json.dumps(cursor.metrics) if cursor.metrics is not None else None
@@ -228,17 +251,23 @@ class SQLStore:
                 return Taken(state, superseded=True)
             if min_version is not None:
                 self._drop_stale(conn, min_version)
-            q = (
-                sa.select(e.id)
-                .where(e.buffer == self.buffer, e.state == PENDING)
-                .order_by(e.id)
-                .limit(n)
-                .with_for_update(skip_locked=True)
-            )
-            ids = [int(r[0]) for r in conn.execute(q)]
+            ended = self.replay is not None and may_end(state)
+            q = sa.select(e.id, e.uses).where(e.buffer == self.buffer, e.state == PENDING)
+            if self.replay is None:
+                q = q.order_by(e.id)
+            else:
+                self._drop_replay_stale(conn)
+                if not ended:  # a draining read does not wait for cooldowns
+                    q = q.where(sa.or_(e.ready_at.is_(None), e.ready_at <= time.time()))
+                q = q.order_by(e.priority.desc().nulls_last(), e.id)
+            taken = {
+                int(r[0]): int(r[1])
+                for r in conn.execute(q.limit(n).with_for_update(skip_locked=True))
+            }
+            ids = list(taken)
             if len(ids) < n:
                 state.pending = len(ids)
-                if not may_end(state):
+                if not (ended or may_end(state)):
                     return Taken(state)  # the stale rows stay dropped
                 if not ids:
                     return Taken(state, drained=True)
@@ -249,15 +278,106 @@ class SQLStore:
             conn.execute(
                 experiences.update().where(e.id.in_(ids)).values(state=LEASED, lease=lease)
             )
-            got = conn.execute(
-                sa.select(payloads.c.id, payloads.c.data)
-                .where(payloads.c.id.in_(ids))
-                .order_by(payloads.c.id)
-            ).all()
-        if len(got) != len(ids):
-            raise RuntimeError(f"{self.where()}: pending rows without their payload")
-        rows = [(int(i), Experience.from_dict(json.loads(d))) for i, d in got]
+            got = dict(
+                conn.execute(
+                    sa.select(payloads.c.id, payloads.c.data).where(payloads.c.id.in_(ids))
+                ).all()
+            )
+            if len(got) != len(ids):
+                raise RuntimeError(f"{self.where()}: pending rows without their payload")
+            if self.replay is not None and not ended:
+                self._copy_for_replay(conn, lease, ids, got)
+        rows = []
+        for i in ids:
+            experience = Experience.from_dict(json.loads(got[i]))
+            if self.replay is not None:
+                experience.info["use_count"] = taken[i]
+            rows.append((i, experience))
         return Taken(state, lease=lease, rows=rows)
+
+    def _copy_for_replay(
+        self, conn: sa.Connection, lease: int, ids: list[int], data: dict[int, str]
+    ) -> None:
+        """The replay copies of the rows `lease` took (each group the priority function puts
+        back: one more use, ready after the cooldown), then the lowest-priority copies beyond
+        `capacity` evicted."""
+        assert self.replay is not None
+        e = experiences.c
+        cooldown = self.replay.reuse_cooldown_time
+        ready_at = time.time() + cooldown if cooldown else None
+        source = conn.execute(
+            sa.select(e.id, e.model_version, e.reward, e.group_key, e.uses)
+            .where(e.id.in_(ids))
+            .order_by(e.id)
+        ).all()
+        copies, copied = [], []
+        for r in source:
+            priority, put_back = self.replay.priority(r.model_version, r.uses + 1, r.group_key)
+            if put_back:
+                copied.append(r.id)
+                copies.append(
+                    {"buffer": self.buffer, "state": PENDING, "acks": 0, "reason": 0,
+                     "model_version": r.model_version, "reward": r.reward,
+                     "group_key": r.group_key, "uses": r.uses + 1, "priority": priority,
+                     "ready_at": ready_at, "origin": lease}
+                )  # fmt: skip
+        if copies:
+            insert = experiences.insert().returning(e.id, sort_by_parameter_order=True)
+            new = [int(x[0]) for x in conn.execute(insert, copies)]
+            conn.execute(
+                payloads.insert(),
+                [{"id": i, "data": data[o]} for i, o in zip(new, copied, strict=True)],
+            )
+        self._evict(conn)
+
+    def _evict(self, conn: sa.Connection) -> None:
+        """Drop the lowest-priority replay copies while more than `capacity` rows are pending."""
+        e = experiences.c
+        pending = sa.select(sa.func.count()).where(e.buffer == self.buffer, e.state == PENDING)
+        excess = int(conn.execute(pending).scalar_one()) - self.capacity
+        if excess <= 0:
+            return
+        victims = [
+            int(r[0])
+            for r in conn.execute(
+                sa.select(e.id)
+                .where(e.buffer == self.buffer, e.state == PENDING, e.uses > 0)
+                .order_by(e.priority, e.id.desc())
+                .limit(excess)
+                .with_for_update(skip_locked=True)
+            )
+        ]
+        self._drop(conn, victims, EVICTED)
+
+    def _drop_replay_stale(self, conn: sa.Connection) -> None:
+        """Drop the pending copies more than `max_staleness` versions behind the newest row."""
+        assert self.replay is not None
+        if self.replay.max_staleness is None:
+            return
+        e = experiences.c
+        newest = conn.execute(
+            sa.select(sa.func.max(e.model_version)).where(e.buffer == self.buffer)
+        ).scalar_one()
+        if newest is None:
+            return
+        bound = int(newest) - self.replay.max_staleness
+        stale = sa.select(e.id).where(
+            e.buffer == self.buffer, e.state == PENDING, e.uses > 0, e.model_version < bound
+        )
+        self._drop(
+            conn,
+            [int(r[0]) for r in conn.execute(stale.with_for_update(skip_locked=True))],
+            REPLAY_STALE,
+        )
+
+    def _drop(self, conn: sa.Connection, ids: list[int], reason: int) -> None:
+        """Rows `ids` dropped for `reason` (their payloads deleted)."""
+        if ids:
+            e = experiences.c
+            conn.execute(
+                experiences.update().where(e.id.in_(ids)).values(state=DROPPED, reason=reason)
+            )
+            conn.execute(payloads.delete().where(payloads.c.id.in_(ids)))
 
     def _drop_stale(self, conn: sa.Connection, min_version: int) -> int:
         """Drop (for good) pending rows produced by weights older than `min_version`."""
@@ -270,9 +390,7 @@ class SQLStore:
                 .with_for_update(skip_locked=True)
             )
         ]
-        if stale:
-            conn.execute(experiences.update().where(e.id.in_(stale)).values(state=DROPPED))
-            conn.execute(payloads.delete().where(payloads.c.id.in_(stale)))
+        self._drop(conn, stale, STALE)
         return len(stale)
 
     def give_back(self, lease: int) -> None:
@@ -295,11 +413,19 @@ class SQLStore:
         if not back:
             return 0
         e = experiences.c
+        # the replay copies their reads made go with them (those another open lease holds stay)
+        copies = sa.select(e.id).where(
+            e.origin.in_(back), sa.or_(e.state == PENDING, e.lease.in_(back))
+        )
+        gone = [int(r[0]) for r in conn.execute(copies)]
+        if gone:
+            conn.execute(payloads.delete().where(payloads.c.id.in_(gone)))
+            conn.execute(experiences.delete().where(e.id.in_(gone)))
         moved = conn.execute(
             experiences.update()
             .where(e.lease.in_(back), e.state == LEASED)
             .values(state=PENDING, lease=None)
-        ).rowcount
+        ).rowcount  # the copies of copies deleted above are not counted: gone, not back
         conn.execute(leases.update().where(leases.c.id.in_(back)).values(state=RETURNED))
         return int(moved)
 
@@ -407,7 +533,7 @@ class SQLStore:
             dropped = conn.execute(
                 experiences.update()
                 .where(e.buffer == self.buffer, e.state == PENDING)
-                .values(state=DROPPED)
+                .values(state=DROPPED, reason=FINISHED)
             ).rowcount
             self._set_flags(conn, closed=True, finished=True)
             return int(dropped)
@@ -419,21 +545,43 @@ class SQLStore:
 
 
 def counts(conn: sa.Connection, buffer: str) -> dict[str, int]:
-    """A buffer's counts: written, trained, pending, leased, dropped, trained_twice."""
+    """A buffer's counts: written, trained, pending, leased, dropped, trained_twice of the
+    experiences written; with replay also replayed (copies trained), replay_pending (waiting or
+    leased), replay_dropped (copies never trained), of them replay_evicted (beyond capacity)
+    and replay_stale (too stale); the rest went unread when the trainer finished."""
     e = experiences.c
-    by_state = dict(
-        conn.execute(
-            sa.select(e.state, sa.func.count()).where(e.buffer == buffer).group_by(e.state)
-        ).all()
-    )
+    by: dict[tuple[int, bool, int], int] = {}
+    for state, uses, reason, k in conn.execute(
+        sa.select(e.state, e.uses, e.reason, sa.func.count())
+        .where(e.buffer == buffer)
+        .group_by(e.state, e.uses, e.reason)
+    ):
+        key = (int(state), int(uses) > 0, int(reason))
+        by[key] = by.get(key, 0) + int(k)
+
+    def n(state: int | None, copy: bool, reason: int | None = None) -> int:
+        return sum(
+            k for (s, c, r), k in by.items()
+            if (state is None or s == state) and c == copy and (reason is None or r == reason)
+        )  # fmt: skip
+
     twice = conn.execute(
         sa.select(sa.func.count()).where(e.buffer == buffer, e.acks > 1)
     ).scalar_one()
-    return {
-        "written": int(sum(by_state.values())),
-        "trained": int(by_state.get(TRAINED, 0)),
-        "pending": int(by_state.get(PENDING, 0)),
-        "leased": int(by_state.get(LEASED, 0)),
-        "dropped": int(by_state.get(DROPPED, 0)),
+    out = {
+        "written": n(None, False),
+        "trained": n(TRAINED, False),
+        "pending": n(PENDING, False),
+        "leased": n(LEASED, False),
+        "dropped": n(DROPPED, False),
         "trained_twice": int(twice),
     }
+    if any(copy for _, copy, _ in by):
+        out |= {
+            "replayed": n(TRAINED, True),
+            "replay_pending": n(PENDING, True) + n(LEASED, True),
+            "replay_dropped": n(DROPPED, True),
+            "replay_evicted": n(DROPPED, True, EVICTED),
+            "replay_stale": n(DROPPED, True, REPLAY_STALE),
+        }
+    return out

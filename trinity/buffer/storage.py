@@ -170,6 +170,11 @@ def run_prefix(run_dir: str | Path) -> str:
     return f"{Path(run_dir).parent.name}/{Path(run_dir).name}/"
 
 
-def storage_class(storage_type: str) -> type:
-    """The registered storage class for `storage_type` (importing its module on first use)."""
+def storage_class(storage_type: str, replay: bool = False) -> type:
+    """The registered storage class for `storage_type` (importing its module on first use).
+    `replay`: the storage must reuse by priority (`replay.py`); a queue then is the sql storage
+    on a SQLite file in the run folder, which keeps priorities, use counts and cooldowns
+    durable (the queue's in-memory FIFO has none)."""
+    if replay and storage_type == "queue":
+        storage_type = "sql"
     return STORAGE.get(storage_type)

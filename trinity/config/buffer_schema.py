@@ -88,16 +88,25 @@ class TaskSelectorConfig(ConfigSection):
 
 
 class ReplayBufferConfig(ConfigSection):
-    """Experience replay from a queue: experiences are reused by priority."""
+    """Experience replay: the trainer's reads take experiences by priority and reuse them
+    (trinity/buffer/replay.py); the priorities, use counts and cooldowns are kept in the
+    storage, so they survive a restart."""
 
     enable: bool = False
-    """Reuse experiences by priority."""
+    """Reuse experiences by priority (storage_type queue or sql)."""
     priority_fn: str = "linear_decay"
-    """Priority function (registry name)."""
+    """Priority of a group of experiences from its model_version and use count:
+    'linear_decay' (version - decay * uses, reused without limit) or
+    'decay_limit_randomization' (the same + sigma * noise, reused while uses < use_count_limit)."""
     reuse_cooldown_time: float | None = Field(None, ge=0)
-    """Seconds before an experience may be reused; None = no wait."""
+    """Seconds after a read before its experiences may be read again; None = at once (in
+    Trinity-RFT None means never)."""
     priority_fn_args: dict[str, Any] = Field(default_factory=lambda: {"decay": 2.0})
-    """Priority function arguments."""
+    """Arguments of the priority function: decay (2.0); decay_limit_randomization also
+    use_count_limit (3; <= 0 = no limit) and sigma (0.0)."""
+    max_staleness: int | None = Field(None, ge=0)
+    """Ours: a reused experience more than this many weight versions behind the newest one
+    written is dropped instead (counted replay_stale); None = no bound."""
 
 
 class StorageConfig(ConfigSection):
@@ -146,7 +155,7 @@ class StorageConfig(ConfigSection):
     data_selector: TaskSelectorConfig = Field(default_factory=TaskSelectorConfig)
     """Order in which tasks are drawn (was task_selector)."""
     replay_buffer: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
-    """Experience replay (queue storage)."""
+    """Experience replay (experience buffer, queue or sql storage)."""
     schema_type: str | None = None
     """Row schema of this storage (e.g. 'sft', 'dpo'); None = the algorithm's."""
     total_epochs: int | None = Field(None, ge=1)
@@ -187,7 +196,6 @@ _EVAL_TASKSETS = _TASKSET | {
     "data_selector": NotApplicable("eval sets are run whole, in file order"),
 }
 _EXPERIENCE_BUFFER: dict[str, Any] = {
-    "replay_buffer": NotBuilt("experience replay (priority reuse of experiences)"),
     "schema_type": NotApplicable("the experience schema follows algorithm_type"),
     **{
         key: NotApplicable(_NO_ROLLOUT)
@@ -200,6 +208,15 @@ _EXPERIENCE_BUFFER: dict[str, Any] = {
             "repeat_times",
         )
     },
+}
+
+
+_AUXILIARY_BUFFER: dict[str, Any] = {
+    "replay_buffer": NotApplicable(
+        "an auxiliary buffer is a dataset read in order; replay reuses the rollouts of the "
+        "experience buffer"
+    ),
+    **{k: v for k, v in _EXPERIENCE_BUFFER.items() if k not in ("replay_buffer", "schema_type")},
 }
 
 
@@ -237,7 +254,9 @@ class TrainerInput(ConfigSection):
     experience_buffer: Annotated[StorageConfig | None, Inside(_EXPERIENCE_BUFFER)] = None
     """Where the trainer reads experiences; required for mode 'train'. In mode 'both' an in-memory
     queue is used when unset."""
-    auxiliary_buffers: dict[str, StorageConfig] = Field(default_factory=dict)
+    auxiliary_buffers: Annotated[dict[str, StorageConfig], Inside(_AUXILIARY_BUFFER)] = Field(
+        default_factory=dict
+    )
     """Extra named datasets for the trainer, e.g. an SFT set for mixed training."""
 
 

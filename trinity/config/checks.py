@@ -127,6 +127,27 @@ def _sql_buffer_names_a_database(cfg: TrinityConfig) -> Iterator[Problem]:
         yield Problem("buffer.trainer_input.experience_buffer.path", f"storage_type sql: {why}")
 
 
+@_check("buffer.trainer_input.experience_buffer")
+def _replay_settings(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`replay_buffer.enable`: an experience storage that keeps priorities (queue or sql) and a
+    priority function that takes the arguments given."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is None or not eb.replay_buffer.enable:
+        return
+    at = "buffer.trainer_input.experience_buffer"
+    if eb.storage_type not in ("queue", "sql"):
+        yield Problem(
+            f"{at}.replay_buffer.enable",
+            f"replay reuses rollout experiences of a queue or sql storage; storage_type "
+            f"{eb.storage_type!r} is read once, in order",
+        )
+    from trinity.buffer.replay import priority_args_problem
+
+    rb = eb.replay_buffer
+    if (why := priority_args_problem(rb.priority_fn, rb.priority_fn_args)) is not None:
+        yield Problem(f"{at}.replay_buffer.priority_fn_args", why)
+
+
 @_check("mode", "algorithm.algorithm_type")
 def _pairwise_trains_offline(cfg: TrinityConfig) -> Iterator[Problem]:
     from trinity.algorithm.algorithms import is_pairwise

@@ -162,6 +162,13 @@ def own_notes(cfg: TrinityConfig) -> list[str]:
             f"explorer.rollout_model.max_restarts: not applicable here ({why}: the "
             "engines are threads of the explorer's process, and Ray restarts processes)"
         )
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is not None and eb.storage_type == "queue" and eb.replay_buffer.enable:
+        notes.append(
+            "buffer.trainer_input.experience_buffer.replay_buffer: a queue with replay keeps its "
+            "experiences, priorities and use counts in the sql storage's SQLite file in the run "
+            "folder (buffer/<name>.sqlite)"
+        )
     notes += [
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)

@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from trinity.buffer.replay import ReplaySpec
 from trinity.buffer.storage import storage_class, store_name
 from trinity.common import refs
 from trinity.common.placement import describe as describe_nodes
@@ -281,14 +282,18 @@ def _start_parts(
     eb = cfg.buffer.trainer_input.experience_buffer
     if stage.explores or stage.serves or stage.reads_queue:
         buf_name = eb.name if eb and eb.name else "experience_buffer"
-        storage = storage_class(eb.storage_type if eb else "queue")
-        path = storage.location(eb.path if eb else None, stage.stage_dir, buf_name)
+        replay = ReplaySpec.of(eb.replay_buffer) if eb else None
+        storage = storage_class(eb.storage_type if eb else "queue", replay is not None)
+        # a configured path is the configured storage's (a queue's, served by sql for replay,
+        # is not a database): a substituted storage lives in the run folder
+        configured = eb.path if eb and storage_class(eb.storage_type) is storage else None
+        path = storage.location(configured, stage.stage_dir, buf_name)
         # whichever process of a run creates the buffer settles the leases the run's newest
         # checkpoint trained (an explore process may come back before the train process)
         buffer = parts.start(
             storage, f"buffer/{buf_name}", path, eb.capacity if eb else 10000,
             trained_leases(resume), continuing, store_name(r.run_dir, stage.stage_dir, buf_name),
-            share=stage.shared, service=True,
+            *([replay] if replay else []), share=stage.shared, service=True,
         )  # fmt: skip
     if ctx.nodes:
         engines = engine_count(cfg) if stage.explores or stage.evaluates else 0

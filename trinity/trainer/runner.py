@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from trinity.buffer.replay import replay_metrics
 from trinity.buffer.storage import BufferClosed
 from trinity.common import refs
 from trinity.common.compute import compute_lane
@@ -216,6 +217,7 @@ class TrainerRunner:
                     metrics = self.lane.run(self._train_step, exps)
                     if self.dataset is None:  # rollouts (a dataset's rows have no version)
                         metrics.update(staleness_metrics(versions, trained_with=step - 1))
+                        metrics.update(replay_metrics(exps))
                     metrics["timing/train_wait_buffer"] = wait
                     metrics.update(self._read_metrics)
                     self._read_metrics = {}
