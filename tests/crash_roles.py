@@ -9,6 +9,9 @@
   writes a checkpoint durably (temp file, fsync, rename) and only then acks its leases, as
   `TrainerRunner._checkpoint` does. At the end (BufferClosed) a last checkpoint and `done`.
 
+With a fourth argument `replay`, the storage reuses each experience once more
+(`decay_limit_randomization`, use_count_limit 2) and the reader records (experience, use count).
+
 No torch: experiences are built with `Experience.from_dict` (packed), so a restart is quick.
 """
 
@@ -21,22 +24,34 @@ import random
 import sys
 from pathlib import Path
 
+from trinity.buffer.replay import ReplaySpec
 from trinity.buffer.sql import SQLStorage
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import Experience
 
 STEPS, PER_STEP, BATCH, CKPT_EVERY = 60, 8, 12, 3
 NAME = "crash/run/exp"
+REPLAY = ReplaySpec("decay_limit_randomization", {"use_count_limit": 2})
+
+
+def storage(db: str, replay: bool, settled: list[int] = ()) -> SQLStorage:
+    return SQLStorage(db, 50, list(settled), name=NAME, replay=REPLAY if replay else None)
 
 
 def experience(i: int) -> Experience:
     return Experience.from_dict(
-        {"tokens": [1, 2, 3, i], "prompt_length": 3, "logprobs": [-0.5], "reward": float(i)}
+        {
+            "tokens": [1, 2, 3, i],
+            "prompt_length": 3,
+            "logprobs": [-0.5],
+            "reward": float(i),
+            "eid": {"batch": i // PER_STEP, "task": i % PER_STEP},
+        }
     )
 
 
-async def writer(db: str) -> None:
-    q = SQLStorage(db, capacity=50, name=NAME)
+async def writer(db: str, replay: bool) -> None:
+    q = storage(db, replay)
     token = await q.register_writer("w")
     cursor = await q.cursor("w")
     for step in range(cursor.step if cursor else 0, STEPS):
@@ -55,10 +70,10 @@ def save(folder: Path, state: dict) -> None:
     os.replace(tmp, folder / "checkpoint.json")
 
 
-async def reader(db: str, folder: Path) -> None:
+async def reader(db: str, folder: Path, replay: bool) -> None:
     ckpt = folder / "checkpoint.json"
     state = json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
-    q = SQLStorage(db, capacity=50, settled=state["leases"], name=NAME)
+    q = storage(db, replay, state["leases"])
     token = (await q.reader_started(state["leases"]))["reader"]
     trained, unacked, reads = list(state["trained"]), [], 0
     while True:
@@ -66,7 +81,8 @@ async def reader(db: str, folder: Path) -> None:
             lease = await q.read(BATCH, timeout=60, reader=token)
         except BufferClosed:
             break
-        trained += [int(e.reward) for e in lease.experiences]  # the train step
+        # the train step
+        trained += [[int(e.reward), e.info.get("use_count", 0)] for e in lease.experiences]
         await asyncio.sleep(random.uniform(0.0, 0.03))
         unacked.append(lease.id)
         reads += 1
@@ -82,4 +98,5 @@ async def reader(db: str, folder: Path) -> None:
 
 if __name__ == "__main__":
     role, db, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    asyncio.run(writer(db) if role == "writer" else reader(db, folder))
+    replay = sys.argv[4:] == ["replay"]
+    asyncio.run(writer(db, replay) if role == "writer" else reader(db, folder, replay))

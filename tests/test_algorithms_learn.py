@@ -88,3 +88,46 @@ def test_the_algorithm_raises_the_quickstart_reward(sft_model, tmp_path, algorit
     assert len(rewards) == STEPS
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > first + 0.05, (algorithm, first, last, rewards)
+
+
+def steps_to(rewards: list[float], target: float, window: int = 5) -> int | None:
+    """The first explore step whose trailing `window`-step mean reward reaches `target`."""
+    for end in range(window, len(rewards) + 1):
+        if statistics.fmean(rewards[end - window : end]) >= target:
+            return end
+    return None
+
+
+def test_replay_reaches_a_target_reward_in_fewer_explore_steps(sft_model, tmp_path) -> None:
+    """GRPO from the SFT model with and without Trinity-RFT's replay buffer (a queue with
+    `decay_limit_randomization`, each group trained at most twice): both trainers take 30
+    steps; with replay they reuse the groups the explorer has not yet replaced, so they train
+    more per explore step and the rollout reward reaches a target (the plain run's first 5
+    steps + 0.1) in fewer explore steps."""
+    ckpt, base, rl_stage = sft_model
+    found: dict[str, list[float]] = {}
+    for name in ("plain", "replay"):
+        stage = json.loads(json.dumps(rl_stage))
+        stage["buffer"]["total_steps"] = STEPS
+        stage["buffer"]["batch_size"] = 16
+        stage["explorer"]["eval_interval"] = 0
+        stage["algorithm"]["optimizer"].update(lr_warmup_steps=3, lr_scheduler_type="constant")
+        if name == "replay":
+            stage["buffer"]["trainer_input"]["experience_buffer"]["replay_buffer"] = {
+                "enable": True,
+                "priority_fn": "decay_limit_randomization",
+                "priority_fn_args": {"use_count_limit": 2},
+            }
+        cfg = {**base, "name": name, "stages": [stage],
+               "checkpoint_root_dir": str(tmp_path / "ckpt")}  # fmt: skip
+        cfg["model"] = {**base["model"], "model_path": str(ckpt)}
+        r = run_trinity(write(cfg, tmp_path / f"{name}.yaml"), timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        recs = metrics(tmp_path / "ckpt" / base["project"] / name)
+        found[name] = [rec["rollout/reward_mean"] for rec in recs if "rollout/reward_mean" in rec]
+        reused = sum(rec.get("replay/reused", 0) for rec in recs)
+        assert (reused > 0) == (name == "replay"), (name, reused)
+    target = statistics.fmean(found["plain"][:5]) + 0.1
+    plain = steps_to(found["plain"], target) or STEPS + 1
+    replay = steps_to(found["replay"], target)
+    assert replay is not None and replay < plain, (target, plain, replay, found)
