@@ -294,3 +294,53 @@ def test_a_batch_reports_its_reuse():
         "replay/use_count_mean": 1.0,
         "replay/use_count_max": 3.0,
     }
+
+
+def test_finishing_drops_copies_without_counting_them_as_experiences_written(db):
+    async def main():
+        s = open_(db)
+        await s.register_writer("w")
+        await s.write(group(0, 0, version=0) + group(0, 1, version=0))
+        await s.read(2)  # (0, 0) read: one copy of it pending, (0, 1) pending
+        assert await s.finish() == 2  # (0, 1): the copies are not experiences written
+        counts = await s.stats()
+        assert counts["dropped"] == 2 and counts["replay_dropped"] == 2
+        s.shutdown()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow  # a whole run (about 40 s on 2 cores: PPO with a critic)
+def test_trinity_rft_s_replay_example_runs_with_a_tiny_model(tmp_path):
+    """Trinity-RFT's examples/ppo_countdown_exp_replay/countdown.yaml, unchanged but for the
+    model, the data and the sizes: PPO from a replay queue (explorer_driven sync) runs 3 steps."""
+    import json
+
+    from test_e2e import ROOT, buffer_counts, run_trinity
+
+    from trinity.tasks.synthetic import countdown
+
+    data = tmp_path / "countdown.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in countdown("train", num_tasks=40)))
+    config = ROOT / "tests/data/trinity_configs/ppo_countdown_exp_replay.yaml"
+    sets = {
+        "model.model_path": "tiny://1m", "model.max_response_tokens": 8,
+        "model.max_model_len": 128, "buffer.explorer_input.taskset.path": str(data),
+        "cluster.gpu_per_node": 0, "cluster.ray_address": "local", "buffer.batch_size": 4,
+        "buffer.total_steps": 3, "checkpoint_root_dir": str(tmp_path / "ckpt"),
+    }  # fmt: skip
+    r = run_trinity(
+        config, timeout=600, overrides=[f"{k}={v}" for k, v in sets.items()], cache=tmp_path
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "a queue with replay keeps its experiences" in r.stdout + r.stderr  # a note
+    local = tmp_path / "local.yaml"  # `trinity buffer stats --config` of the same run
+    local.write_text(
+        config.read_text().replace(
+            "checkpoint_root_dir: ${oc.env:TRINITY_CHECKPOINT_ROOT_DIR,./checkpoints}",
+            f"checkpoint_root_dir: {tmp_path / 'ckpt'}",
+        )
+    )
+    run = "Trinity-RFT-countdown-experience-replay/qwen2.5-1.5B-countdown"
+    counts = buffer_counts(local, f"buffer/experience_buffer.sqlite {run}/experience_buffer")
+    assert counts["trained"] == 3 * 4 * 5 and counts["trained_twice"] == 0  # 4 tasks x 5

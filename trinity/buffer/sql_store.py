@@ -524,19 +524,20 @@ class SQLStore:
 
     def finish(self) -> int:
         """The trainer's budget is reached: writing ends, what is pending is dropped (counted).
-        Returns how many were dropped."""
+        Returns how many experiences written were dropped (replay copies not counted)."""
         e = experiences.c
         with self.engine.begin() as conn:
             self._state(conn, "update")
+            fresh = self._pending(conn)
             pending = sa.select(e.id).where(e.buffer == self.buffer, e.state == PENDING)
             conn.execute(payloads.delete().where(payloads.c.id.in_(pending)))
-            dropped = conn.execute(
+            conn.execute(
                 experiences.update()
                 .where(e.buffer == self.buffer, e.state == PENDING)
                 .values(state=DROPPED, reason=FINISHED)
-            ).rowcount
+            )
             self._set_flags(conn, closed=True, finished=True)
-            return int(dropped)
+            return fresh
 
     def counts(self) -> dict[str, int]:
         """written, trained, pending, leased, dropped, trained_twice (`counts`)."""
