@@ -432,8 +432,9 @@ def buffer_stats(
 
     Per buffer: written, trained (acked after a checkpoint), pending (waiting to be read),
     leased (read, not yet checkpointed), dropped (too stale, or written after the trainer's
-    step budget was reached), trained_twice (0 unless broken). A queue's log is named by its
-    file, an sql buffer by its database and its name there (<project>/<run>/<buffer>). A config
+    step budget was reached), trained_twice (0 unless broken); with replay also replayed (reuses
+    trained), replay_pending, replay_dropped (of them replay_evicted, replay_stale). A queue's
+    log is named by its file, an sql buffer by its database and its name there (<project>/<run>/<buffer>). A config
     whose folder was reused runs as `<name>_<timestamp>` (continue_from_checkpoint: false): the
     newest such run is read.
     """
