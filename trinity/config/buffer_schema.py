@@ -106,16 +106,19 @@ class StorageConfig(ConfigSection):
     renamed_keys: ClassVar[dict[str, str]] = {"task_selector": "data_selector"}
 
     name: str = ""
-    """Display name; used in metric keys of eval sets."""
+    """Display name; used in metric keys of eval sets and of mixed tasksets; for 'sql' the table's
+    name (a taskset's table; an experience buffer's rows in the storage's own tables)."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
     """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
-    queue in memory with a SQLite log in the run folder; 'sql' = experiences in a SQL database at
-    `path` (SQLite or PostgreSQL; experience buffer only); 'synthetic' = a generated taskset whose
-    generator name is `path` (e.g. 'arithmetic')."""
+    queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at `path` (SQLite
+    or PostgreSQL): experiences, or for a taskset its rows from the table `name` (Trinity-RFT's
+    task table or plain columns); 'synthetic' = a generated taskset whose generator name is
+    `path` (e.g. 'arithmetic')."""
     path: str | None = None
     """Dataset path or hub id (file), generator name (synthetic), or for 'sql' the database: a
     SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
-    `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`.
+    `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`
+    (an experience buffer; a taskset from SQL names its database).
     A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
     URL's form by the config check (no connection is made)."""
     subset_name: str | None = None
@@ -163,7 +166,11 @@ class StorageConfig(ConfigSection):
 _PAIR_ONLY = "DPO preference column, read from buffer.trainer_input.experience_buffer only"
 _NO_ROLLOUT = "a rollout setting; the trainer's experience buffer is not rolled out"
 _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tasks
-    "storage_type": Refused(("queue", "sql"), "tasksets from a queue or SQL table"),
+    "storage_type": Refused(
+        ("queue",),
+        "tasksets from a queue (a queue carries the explorers' experiences to the trainer; "
+        "tasks are read from a file, a SQL table or a generator)",
+    ),
     "format.chosen_key": NotApplicable(_PAIR_ONLY),
     "format.rejected_key": NotApplicable(_PAIR_ONLY),
     "capacity": NotApplicable("queue size; a taskset is read from its source"),

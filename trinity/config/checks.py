@@ -458,11 +458,21 @@ def _sequence_parallel_fits(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
+    what = {"synthetic": "a generator name", "file": "a dataset path", "sql": "the database"}
     for path, storage, _ in cfg.buffer.explorer_input.storages():
-        if storage.storage_type in ("file", "synthetic") and not storage.path:
-            what = "a generator name" if storage.storage_type == "synthetic" else "a dataset path"
+        kind = storage.storage_type
+        if kind in what and not storage.path:
+            yield Problem(f"{path}.path", f"required for storage_type '{kind}': {what[kind]}")
+        if kind != "sql":
+            continue
+        from trinity.buffer.sql_url import url_problem
+
+        if storage.path and (why := url_problem(storage.path)) is not None:
+            yield Problem(f"{path}.path", f"storage_type sql: {why}")
+        if not storage.name:
             yield Problem(
-                f"{path}.path", f"required for storage_type '{storage.storage_type}': {what}"
+                f"{path}.name",
+                "required for storage_type 'sql': the table holding the tasks (as Trinity-RFT)",
             )
 
 

@@ -594,8 +594,11 @@ def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
     from trinity.common.registry import RegistryError
     from trinity.tasks import TasksetError, load_taskset
 
-    if storage.storage_type not in ("file", "synthetic"):
-        why = f"{storage.storage_type!r} cannot hold tasks or a dataset; use 'file' or 'synthetic'"
+    if storage.storage_type not in ("file", "sql", "synthetic"):
+        why = (
+            f"{storage.storage_type!r} cannot hold tasks or a dataset; use 'file', 'sql' or "
+            "'synthetic'"
+        )
         return "storage_type", why, [], 0
     bad: list[str] = []
     try:
