@@ -153,7 +153,7 @@ def test_the_config_takes_sql_tasksets_and_refuses_a_queue_with_a_reason(tmp_pat
     assert not_built_problems(cfg) == []
     queue = load_config(path, ["buffer.explorer_input.taskset.storage_type=queue"])
     (refused,) = not_built_problems(queue)
-    assert "tasksets from a queue (a queue carries the explorers' experiences" in refused.message
+    assert "tasksets from a queue (a queue carries experiences;" in refused.message
     path.write_text(
         "model: {model_path: m}\n"
         "buffer: {explorer_input: {taskset: {storage_type: sql, path: t.sqlite},\n"

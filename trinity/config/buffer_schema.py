@@ -168,8 +168,8 @@ _NO_ROLLOUT = "a rollout setting; the trainer's experience buffer is not rolled 
 _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tasks
     "storage_type": Refused(
         ("queue",),
-        "tasksets from a queue (a queue carries the explorers' experiences to the trainer; "
-        "tasks are read from a file, a SQL table or a generator)",
+        "tasksets from a queue (a queue carries experiences; tasks come from a file, a SQL "
+        "table or a generator)",
     ),
     "format.chosen_key": NotApplicable(_PAIR_ONLY),
     "format.rejected_key": NotApplicable(_PAIR_ONLY),
@@ -181,12 +181,7 @@ _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tas
     ),
     "schema_type": NotApplicable("the task schema is fixed here"),
 }
-_TASKSETS = _TASKSET | {
-    "data_selector": NotApplicable(
-        "only the first taskset's selector orders the mixed tasks; later ones are unused",
-        after_first=True,
-    )
-}
+_TASKSETS = _TASKSET
 _EVAL_TASKSETS = _TASKSET | {
     "repeat_times": NotBuilt(
         "several samples per eval task via repeat_times (rollout_args.n does it)", inert=(None, 1)
@@ -216,7 +211,13 @@ class ExplorerInput(ConfigSection):
     taskset: Annotated[StorageConfig | None, Inside(_TASKSET)] = None
     """The training taskset (or use `tasksets` for several)."""
     tasksets: Annotated[list[StorageConfig], Inside(_TASKSETS)] = Field(default_factory=list)
-    """Several training tasksets, mixed in order."""
+    """Several training tasksets, mixed into each explore step by `taskset_ratios` (unset: in
+    proportion to their sizes, as Trinity-RFT), each in its own `data_selector`'s order."""
+    taskset_ratios: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    """Ours (not a Trinity-RFT key): the share of each of `tasksets` in every explore step, one
+    number per set, e.g. [3, 1] = three tasks of the first per task of the second; the sets are
+    interleaved evenly and the mix ends when the first set has run out of its total_epochs
+    passes (docs/data.md); empty = in proportion to the sets' sizes (Trinity-RFT's mix)."""
     eval_tasksets: Annotated[list[StorageConfig], Inside(_EVAL_TASKSETS)] = Field(
         default_factory=list
     )

@@ -105,6 +105,28 @@ def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
         yield Problem("buffer.explorer_input.tasksets", "set either taskset or tasksets, not both")
 
 
+@_check("buffer.explorer_input.tasksets", "buffer.explorer_input.taskset_ratios")
+def _mixed_tasksets_are_told_apart(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`taskset_ratios` gives one share per set of `tasksets`; mixed sets have distinct names
+    (their metrics and their experiences' ids carry them)."""
+    inp = cfg.buffer.explorer_input
+    at = "buffer.explorer_input"
+    if inp.taskset_ratios and len(inp.taskset_ratios) != len(inp.tasksets):
+        yield Problem(
+            f"{at}.taskset_ratios",
+            f"{len(inp.taskset_ratios)} ratios for {len(inp.tasksets)} tasksets: give one per "
+            "set of buffer.explorer_input.tasksets (a single `taskset` is not mixed)",
+        )
+    names = [s.name or str(s.path) for s in inp.tasksets]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            yield Problem(
+                f"{at}.tasksets[{i}].name",
+                f"{name!r} names tasksets[{names.index(name)}] too: mixed tasksets need distinct "
+                "names (their metrics are reported per set)",
+            )
+
+
 @_check("mode", "buffer.trainer_input.experience_buffer")
 def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
     if cfg.mode == "train" and cfg.buffer.trainer_input.experience_buffer is None:
