@@ -192,3 +192,52 @@ def test_validate_names_a_missing_table_and_missing_columns(tmp_path):
         "has no column 'sol' (format.response_key)"
         in problems["buffer.explorer_input.taskset.path"]
     )
+
+
+@pytest.mark.slow  # a whole run (about 20 s on 2 cores)
+def test_a_run_mixes_a_sql_taskset_with_a_generated_one_by_ratio(tmp_path, tiny_model_dir):
+    """mode both, GRPO: tasksets [math: Trinity-RFT's table in SQLite (6 rows), add: generated
+    (40)], taskset_ratios [3, 1], batch_size 4, no step count: each step deals math math add math
+    (tests/test_task_mix.py), math runs out after 2 steps, so the run plans and makes 2 steps;
+    the metrics count each set's tasks per step, the cursor holds the deal."""
+    import asyncio
+
+    from test_e2e import run_trinity
+
+    from trinity.buffer.queue import QueueStorage
+    from trinity.tasks import generate
+
+    db = str(tmp_path / "tasks.sqlite")
+    trinity_rft_table(db, "math", generate("arithmetic", "train", 1, 6, digits=1))
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(
+        f"project: e2e\nname: mix\ncheckpoint_root_dir: {tmp_path / 'ckpt'}\n"
+        f"model: {{model_path: {tiny_model_dir}, max_response_tokens: 4}}\n"
+        "algorithm: {algorithm_type: grpo, repeat_times: 4, optimizer: {lr: 1.0e-2}}\n"
+        "buffer:\n  batch_size: 4\n  explorer_input:\n    taskset_ratios: [3, 1]\n"
+        "    tasksets:\n"
+        f"      - {{name: math, storage_type: sql, path: {db},\n"
+        "         format: {prompt_key: question, response_key: answer},\n"
+        "         data_selector: {selector_type: shuffle, seed: 5}}\n"
+        "      - {name: add, storage_type: synthetic, path: arithmetic,\n"
+        "         generator_args: {digits: 1, num_tasks: 40, seed: 0},\n"
+        "         format: {prompt_key: question, response_key: answer}}\n"
+        "    default_reward_fn_type: arithmetic_reward\n"
+        "  trainer_input: {experience_buffer: {name: exp, storage_type: queue}}\n"
+        "explorer: {runner_per_model: 16}\n"
+        "trainer: {micro_batch_size_per_gpu: 8, use_dynamic_bsz: false}\n"
+        "monitor: {monitor_type: jsonl}\n"
+    )
+    r = run_trinity(cfg)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    run_dir = tmp_path / "ckpt" / "e2e" / "mix"
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    explored = [x for x in recs if "rollout/tasks" in x]
+    assert [x["step"] for x in explored] == [1, 2]
+    for x in explored:
+        assert x["rollout/taskset/math/tasks"] == 3 and x["rollout/taskset/add/tasks"] == 1
+        assert 0 <= x["rollout/taskset/math/reward_mean"] <= 1
+    assert [x["step"] for x in recs if "train/loss" in x] == [1, 2]
+    cursor = asyncio.run(QueueStorage(run_dir / "buffer" / "exp.db").cursor("explorer"))
+    assert cursor is not None and cursor.step == 2 and cursor.tasks == 8
+    assert cursor.selector["mix"]["taken"] == [6, 2]
