@@ -27,7 +27,10 @@ def names(items) -> list[str]:
 
 def mix(sets, weights, batch_size=4, epochs=1, selectors=None) -> TaskMix:
     selectors = selectors or [SequentialSelector() for _ in sets]
-    return TaskMix([TaskStream(s, t, batch_size, epochs) for s, t in zip(selectors, sets)], weights)
+    return TaskMix(
+        [TaskStream(s, t, batch_size, epochs) for s, t in zip(selectors, sets, strict=True)],
+        weights,
+    )
 
 
 def steps(m: TaskMix, batch_size: int) -> list[list[str]]:

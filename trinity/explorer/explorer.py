@@ -132,7 +132,9 @@ class Explorer:
         self.train_sets: list[list[Task]] = []  # each training taskset's
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
-        self._stream: TaskStream | TaskMix | None = None  # the run's tasks, counting what it handed out
+        self._stream: TaskStream | TaskMix | None = (
+            None  # the run's tasks, counting what it handed out
+        )
         self._token: int | None = None  # this process's writer token (`register_writer`)
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
         self.endpoint: EndpointServer | None = None
