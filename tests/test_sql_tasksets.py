@@ -184,7 +184,7 @@ def test_validate_names_a_missing_table_and_missing_columns(tmp_path):
     )
     problems = {p.path: p.message for p in preflight(load_config(path)).problems}
     (where,) = problems
-    assert where == "buffer.explorer_input.eval_tasksets[0].path"
+    assert where == "buffer.explorer_input.eval_tasksets[0].name"
     assert "has no table 'gone'" in problems[where] and "['plain']" in problems[where]
     renamed = load_config(path, ["buffer.explorer_input.taskset.format.response_key=sol"])
     problems = {p.path: p.message for p in preflight(renamed).problems}

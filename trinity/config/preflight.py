@@ -604,7 +604,7 @@ def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
     try:
         tasks = load_taskset(storage, bad_rows=bad, **kwargs)
     except TasksetError as e:
-        return "path", str(e), [], 0
+        return e.key, str(e), [], 0
     except (TypeError, ValueError, RegistryError) as e:  # a generator refusing its arguments
         return "generator_args", str(e), [], 0  # (e.g. env_demos naming an unknown env)
     return "", None, bad, len(tasks)

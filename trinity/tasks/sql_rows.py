@@ -30,6 +30,12 @@ from trinity.tasks.files import TasksetError
 TRINITY_RFT_COLUMN = "raw_task"
 
 
+class NoTable(TasksetError):
+    """The database has no table of the taskset's name (reported at its `name`)."""
+
+    key = "name"
+
+
 def read_sql_rows(
     path: str,
     table: str,
@@ -57,7 +63,7 @@ def read_sql_rows(
         with engine.connect() as conn:
             names = sa.inspect(conn).get_table_names()
             if table not in names:
-                raise TasksetError(
+                raise NoTable(
                     f"database {where} has no table {table!r} (the taskset's `name` names its "
                     f"table); tables there: {sorted(names)}"
                 )
