@@ -279,9 +279,9 @@ def test_the_config_takes_sql_for_the_experience_buffer_and_checks_its_url(tmp_p
     assert problem.path == "buffer.trainer_input.experience_buffer.path"
     assert "storage_type sql: database 'mysql' is not supported" in problem.message
     assert not_built_problems(cfg) == []  # refused until now: "SQL experience storage"
-    taskset = load_config(path, ["buffer.explorer_input.taskset.storage_type=sql"])
-    (refused,) = not_built_problems(taskset)  # tasksets from SQL: another item, not built
-    assert "tasksets from a queue or SQL table" in refused.message
+    taskset = load_config(path, ["buffer.explorer_input.taskset.storage_type=queue"])
+    (refused,) = not_built_problems(taskset)  # tasksets from SQL: tests/test_sql_tasksets.py
+    assert "tasksets from a queue" in refused.message
 
 
 @pytest.mark.slow  # two whole runs (about 12-20 s on 2 cores)

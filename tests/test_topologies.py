@@ -419,3 +419,40 @@ def test_the_docs_two_process_example_runs_as_printed(tmp_path, cluster):
     )  # fmt: skip
     assert stats.returncode == 0, stats.stderr
     assert_clean(json.loads(stats.stdout)["buffer/exp.db"], trained=8 * 8 * 4)
+
+
+def test_two_explorers_and_a_trainer_share_one_postgresql_buffer(
+    tmp_path, tiny_model_dir, cluster4, postgres_url
+):
+    # three processes of one run, all at once: explorers alpha and beta (3 steps each) write to
+    # one sql buffer in a PostgreSQL database, the trainer (6 steps: both explorers' steps)
+    # reads it. Every experience written is trained exactly once, both explorers wrote all
+    # their steps, every process exits 0 and the run's actors are gone
+    cfg = config(tmp_path, tiny_model_dir, "pg_split")
+    buffer = f"storage_type: sql, path: '{postgres_url}'"
+    cfg.write_text(cfg.read_text().replace("storage_type: queue", buffer))
+    explore = ("mode=explore", "buffer.total_steps=3")
+    procs = {
+        "train": start(cfg, cluster4, "mode=train", "buffer.total_steps=6"),
+        "alpha": start(cfg, cluster4, *explore, "explorer.name=alpha"),
+        "beta": start(cfg, cluster4, *explore, "explorer.name=beta"),
+    }
+    outs = finish(procs, bound_s=400)
+    run_dir = tmp_path / "ckpt" / "topo" / "pg_split"
+    assert trained_steps(run_dir, ".trainer") == [1, 2, 3, 4, 5, 6]
+    assert explored_steps(run_dir, ".explorer-alpha") == [1, 2, 3]
+    assert explored_steps(run_dir, ".explorer-beta") == [1, 2, 3]
+    c = counts(cfg)
+    assert c["written"] == 6 * PER_STEP and c["dropped"] == 0, c
+    assert_clean(c, trained=6 * PER_STEP)
+    # the buffer's rows say who wrote them: half each
+    from trinity.buffer.sql_url import read_only_engine
+
+    engine = read_only_engine(postgres_url)
+    with engine.connect() as conn:
+        cursors = conn.exec_driver_sql(
+            "SELECT explorer, step, tasks FROM trinity_cursor ORDER BY explorer"
+        ).all()
+    engine.dispose()
+    assert [tuple(r) for r in cursors] == [("alpha", 3, 12), ("beta", 3, 12)], outs
+    assert named_actors(cluster4, "trinity:topo/pg_split") == []

@@ -7,28 +7,11 @@ is in it without creating, locking or changing anything (safe while a run writes
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import sqlalchemy as sa
 
 from trinity.buffer.sql_schema import SCHEMA_VERSION, buffers, schema_version
 from trinity.buffer.sql_store import counts
-from trinity.buffer.sql_url import database_url, shown
-
-
-def _engine(path: str) -> sa.Engine:
-    """A read-only engine on `path`: a SQLite file is opened read-only (never created);
-    FileNotFoundError when it does not exist."""
-    url = database_url(path)
-    if url.get_backend_name() != "sqlite":
-        return sa.create_engine(url)
-    file = Path(url.database or "")
-    if not file.exists():
-        raise FileNotFoundError(f"no SQLite database at {file}")
-    return sa.create_engine(
-        "sqlite://", creator=lambda: sqlite3.connect(f"file:{file}?mode=ro", uri=True)
-    )
+from trinity.buffer.sql_url import database_url, read_only_engine, shown
 
 
 def _names(conn: sa.Connection, prefix: str) -> list[tuple[str, bool]]:
@@ -52,7 +35,7 @@ def buffer_counts(path: str, prefix: str = "") -> dict[str, dict[str, int]]:
     """Counts (`SQLStorage.stats`) of every buffer in the database at `path` whose name begins
     with `prefix`; {} for a database without our tables. A database that cannot be opened
     raises (FileNotFoundError, or sqlalchemy's error naming it)."""
-    engine = _engine(path)
+    engine = read_only_engine(path)
     try:
         with engine.connect() as conn:
             if not _readable(conn, shown(database_url(path))):
@@ -67,7 +50,7 @@ def buffers_finished(path: str, prefix: str) -> dict[str, bool]:
     by its trainer; {} where there is none, or the database cannot be read (the storage, when
     the run opens it, says why)."""
     try:
-        engine = _engine(path)
+        engine = read_only_engine(path)
     except (ValueError, FileNotFoundError):
         return {}
     try:

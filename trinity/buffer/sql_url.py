@@ -8,15 +8,18 @@ the driver's). `sqlite:///...` names a SQLite file too; `postgresql://` (or `pos
 PostgreSQL database and is driven by psycopg 3 unless the URL names another driver. Anything else
 (another database, an in-memory SQLite database that no other process sees and no restart finds,
 a URL SQLAlchemy cannot parse) is refused by `url_problem`, which the config check calls, so a bad
-URL fails at `trinity validate` with the key path rather than at the storage's first write.
+URL fails at `trinity validate` with the key path rather than at the storage's first write. `read_only_engine` opens what a
+path names for reading only (`trinity buffer stats`, a taskset read from a table).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
     from sqlalchemy.engine import URL
 
 BACKENDS = ("sqlite", "postgresql")
@@ -65,6 +68,22 @@ def url_problem(path: str | None) -> str | None:
     except ValueError as e:
         return str(e)
     return None
+
+
+def read_only_engine(path: str) -> Engine:
+    """An engine on the database `path` names that never creates it: a SQLite file is opened
+    read-only (FileNotFoundError when it does not exist); a PostgreSQL database as it is."""
+    import sqlalchemy as sa
+
+    url = database_url(path)
+    if url.get_backend_name() != "sqlite":
+        return sa.create_engine(url)
+    file = Path(url.database or "")
+    if not file.exists():
+        raise FileNotFoundError(f"no SQLite database at {file}")
+    return sa.create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+    )
 
 
 def shown(url: URL) -> str:

@@ -115,16 +115,19 @@ class StorageConfig(ConfigSection):
     renamed_keys: ClassVar[dict[str, str]] = {"task_selector": "data_selector"}
 
     name: str = ""
-    """Display name; used in metric keys of eval sets."""
+    """Display name; used in metric keys of eval sets and of mixed tasksets; for 'sql' the table's
+    name (a taskset's table; an experience buffer's rows in the storage's own tables)."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
     """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
-    queue in memory with a SQLite log in the run folder; 'sql' = experiences in a SQL database at
-    `path` (SQLite or PostgreSQL; experience buffer only); 'synthetic' = a generated taskset whose
-    generator name is `path` (e.g. 'arithmetic')."""
+    queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at `path` (SQLite
+    or PostgreSQL): experiences, or for a taskset its rows from the table `name` (Trinity-RFT's
+    task table or plain columns); 'synthetic' = a generated taskset whose generator name is
+    `path` (e.g. 'arithmetic')."""
     path: str | None = None
     """Dataset path or hub id (file), generator name (synthetic), or for 'sql' the database: a
     SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
-    `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`.
+    `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`
+    (an experience buffer; a taskset from SQL names its database).
     A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
     URL's form by the config check (no connection is made)."""
     subset_name: str | None = None
@@ -172,7 +175,11 @@ class StorageConfig(ConfigSection):
 _PAIR_ONLY = "DPO preference column, read from buffer.trainer_input.experience_buffer only"
 _NO_ROLLOUT = "a rollout setting; the trainer's experience buffer is not rolled out"
 _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tasks
-    "storage_type": Refused(("queue", "sql"), "tasksets from a queue or SQL table"),
+    "storage_type": Refused(
+        ("queue",),
+        "tasksets from a queue (a queue carries experiences; tasks come from a file, a SQL "
+        "table or a generator)",
+    ),
     "format.chosen_key": NotApplicable(_PAIR_ONLY),
     "format.rejected_key": NotApplicable(_PAIR_ONLY),
     "capacity": NotApplicable("queue size; a taskset is read from its source"),
@@ -183,12 +190,7 @@ _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tas
     ),
     "schema_type": NotApplicable("the task schema is fixed here"),
 }
-_TASKSETS = _TASKSET | {
-    "data_selector": NotApplicable(
-        "only the first taskset's selector orders the mixed tasks; later ones are unused",
-        after_first=True,
-    )
-}
+_TASKSETS = _TASKSET
 _EVAL_TASKSETS = _TASKSET | {
     "repeat_times": NotBuilt(
         "several samples per eval task via repeat_times (rollout_args.n does it)", inert=(None, 1)
@@ -226,7 +228,13 @@ class ExplorerInput(ConfigSection):
     taskset: Annotated[StorageConfig | None, Inside(_TASKSET)] = None
     """The training taskset (or use `tasksets` for several)."""
     tasksets: Annotated[list[StorageConfig], Inside(_TASKSETS)] = Field(default_factory=list)
-    """Several training tasksets, mixed in order."""
+    """Several training tasksets, mixed into each explore step by `taskset_ratios` (unset: in
+    proportion to their sizes, as Trinity-RFT), each in its own `data_selector`'s order."""
+    taskset_ratios: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    """Ours (not a Trinity-RFT key): the share of each of `tasksets` in every explore step, one
+    number per set, e.g. [3, 1] = three tasks of the first per task of the second; the sets are
+    interleaved evenly and the mix ends when the first set has run out of its total_epochs
+    passes (docs/data.md); empty = in proportion to the sets' sizes (Trinity-RFT's mix)."""
     eval_tasksets: Annotated[list[StorageConfig], Inside(_EVAL_TASKSETS)] = Field(
         default_factory=list
     )

@@ -105,6 +105,28 @@ def _explorer_has_tasks(cfg: TrinityConfig) -> Iterator[Problem]:
         yield Problem("buffer.explorer_input.tasksets", "set either taskset or tasksets, not both")
 
 
+@_check("buffer.explorer_input.tasksets", "buffer.explorer_input.taskset_ratios")
+def _mixed_tasksets_are_told_apart(cfg: TrinityConfig) -> Iterator[Problem]:
+    """`taskset_ratios` gives one share per set of `tasksets`; mixed sets have distinct names
+    (their metrics and their experiences' ids carry them)."""
+    inp = cfg.buffer.explorer_input
+    at = "buffer.explorer_input"
+    if inp.taskset_ratios and len(inp.taskset_ratios) != len(inp.tasksets):
+        yield Problem(
+            f"{at}.taskset_ratios",
+            f"{len(inp.taskset_ratios)} ratios for {len(inp.tasksets)} tasksets: give one per "
+            "set of buffer.explorer_input.tasksets (a single `taskset` is not mixed)",
+        )
+    names = [s.name or str(s.path) for s in inp.tasksets]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            yield Problem(
+                f"{at}.tasksets[{i}].name",
+                f"{name!r} names tasksets[{names.index(name)}] too: mixed tasksets need distinct "
+                "names (their metrics are reported per set)",
+            )
+
+
 @_check("mode", "buffer.trainer_input.experience_buffer")
 def _trainer_has_experiences(cfg: TrinityConfig) -> Iterator[Problem]:
     if cfg.mode == "train" and cfg.buffer.trainer_input.experience_buffer is None:
@@ -479,11 +501,21 @@ def _sequence_parallel_fits(cfg: TrinityConfig) -> Iterator[Problem]:
 
 @_check("buffer.explorer_input")
 def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
+    what = {"synthetic": "a generator name", "file": "a dataset path", "sql": "the database"}
     for path, storage, _ in cfg.buffer.explorer_input.storages():
-        if storage.storage_type in ("file", "synthetic") and not storage.path:
-            what = "a generator name" if storage.storage_type == "synthetic" else "a dataset path"
+        kind = storage.storage_type
+        if kind in what and not storage.path:
+            yield Problem(f"{path}.path", f"required for storage_type '{kind}': {what[kind]}")
+        if kind != "sql":
+            continue
+        from trinity.buffer.sql_url import url_problem
+
+        if storage.path and (why := url_problem(storage.path)) is not None:
+            yield Problem(f"{path}.path", f"storage_type sql: {why}")
+        if not storage.name:
             yield Problem(
-                f"{path}.path", f"required for storage_type '{storage.storage_type}': {what}"
+                f"{path}.name",
+                "required for storage_type 'sql': the table holding the tasks (as Trinity-RFT)",
             )
 
 

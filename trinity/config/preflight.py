@@ -594,14 +594,17 @@ def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
     from trinity.common.registry import RegistryError
     from trinity.tasks import TasksetError, load_taskset
 
-    if storage.storage_type not in ("file", "synthetic"):
-        why = f"{storage.storage_type!r} cannot hold tasks or a dataset; use 'file' or 'synthetic'"
+    if storage.storage_type not in ("file", "sql", "synthetic"):
+        why = (
+            f"{storage.storage_type!r} cannot hold tasks or a dataset; use 'file', 'sql' or "
+            "'synthetic'"
+        )
         return "storage_type", why, [], 0
     bad: list[str] = []
     try:
         tasks = load_taskset(storage, bad_rows=bad, **kwargs)
     except TasksetError as e:
-        return "path", str(e), [], 0
+        return e.key, str(e), [], 0
     except (TypeError, ValueError, RegistryError) as e:  # a generator refusing its arguments
         return "generator_args", str(e), [], 0  # (e.g. env_demos naming an unknown env)
     return "", None, bad, len(tasks)

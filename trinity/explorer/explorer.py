@@ -53,6 +53,7 @@ from trinity.sync.schedule import (
 )
 from trinity.sync.synchronizer import TrainingFinished
 from trinity.tasks import Task, load_taskset, make_selector
+from trinity.tasks.mix import TaskMix, mix_weights
 from trinity.tasks.selector import TaskStream
 from trinity.workflows import WORKFLOW
 
@@ -127,10 +128,13 @@ class Explorer:
         self.step_offset = step_offset
         self.client: BatchingClient | None = None
         self.tokenizer = None
-        self.train_tasks: list[Task] = []
+        self.train_tasks: list[Task] = []  # every training taskset's, end to end
+        self.train_sets: list[list[Task]] = []  # each training taskset's
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
-        self._stream: TaskStream | None = None  # the run's tasks, counting what it handed out
+        self._stream: TaskStream | TaskMix | None = (
+            None  # the run's tasks, counting what it handed out
+        )
         self._token: int | None = None  # this process's writer token (`register_writer`)
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
         self.endpoint: EndpointServer | None = None
@@ -202,15 +206,18 @@ class Explorer:
         )
         inp = cfg.buffer.explorer_input
         if with_train_tasks:
-            for ts in [inp.taskset, *inp.tasksets]:
-                if ts is not None:
-                    self.train_tasks += load_taskset(
-                        ts,
-                        is_eval=False,
-                        default_workflow_type=inp.default_workflow_type,
-                        default_reward_fn_type=inp.default_reward_fn_type,
-                        default_seed=cfg.seed,
-                    )
+            self.train_sets = [
+                load_taskset(
+                    ts,
+                    is_eval=False,
+                    default_workflow_type=inp.default_workflow_type,
+                    default_reward_fn_type=inp.default_reward_fn_type,
+                    default_seed=cfg.seed,
+                )
+                for ts in [inp.taskset, *inp.tasksets]
+                if ts is not None
+            ]
+            self.train_tasks = [t for tasks in self.train_sets for t in tasks]
         for i, ts in enumerate(inp.eval_tasksets):
             name = ts.name or f"eval{i}"
             self.eval_tasksets[name] = load_taskset(
@@ -239,17 +246,30 @@ class Explorer:
             self.auxiliary = await self._serve_auxiliary()
         self.startup.mark("explorer_ready")
         self._started_at = started_at
-        return {"train_tasks": len(self.train_tasks)}
+        sizes = {"train_tasks": len(self.train_tasks)}
+        if len(self.train_sets) > 1:  # a mix's length is not the sets' size times the epochs
+            sizes["explore_tasks"] = self._task_stream().length()
+        return sizes
 
-    def _task_stream(self) -> TaskStream:
-        """The selector's order, task by task (steps take `batch_size`, refills take more)."""
-        inp = self.cfg.buffer.explorer_input
-        selector_cfg = (inp.taskset or inp.tasksets[0]).data_selector
-        selector = make_selector(selector_cfg, default_seed=self.cfg.seed)
+    def _task_stream(self) -> TaskStream | TaskMix:
+        """The selector's order, task by task (steps take `batch_size`, refills take more);
+        several tasksets: each in its own selector's order, mixed by ratio (`tasks.mix`)."""
+        inp, b = self.cfg.buffer.explorer_input, self.cfg.buffer
+        configs = [inp.taskset] if inp.taskset is not None else list(inp.tasksets)
+        streams = [
+            TaskStream(
+                make_selector(ts.data_selector, default_seed=self.cfg.seed),
+                tasks,
+                b.batch_size,
+                b.total_epochs,
+            )
+            for ts, tasks in zip(configs, self.train_sets, strict=True)
+        ]
         self._positions = {id(t): i for i, t in enumerate(self.train_tasks)}
-        return TaskStream(
-            selector, self.train_tasks, self.cfg.buffer.batch_size, self.cfg.buffer.total_epochs
-        )
+        if len(streams) == 1:
+            return streams[0]
+        weights = mix_weights(inp.taskset_ratios, [len(t) for t in self.train_sets])
+        return TaskMix(streams, weights)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -552,6 +572,7 @@ class Explorer:
             "rollout/model_version": float(self.client.model_version),
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
+            **self._per_taskset(tasks, kept, sampled),
         }
         after = await then() if then is not None else {}
         stream = self._stream
@@ -562,6 +583,22 @@ class Explorer:
         t_write = time.perf_counter()
         await self._write(experiences, cursor)
         return {**report, **after, "timing/buffer_write": time.perf_counter() - t_write}
+
+    def _per_taskset(
+        self, tasks: list[Task], kept: list[Any], sampled: list[Experience]
+    ) -> dict[str, float]:
+        """Mixed tasksets: each set's tasks in the step and rollout metrics of its samples, as
+        `rollout/taskset/<name>/...` (nothing for one taskset)."""
+        if len(self.train_sets) < 2:
+            return {}
+        out: dict[str, float] = {}
+        for tasks_of_set in self.train_sets:
+            name = tasks_of_set[0].taskset_name if tasks_of_set else ""
+            prefix = f"rollout/taskset/{name}/"
+            mine = [e for e in sampled if e.info["task_index"]["taskset_id"] == name]
+            out[f"{prefix}tasks"] = float(sum(tasks[i].taskset_name == name for i, _ in kept))
+            out.update(rollout_metrics(mine, prefix=prefix) if mine else {})
+        return out
 
     def _pass_rates(
         self, tasks: list[Task], sampled: list[Experience]

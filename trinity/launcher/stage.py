@@ -439,6 +439,8 @@ def plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int | None:
     if n == 0:
         raise ValueError("no data: the taskset / dataset of this stage is empty")
     planned = math.ceil(n * epochs / per_step)  # selectors fill batches across epochs
+    if explores and "explore_tasks" in sizes:  # tasksets mixed by ratio: the mix's own length
+        planned = math.ceil(sizes["explore_tasks"] / per_step)
     return min(explicit, planned) if explicit else planned
 
 

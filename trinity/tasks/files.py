@@ -23,7 +23,10 @@ _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 
 
 class TasksetError(ValueError):
-    """A taskset that cannot be read: missing file, malformed row, missing key."""
+    """A taskset that cannot be read: missing file, malformed row, missing key. `key`: the
+    storage's config key the problem is reported at (pre-flight)."""
+
+    key = "path"
 
 
 def read_rows(path: str | Path, split: str = "train", subset_name: str | None = None) -> list[dict]:

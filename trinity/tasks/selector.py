@@ -196,6 +196,16 @@ class TaskStream:
     def feedback(self, indices: Sequence[int], values: Sequence[float]) -> None:
         self.selector.feedback(indices, values)
 
+    def length(self) -> int:
+        """Tasks the stream hands out over the run: `total_epochs` passes, or an adaptive
+        selector's batches of min(batch_size, tasks) each."""
+        n = len(self.tasks)
+        if not self.selector.adaptive:
+            return self.total_epochs * n
+        return self.selector.batch_count(n, self.batch_size, self.total_epochs) * min(
+            self.batch_size, n
+        )
+
     def state_dict(self) -> dict[str, Any] | None:
         """None for an epoch-based selector (the cursor's task count is its state)."""
         if not self.selector.adaptive:

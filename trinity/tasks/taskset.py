@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from trinity.tasks.files import TasksetError, read_located_rows
+from trinity.tasks.sql_rows import read_sql_rows
 from trinity.tasks.synthetic import generate
 from trinity.tasks.task import Task
 
@@ -41,7 +42,8 @@ def load_taskset(
 ) -> list[Task]:
     """Read every row of `storage` and wrap it as a Task.
 
-    1. read rows: a file/folder (`storage_type: file`) or a generator (`synthetic`)
+    1. read rows: a file/folder (`storage_type: file`), a SQL table (`sql`: `sql_rows`) or a
+       generator (`synthetic`)
     2. per row: pick the prompt (plaintext or messages), the truth, and the taskset settings
     3. bad rows: raise at the first, or (`storage.skip_bad_rows`) drop them with a warning
 
@@ -61,24 +63,32 @@ def load_taskset(
     name = storage.name or str(storage.path)
     skip = bool(getattr(storage, "skip_bad_rows", False))
     collected: list[str] | None = bad_rows if bad_rows is not None else ([] if skip else None)
+    fmt = storage.format
+    workflow_type = storage.default_workflow_type or default_workflow_type
+    reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
+    need_truth = require_response or _reward_needs_truth(reward_fn_type)
+    need_fields = _reward_task_fields(reward_fn_type)
     if storage.storage_type == "file":
         if not storage.path:
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
         located = read_located_rows(storage.path, storage.split, storage.subset_name, collected)
     elif storage.storage_type == "synthetic":
         located = _synthetic_rows(storage, name, default_seed)
+    elif storage.storage_type == "sql":
+        if not storage.name or not storage.path:
+            raise TasksetError(
+                f"taskset {name!r}: storage_type 'sql' needs a path (the database) and a name "
+                "(its table)"
+            )
+        columns = _columns_read(fmt, need_truth, require_pair, need_fields, reward_fn_type)
+        located = read_sql_rows(storage.path, storage.name, columns, collected)
     else:
         raise TasksetError(
             f"taskset {name!r}: storage_type {storage.storage_type!r} cannot hold tasks; "
-            "use 'file' or 'synthetic'"
+            "use 'file', 'sql' or 'synthetic'"
         )
     # 2.
-    fmt = storage.format
     rollout_args = _rollout_args(storage.rollout_args)
-    workflow_type = storage.default_workflow_type or default_workflow_type
-    reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
-    need_truth = require_response or _reward_needs_truth(reward_fn_type)
-    need_fields = _reward_task_fields(reward_fn_type)
     tasks = []
     for row, loc in located:
         try:
@@ -174,6 +184,23 @@ def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) 
         f"{loc}: row has no key {fmt.response_key!r} (format.response_key), the reference "
         f"answer; the row's keys are {sorted(row)}"
     )
+
+
+def _columns_read(
+    fmt: Any, need_truth: bool, need_pair: bool, fields: tuple[str, ...], reward_fn_type: Any
+) -> dict[str, str]:
+    """The columns a plain SQL table must have for these settings, each with what names it."""
+    prompt = ("messages_key", fmt.messages_key) if fmt.prompt_type == "messages" else None
+    prompt = prompt or ("prompt_key", fmt.prompt_key)
+    columns = {prompt[1]: f"format.{prompt[0]}"}
+    if need_truth and fmt.prompt_type != "messages":  # messages may end with the answer
+        columns.setdefault(fmt.response_key, "format.response_key")
+    if need_pair:
+        columns.setdefault(fmt.chosen_key, "format.chosen_key")
+        columns.setdefault(fmt.rejected_key, "format.rejected_key")
+    for f in fields:
+        columns.setdefault(f, f"read by reward fn {reward_fn_type!r}")
+    return columns
 
 
 def _synthetic_rows(storage: Any, name: str, default_seed: int) -> list[tuple[dict, str]]:
