@@ -31,7 +31,7 @@ from trinity.common.experience import Experience
 
 STEPS, PER_STEP, BATCH, CKPT_EVERY = 60, 8, 12, 3
 NAME = "crash/run/exp"
-REPLAY = ReplaySpec("decay_limit_randomization", {"use_count_limit": 2})
+REPLAY = ReplaySpec("decay_limit_randomization", {"use_count_limit": 2}, reuse_cooldown_time=0)
 
 
 def storage(db: str, replay: bool, settled: list[int] = ()) -> SQLStorage:

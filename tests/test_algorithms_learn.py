@@ -100,7 +100,7 @@ def steps_to(rewards: list[float], target: float, window: int = 5) -> int | None
 
 def test_replay_reaches_a_target_reward_in_fewer_explore_steps(sft_model, tmp_path) -> None:
     """GRPO from the SFT model with and without Trinity-RFT's replay buffer (a queue with
-    `decay_limit_randomization`, each group trained at most twice): both trainers take 30
+    `decay_limit_randomization`, each group trained at most twice, no cooldown): both take 30
     steps; with replay they reuse the groups the explorer has not yet replaced, so they train
     more per explore step and the rollout reward reaches a target (the plain run's first 5
     steps + 0.1) in fewer explore steps."""
@@ -115,6 +115,7 @@ def test_replay_reaches_a_target_reward_in_fewer_explore_steps(sft_model, tmp_pa
         if name == "replay":
             stage["buffer"]["trainer_input"]["experience_buffer"]["replay_buffer"] = {
                 "enable": True,
+                "reuse_cooldown_time": 0,
                 "priority_fn": "decay_limit_randomization",
                 "priority_fn_args": {"use_count_limit": 2},
             }

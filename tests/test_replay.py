@@ -53,6 +53,8 @@ def keys(lease) -> list[tuple[int, int, int]]:
 
 
 def open_(db: str, capacity: int = 100, settled=(), **spec) -> SQLStorage:
+    """A replay storage; reused at once unless `spec` says otherwise."""
+    spec = {"reuse_cooldown_time": 0.0} | spec
     return SQLStorage(db, capacity, list(settled), name="p/r/exp", replay=ReplaySpec(**spec))
 
 
@@ -128,6 +130,24 @@ def test_a_cooldown_holds_a_group_back_until_it_has_passed(db):
         assert keys(await s.read(2, timeout=0.3)) == [(0, 0, 2)] * 2
         with pytest.raises(BufferClosed):
             await s.read(2, timeout=0.3)
+        s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_without_a_cooldown_reads_go_by_priority_and_nothing_is_reused(db):
+    """reuse_cooldown_time None: Trinity-RFT's meaning (never reused); reads newest first."""
+
+    async def main():
+        s = open_(db, reuse_cooldown_time=None)
+        await s.register_writer("w")
+        await s.write(group(0, 0, version=0) + group(1, 0, version=1))
+        assert keys(await s.read(2)) == [(1, 0, 0)] * 2
+        assert keys(await s.read(2)) == [(0, 0, 0)] * 2
+        await s.release_writer("w")
+        with pytest.raises(BufferClosed):
+            await s.read(2, timeout=5)
+        assert "replayed" not in await s.stats()  # no copy was ever made
         s.shutdown()
 
     asyncio.run(main())
@@ -268,7 +288,7 @@ def test_a_grpo_run_with_a_replay_queue_trains_each_group_at_most_its_limit(
     text = config.read_text().replace("total_steps: 3", "total_steps: 6")
     text = text.replace(
         "{name: exp, storage_type: queue}",
-        "{name: exp, storage_type: queue, replay_buffer: {enable: true, "
+        "{name: exp, storage_type: queue, replay_buffer: {enable: true, reuse_cooldown_time: 0, "
         "priority_fn: decay_limit_randomization, priority_fn_args: {use_count_limit: 2}}}",
     )
     config.write_text(text)
@@ -344,3 +364,17 @@ def test_trinity_rft_s_replay_example_runs_with_a_tiny_model(tmp_path):
     run = "Trinity-RFT-countdown-experience-replay/qwen2.5-1.5B-countdown"
     counts = buffer_counts(local, f"buffer/experience_buffer.sqlite {run}/experience_buffer")
     assert counts["trained"] == 3 * 4 * 5 and counts["trained_twice"] == 0  # 4 tasks x 5
+
+
+def test_notes_say_where_a_replay_queue_lives_and_that_no_cooldown_reuses_nothing():
+    from trinity.config.buffer_schema import StorageConfig
+    from trinity.config.support import replay_notes
+
+    queue = StorageConfig(name="e", storage_type="queue", replay_buffer={"enable": True})
+    where, never = replay_notes(queue)
+    assert "sql storage's SQLite file" in where and "nothing is reused" in never
+    sql = StorageConfig(
+        name="e", storage_type="sql", replay_buffer={"enable": True, "reuse_cooldown_time": 0}
+    )
+    assert replay_notes(sql) == []
+    assert replay_notes(StorageConfig(name="e", storage_type="queue")) == []

@@ -3,22 +3,24 @@
     buffer.trainer_input.experience_buffer:
       storage_type: sql          # or queue: its experiences then live in the sql storage's file
       replay_buffer: {enable: true, priority_fn: decay_limit_randomization,
-                      priority_fn_args: {use_count_limit: 2}, reuse_cooldown_time: 30}
+                      priority_fn_args: {use_count_limit: 2}, reuse_cooldown_time: 0}
 
 Trinity-RFT's replay (`AsyncPriorityQueue`) with its names and priorities, made durable. Every
 group of experiences (one task's samples of one explore step, `EID.group`) has a priority
 `priority_fn(model_version, use_count)`; a read takes the highest-priority rows that are ready,
 ties in write order. A read of a group that the priority function puts back writes a *replay
 copy* of it in the read's transaction: `use_count + 1`, its own priority, ready
-`reuse_cooldown_time` s after the read (None: at once). So priorities, use counts and cooldowns
-are rows of the storage: they survive a restart and are shared by every process on the database.
+`reuse_cooldown_time` s after the read (0: at once; None, Trinity-RFT's default: never, so the
+storage only orders reads by priority). So priorities, use counts and cooldowns are rows of the
+storage: they survive a restart and are shared by every process on the database.
 
 How it departs from Trinity-RFT's queue, and why:
 - A copy belongs to the lease that read its original. A trainer that restarts from a checkpoint
   hands its unacked leases out again and deletes their copies (`SQLStore.reader_started`): the
   resumed run replays exactly what the checkpoint had trained, no copy counted twice.
-- `reuse_cooldown_time: None` means "reusable at once" (in Trinity-RFT it means "never reused",
-  which makes its replay buffer reuse nothing with default settings).
+- `reuse_cooldown_time: None` keeps Trinity-RFT's meaning, "never reused" (its examples and
+  benchmark templates enable replay without a cooldown: they must train as they did there), but
+  `validate` and `run` say so in a note instead of reusing nothing silently.
 - `max_staleness` (ours): a copy whose weights are more than that many versions behind the
   newest experience written is dropped instead of trained (counted `replay_stale`).
 - Capacity counts fresh experiences only: a write never waits for replay copies; when the
@@ -105,6 +107,11 @@ class ReplaySpec:
             replay_buffer.reuse_cooldown_time,
             replay_buffer.max_staleness,
         )
+
+    @property
+    def reuses(self) -> bool:
+        """Are experiences reused at all (a cooldown is set; None: Trinity-RFT's "never")?"""
+        return self.reuse_cooldown_time is not None
 
     def priority(self, model_version: int, use_count: int, group: str) -> tuple[float, bool]:
         """(priority, put back after a read) of a group at `use_count`."""

@@ -285,7 +285,7 @@ class SQLStore:
             )
             if len(got) != len(ids):
                 raise RuntimeError(f"{self.where()}: pending rows without their payload")
-            if self.replay is not None and not ended:
+            if self.replay is not None and self.replay.reuses and not ended:
                 self._copy_for_replay(conn, lease, ids, got)
         rows = []
         for i in ids:
@@ -303,8 +303,8 @@ class SQLStore:
         `capacity` evicted."""
         assert self.replay is not None
         e = experiences.c
-        cooldown = self.replay.reuse_cooldown_time
-        ready_at = time.time() + cooldown if cooldown else None
+        cooldown = self.replay.reuse_cooldown_time or 0.0
+        ready_at = time.time() + cooldown if cooldown > 0 else None
         source = conn.execute(
             sa.select(e.id, e.model_version, e.reward, e.group_key, e.uses)
             .where(e.id.in_(ids))

@@ -99,8 +99,8 @@ class ReplayBufferConfig(ConfigSection):
     'linear_decay' (version - decay * uses, reused without limit) or
     'decay_limit_randomization' (the same + sigma * noise, reused while uses < use_count_limit)."""
     reuse_cooldown_time: float | None = Field(None, ge=0)
-    """Seconds after a read before its experiences may be read again; None = at once (in
-    Trinity-RFT None means never)."""
+    """Seconds after a read before its experiences may be read again (0 = at once); None = never
+    reused, as in Trinity-RFT: reads only go by priority (a note says so)."""
     priority_fn_args: dict[str, Any] = Field(default_factory=lambda: {"decay": 2.0})
     """Arguments of the priority function: decay (2.0); decay_limit_randomization also
     use_count_limit (3; <= 0 = no limit) and sigma (0.0)."""

@@ -162,18 +162,30 @@ def own_notes(cfg: TrinityConfig) -> list[str]:
             f"explorer.rollout_model.max_restarts: not applicable here ({why}: the "
             "engines are threads of the explorer's process, and Ray restarts processes)"
         )
-    eb = cfg.buffer.trainer_input.experience_buffer
-    if eb is not None and eb.storage_type == "queue" and eb.replay_buffer.enable:
-        notes.append(
-            "buffer.trainer_input.experience_buffer.replay_buffer: a queue with replay keeps its "
-            "experiences, priorities and use counts in the sql storage's SQLite file in the run "
-            "folder (buffer/<name>.sqlite)"
-        )
+    notes += replay_notes(cfg.buffer.trainer_input.experience_buffer)
     notes += [
         f"trainer.trainer_config.{key}: not applicable here (verl setting with no counterpart)"
         for key in unmapped_keys(cfg)
     ]
     return notes + list(cfg._compat_notes)
+
+
+def replay_notes(eb: Any) -> list[str]:
+    """What a replay buffer will do that its keys do not say."""
+    if eb is None or not eb.replay_buffer.enable:
+        return []
+    at, notes = "buffer.trainer_input.experience_buffer.replay_buffer", []
+    if eb.storage_type == "queue":
+        notes.append(
+            f"{at}: a queue with replay keeps its experiences, priorities and use counts in the "
+            "sql storage's SQLite file in the run folder (buffer/<name>.sqlite)"
+        )
+    if eb.replay_buffer.reuse_cooldown_time is None:
+        notes.append(
+            f"{at}.reuse_cooldown_time: unset, so nothing is reused (Trinity-RFT's meaning): "
+            "reads only go by priority; set it (0 = at once) to reuse experiences"
+        )
+    return notes
 
 
 def not_built_problems(cfg: TrinityConfig) -> list[Problem]:
