@@ -5,6 +5,7 @@ PostgreSQL), and a restarted trainer replaying exactly what its checkpoint had t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -334,8 +335,6 @@ def test_finishing_drops_copies_without_counting_them_as_experiences_written(db)
 def test_trinity_rft_s_replay_example_runs_with_a_tiny_model(tmp_path):
     """Trinity-RFT's examples/ppo_countdown_exp_replay/countdown.yaml, unchanged but for the
     model, the data and the sizes: PPO from a replay queue (explorer_driven sync) runs 3 steps."""
-    import json
-
     from test_e2e import ROOT, buffer_counts, run_trinity
 
     from trinity.tasks.synthetic import countdown
@@ -378,3 +377,62 @@ def test_notes_say_where_a_replay_queue_lives_and_that_no_cooldown_reuses_nothin
     )
     assert replay_notes(sql) == []
     assert replay_notes(StorageConfig(name="e", storage_type="queue")) == []
+
+
+SLOW_ENV = """
+import asyncio
+import json
+from trinity.workflows.math_workflow import MathWorkflow
+class SlowEnv(MathWorkflow):
+    '''An episode that takes 0.4 s of waiting (an environment, a tool, a sandbox).'''
+    async def run(self, task, model):
+        await asyncio.sleep(0.4)
+        return await super().run(task, model)
+"""
+
+
+@pytest.mark.slow  # two whole runs (about 40 s on 2 cores)
+def test_with_a_slow_explorer_replay_trains_twice_per_explore_step(tmp_path, tiny_model_dir):
+    """An explorer slower than the trainer (0.4 s episodes), trainer_driven sync: without replay
+    the trainer waits for every explore step; with replay (each group twice, no cooldown) it
+    trains a group's copy while the explorer works, so its 8 steps take about half the explore
+    steps, and the explorer samples with weights that advance about 2 versions a step."""
+    from test_e2e import ROOT, grpo_config, run_trinity, user_module
+
+    user_module(tmp_path, "slowpkg", "slow", SLOW_ENV)
+    found = {}
+    for name in ("plain", "replay"):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = grpo_config(folder, tiny_model_dir)
+        text = config.read_text().replace("total_steps: 3", "total_steps: 8")
+        text = text.replace("name: grpo", f"name: {name}")
+        if name == "replay":
+            text = text.replace(
+                "{name: exp, storage_type: queue}",
+                "{name: exp, storage_type: queue, replay_buffer: {enable: true, "
+                "reuse_cooldown_time: 0, priority_fn: decay_limit_randomization, "
+                "priority_fn_args: {use_count_limit: 2}}}",
+            )
+        config.write_text(text + "synchronizer: {sync_style: trainer_driven}\n")
+        r = run_trinity(
+            config,
+            env_extra={"PYTHONPATH": f"{tmp_path}:{ROOT}"},
+            overrides=[
+                "buffer.explorer_input.default_workflow_type=slowpkg.slow.SlowEnv",
+                "explorer.eval_interval=0",
+                "explorer.eval_on_startup=false",
+            ],
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        recs = [json.loads(x) for x in (folder / f"ckpt/e2e/{name}/metrics.jsonl").open()]
+        found[name] = {
+            "explore": [x["rollout/model_version"] for x in recs if "rollout/model_version" in x],
+            "reused": [x.get("replay/reused", 0) for x in recs if "train/loss" in x],
+        }
+    plain, replay = found["plain"], found["replay"]
+    assert len(plain["reused"]) == len(replay["reused"]) == 8  # train steps
+    assert not any(plain["reused"]) and len(plain["explore"]) >= 8
+    assert sum(u > 0 for u in replay["reused"]) >= 3, replay  # about every other step
+    assert len(replay["explore"]) <= 6, replay  # about 4-5 explore steps for 8 train steps
+    assert replay["explore"][-1] >= 2 * (len(replay["explore"]) - 2), replay  # newer weights
