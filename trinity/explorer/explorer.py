@@ -38,6 +38,7 @@ from trinity.explorer.auxiliary import (
     auxiliary_model,
     why_not_served,
 )
+from trinity.explorer.collapse import CollapseWatch
 from trinity.explorer.engine_pools import EnginePools, in_explorer_engines, start_engine_pools
 from trinity.explorer.in_process import InThread
 from trinity.explorer.ledger import LedgerStats
@@ -136,6 +137,8 @@ class Explorer:
             None  # the run's tasks, counting what it handed out
         )
         self._token: int | None = None  # this process's writer token (`register_writer`)
+        mon = config.monitor
+        self._collapse = CollapseWatch(mon.collapse_threshold, mon.collapse_patience)
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
         self.endpoint: EndpointServer | None = None
         self.sessions: WorkflowSessions | None = None
@@ -574,6 +577,10 @@ class Explorer:
             "timing/explore_step": elapsed,
             **self._per_taskset(tasks, kept, sampled),
         }
+        watched, warning = self._collapse.observe(report, step)
+        report.update(watched)
+        if warning is not None:
+            print(f"explorer {self._name}: {warning}", flush=True)
         after = await then() if then is not None else {}
         stream = self._stream
         cursor = None

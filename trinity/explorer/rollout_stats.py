@@ -1,15 +1,17 @@
-"""What a step's rollouts report: reward, length, truncation and flat-group share."""
+"""What a step's rollouts report: reward, length, truncation, flat-group and distinct-response
+shares."""
 
 from __future__ import annotations
 
 import statistics
 
 from trinity.common.experience import Experience
+from trinity.explorer.collapse import distinct_response_frac
 
 
 def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, float]:
     """Mean/std reward, mean of every metric (over the experiences that carry it), length,
-    truncation, flat-group share."""
+    truncation, flat-group share, distinct-response share (`collapse.py`)."""
     rewards = [e.reward or 0.0 for e in experiences]
     out = {
         f"{prefix}reward_mean": statistics.fmean(rewards),
@@ -28,4 +30,6 @@ def rollout_metrics(experiences: list[Experience], prefix: str) -> dict[str, flo
     multi = [g for g in groups.values() if len(g) > 1]
     if multi:
         out[f"{prefix}flat_group_frac"] = statistics.fmean(float(len(set(g)) == 1) for g in multi)
+    if (distinct := distinct_response_frac(experiences)) is not None:
+        out[f"{prefix}distinct_response_frac"] = distinct
     return out
