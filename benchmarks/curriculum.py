@@ -1,0 +1,246 @@
+"""Curriculum: train steps until a held-out accuracy target, `random` against `difficulty_based`.
+
+    .venv/bin/python benchmarks/curriculum.py --seeds 0 1 2
+    .venv/bin/python benchmarks/curriculum.py --seeds 7 --steps 40 --target 0.5 --out-name pilot
+
+Per seed: the quickstart's SFT stage runs once (`examples/quickstart/quickstart.yaml`: the
+teacher that forgets the carry, 2-digit sums only; its own fresh cache), then the quickstart's
+GRPO stage runs once per selector from that SFT checkpoint, on a taskset of mixed difficulty
+(`arithmetic_levels`, `--tasks` problems, a third of each level: 2-digit sums without a carry,
+solved after SFT; with a carry, learnable; 3-digit sums, out of reach) with only
+`data_selector.selector_type` changed. Both selectors run with the same seed, taskset, batch
+(`--batch-size` tasks × 8 samples), lr schedule, step budget (`--steps`) and experience pipeline
+(`pass_rate_calculator`, which changes nothing trained: it reports `selection/valid_ratio`, the
+share of a step's tasks whose samples disagree, the ones GRPO learns from).
+`difficulty_based` takes the settings of Trinity-RFT's BOTS example (`examples/bots/bots.yaml`:
+lamb 0.1, rho 0.1, target_reward 0.5, tau 0, do_sample) with m = the samples per task, and no
+offline reference columns (this taskset has none: the posterior learns from rollouts alone).
+
+Held-out accuracy (greedy, `--eval-tasks` problems of each level that no training set holds) is
+evaluated at the start and every `--eval-interval` steps; its mean over the three levels is
+the accuracy of the mix. The result of a run is the first evaluated step at which that mean
+reaches `--target`, or "not reached" within the budget. Prints one row per (selector, seed),
+then per selector the mean ± std of the steps to target (over the seeds that reached it), the
+ratio difficulty_based / random of the means, and writes
+`benchmarks/results/curriculum_seeds_<seeds>.json` (`--out-name` renames it).
+
+Steps, not seconds: on-policy runs with one seed are the same bit for bit on a busy machine, so
+other load on the cores changes the wall times recorded beside them, never the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
+SELECTORS = ("random", "difficulty_based")
+BOTS = {"lamb": 0.1, "rho": 0.1, "target_reward": 0.5, "tau": 0, "do_sample": True}
+LEVELS = ("no_carry", "carry", "three_digit")  # arithmetic_levels' levels 0, 1, 2
+
+
+def levels_set(name: str, split: str, num_tasks: int, weights: list[int]) -> dict:
+    return {
+        "name": name,
+        "storage_type": "synthetic",
+        "path": "arithmetic_levels",
+        "split": split,
+        "generator_args": {"num_tasks": num_tasks, "weights": weights},
+        "format": {"prompt_key": "question", "response_key": "answer"},
+    }
+
+
+def grpo_stage(rl_stage: dict, selector: str, args: argparse.Namespace) -> dict:
+    """The quickstart's GRPO stage on the mixed taskset, ordered by `selector`."""
+    stage = json.loads(json.dumps(rl_stage))  # a deep copy
+    repeat = stage["algorithm"]["repeat_times"]
+    taskset = levels_set("levels", "train", args.tasks, [1, 1, 1])
+    taskset["data_selector"] = {"selector_type": selector}
+    if selector == "difficulty_based":
+        taskset["data_selector"]["kwargs"] = {"m": repeat, **BOTS}
+    evals = [
+        levels_set(f"heldout_{name}", "test", args.eval_tasks, [int(k == i) for k in range(3)])
+        for i, name in enumerate(LEVELS)
+    ]
+    buffer = stage["buffer"]
+    buffer["batch_size"] = args.batch_size
+    buffer["total_steps"] = args.steps
+    # enough epochs for the budget: each selector serves ceil(epochs · tasks / batch) batches
+    buffer["total_epochs"] = math.ceil(args.steps * args.batch_size / args.tasks) + 1
+    buffer["explorer_input"] = {"taskset": taskset, "eval_tasksets": evals}
+    stage["explorer"] = {"eval_on_startup": True, "eval_interval": args.eval_interval}
+    stage["data_processor"] = {
+        "experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}
+    }
+    return stage
+
+
+def run(config: dict, work: Path, name: str, env: dict) -> tuple[list[dict], float]:
+    """`trinity run` on `config` (written to work/name.yaml); its metrics and wall time."""
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (work / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    run_dir = Path(env["TRINITY_CHECKPOINT_ROOT"]) / config["project"] / config["name"]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines], wall
+
+
+def accuracy_by_step(records: list[dict]) -> dict[int, list[float]]:
+    """Held-out greedy accuracy of each level at each evaluated step."""
+    keys = [f"eval/heldout_{name}/accuracy" for name in LEVELS]
+    return {r["step"]: [r[k] for k in keys] for r in records if all(k in r for k in keys)}
+
+
+def steps_to_target(curve: dict[int, list[float]], target: float) -> int | None:
+    """The first evaluated step whose mean accuracy over the levels is >= target."""
+    return next((s for s in sorted(curve) if statistics.fmean(curve[s]) >= target), None)
+
+
+def sft_checkpoint(seed: int, sft_stage: dict, base: dict, work: Path, env: dict, steps: int):
+    """The quickstart's SFT stage for `seed` (kept in `work`: a rerun reuses it)."""
+    sft_dir = work / "ckpt" / base["project"] / "sft"
+    if not list(sft_dir.glob("global_step_*")):
+        shutil.rmtree(sft_dir, ignore_errors=True)
+        stage = json.loads(json.dumps(sft_stage))
+        if steps:
+            stage["buffer"]["total_steps"] = steps
+        run({**base, "seed": seed, "name": "sft", "stages": [stage]}, work, "sft", env)
+    return max(sft_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+
+
+def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
+    work.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(CONFIG.read_text())
+    base["cluster"] = {"ray_address": "local"}  # its own Ray: never join another run's
+    base["monitor"] = {"monitor_type": "jsonl"}
+    base["model"]["max_response_tokens"] = 7  # "1:1998" and the end token
+    sft_stage, rl_stage = base.pop("stages")
+    env = {
+        **os.environ,
+        "TRINITY_CACHE_DIR": str(work / "cache"),
+        "TRINITY_CHECKPOINT_ROOT": str(work / "ckpt"),
+    }
+    ckpt = sft_checkpoint(seed, sft_stage, base, work, env, args.sft_steps)
+    done_log = work / "rows.jsonl"  # finished (selector, seed) rows: a rerun skips them
+    rows = [json.loads(x) for x in done_log.read_text().splitlines()] if done_log.exists() else []
+    for selector in args.selectors:
+        if any(r["selector"] == selector for r in rows):
+            continue
+        name = f"grpo_{selector}"
+        shutil.rmtree(work / "ckpt" / base["project"] / name, ignore_errors=True)
+        cfg = {**base, "seed": seed, "name": name, "stages": [grpo_stage(rl_stage, selector, args)]}
+        cfg["model"] = {**base["model"], "model_path": str(ckpt)}
+        records, wall = run(cfg, work, name, env)
+        curve = accuracy_by_step(records)
+        valid = [r["experience_pipeline/selection/valid_ratio"] for r in records
+                 if "experience_pipeline/selection/valid_ratio" in r]  # fmt: skip
+        rows.append(
+            {
+                "selector": selector,
+                "seed": seed,
+                "steps_to_target": steps_to_target(curve, args.target),
+                "start": curve[min(curve)],
+                "final": curve[max(curve)],
+                "curve": {str(s): v for s, v in sorted(curve.items())},
+                "valid_ratio_mean": statistics.fmean(valid) if valid else None,
+                "wall_s": wall,
+            }
+        )
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
+        with done_log.open("a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
+    return [r for r in rows if r["selector"] in args.selectors]
+
+
+def mean_std(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> dict:
+    """Print the table; the per-selector statistics."""
+    fmt = "{:>17} {:>5} {:>15} {:>23} {:>23} {:>12} {:>8}"
+    print(fmt.format("selector", "seed", "steps_to_target", "start (levels 0/1/2)",
+                     "final (levels 0/1/2)", "valid_ratio", "wall_s"))  # fmt: skip
+    for r in rows:
+        reached = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
+        levels = ["/".join(f"{x:.2f}" for x in r[k]) for k in ("start", "final")]
+        valid = f"{r['valid_ratio_mean']:.3f}" if r["valid_ratio_mean"] is not None else "-"
+        print(fmt.format(r["selector"], r["seed"], reached, *levels, valid, f"{r['wall_s']:.0f}"))
+    stats = {}
+    for selector in args.selectors:
+        mine = [r for r in rows if r["selector"] == selector]
+        steps = [r["steps_to_target"] for r in mine if r["steps_to_target"] is not None]
+        stats[selector] = {"steps_to_target": mean_std(steps), "not_reached": len(mine) - len(steps)}
+        s = stats[selector]["steps_to_target"]
+        cell = f"{s['mean']:.1f} ± {s['std']:.1f}" if s["mean"] is not None else "-"
+        print(f"{selector}: steps to {args.target} = {cell} over {s['n']} seeds reaching it "
+              f"({stats[selector]['not_reached']} not within {args.steps} steps)")  # fmt: skip
+    means = [stats[s]["steps_to_target"]["mean"] for s in SELECTORS if s in stats]
+    if len(means) == 2 and None not in means:
+        stats["ratio_difficulty_based_over_random"] = means[1] / means[0]
+        print(f"difficulty_based / random: {means[1] / means[0]:.3f}")
+    return stats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument(
+        "--selectors", nargs="*", default=list(SELECTORS), choices=SELECTORS,
+        help="none: only the SFT models, to prepare a --work folder",
+    )  # fmt: skip
+    ap.add_argument("--steps", type=int, default=80, help="GRPO step budget per run")
+    ap.add_argument("--target", type=float, default=0.6, help="held-out accuracy of the mix")
+    ap.add_argument("--eval-interval", type=int, default=5, help="steps between evaluations")
+    ap.add_argument("--tasks", type=int, default=240, help="training problems (a third a level)")
+    ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
+    ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
+    ap.add_argument("--sft-steps", type=int, default=0, help="0: the quickstart's (1200)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out-name", default=None, help="JSON file name, no suffix")
+    ap.add_argument(
+        "--work", type=Path, default=None,
+        help="working folder; an existing one is resumed (its SFT models and finished rows kept)",
+    )  # fmt: skip
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="curriculum_"))
+    rows = []
+    for seed in args.seeds:
+        rows += run_seed(seed, args, work / f"seed_{seed}")
+    if not args.selectors:
+        print(f"SFT models ready in {work}")
+        return
+    stats = report(rows, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "out_name", "work")}
+    result = {"config": str(CONFIG.relative_to(ROOT)), "settings": settings, "bots": BOTS,
+              "runs": rows, "stats": stats, "logs": str(work)}  # fmt: skip
+    name = args.out_name or "curriculum_seeds_" + "_".join(str(s) for s in args.seeds)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"logs and checkpoints: {work}")
+
+
+if __name__ == "__main__":
+    main()
