@@ -109,6 +109,20 @@ def accuracy_by_step(records: list[dict]) -> dict[int, list[float]]:
     return {r["step"]: [r[k] for k in keys] for r in records if all(k in r for k in keys)}
 
 
+def task_spread(records: list[dict]) -> dict[str, float | None]:
+    """Means over the run's steps of the shares of the step's tasks (`pass_rate_calculator`)
+    whose samples disagree (GRPO learns from them), all passed, all failed."""
+    key = "experience_pipeline/selection/{}"
+    out: dict[str, float | None] = {}
+    for name, ratio, flip in (("valid_ratio_mean", "valid_ratio", False),
+                              ("all_passed_mean", "<1_ratio", True),
+                              ("all_failed_mean", ">0_ratio", True)):  # fmt: skip
+        values = [r[key.format(ratio)] for r in records if key.format(ratio) in r]
+        mean = statistics.fmean(values) if values else None
+        out[name] = 1 - mean if flip and mean is not None else mean
+    return out
+
+
 def steps_to_target(curve: dict[int, list[float]], target: float) -> int | None:
     """The first evaluated step whose mean accuracy over the levels is >= target."""
     return next((s for s in sorted(curve) if statistics.fmean(curve[s]) >= target), None)
@@ -132,6 +146,8 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
     base["cluster"] = {"ray_address": "local"}  # its own Ray: never join another run's
     base["monitor"] = {"monitor_type": "jsonl"}
     base["model"]["max_response_tokens"] = 7  # "1:1998" and the end token
+    base["trainer"]["num_threads"] = args.threads  # the trainer's and the engine's: one process
+    base["explorer"]["rollout_model"] = {"num_threads": args.threads}
     sft_stage, rl_stage = base.pop("stages")
     env = {
         **os.environ,
@@ -150,8 +166,6 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
         records, wall = run(cfg, work, name, env)
         curve = accuracy_by_step(records)
-        valid = [r["experience_pipeline/selection/valid_ratio"] for r in records
-                 if "experience_pipeline/selection/valid_ratio" in r]  # fmt: skip
         rows.append(
             {
                 "selector": selector,
@@ -160,7 +174,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
                 "start": curve[min(curve)],
                 "final": curve[max(curve)],
                 "curve": {str(s): v for s, v in sorted(curve.items())},
-                "valid_ratio_mean": statistics.fmean(valid) if valid else None,
+                **task_spread(records),
                 "wall_s": wall,
             }
         )
@@ -180,27 +194,42 @@ def mean_std(values: list[float]) -> dict:
 
 def report(rows: list[dict], args: argparse.Namespace) -> dict:
     """Print the table; the per-selector statistics."""
-    fmt = "{:>17} {:>5} {:>15} {:>23} {:>23} {:>12} {:>8}"
+    fmt = "{:>17} {:>5} {:>15} {:>20} {:>20} {:>20} {:>7}"
     print(fmt.format("selector", "seed", "steps_to_target", "start (levels 0/1/2)",
-                     "final (levels 0/1/2)", "valid_ratio", "wall_s"))  # fmt: skip
+                     "final (levels 0/1/2)", "tasks mixed/1/0", "wall_s"))  # fmt: skip
     for r in rows:
         reached = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
         levels = ["/".join(f"{x:.2f}" for x in r[k]) for k in ("start", "final")]
-        valid = f"{r['valid_ratio_mean']:.3f}" if r["valid_ratio_mean"] is not None else "-"
-        print(fmt.format(r["selector"], r["seed"], reached, *levels, valid, f"{r['wall_s']:.0f}"))
+        keys = ("valid_ratio_mean", "all_passed_mean", "all_failed_mean")
+        spread = "/".join(f"{r[k]:.2f}" if r[k] is not None else "-" for k in keys)
+        print(fmt.format(r["selector"], r["seed"], reached, *levels, spread, f"{r['wall_s']:.0f}"))
     stats = {}
     for selector in args.selectors:
         mine = [r for r in rows if r["selector"] == selector]
         steps = [r["steps_to_target"] for r in mine if r["steps_to_target"] is not None]
-        stats[selector] = {"steps_to_target": mean_std(steps), "not_reached": len(mine) - len(steps)}
+        stats[selector] = {
+            "steps_to_target": mean_std(steps),
+            "not_reached": len(mine) - len(steps),
+        }
         s = stats[selector]["steps_to_target"]
         cell = f"{s['mean']:.1f} ± {s['std']:.1f}" if s["mean"] is not None else "-"
         print(f"{selector}: steps to {args.target} = {cell} over {s['n']} seeds reaching it "
               f"({stats[selector]['not_reached']} not within {args.steps} steps)")  # fmt: skip
     means = [stats[s]["steps_to_target"]["mean"] for s in SELECTORS if s in stats]
-    if len(means) == 2 and None not in means:
-        stats["ratio_difficulty_based_over_random"] = means[1] / means[0]
-        print(f"difficulty_based / random: {means[1] / means[0]:.3f}")
+    ratio = None  # of the mean steps, where both selectors have one (and random's is not 0)
+    if len(means) == 2 and None not in means and means[0] > 0:
+        ratio = means[1] / means[0]
+        print(f"difficulty_based / random (mean steps to target): {ratio:.3f}")
+    stats["ratio_difficulty_based_over_random"] = ratio
+    paired = {}
+    for seed in args.seeds:
+        steps = {r["selector"]: r["steps_to_target"] for r in rows if r["seed"] == seed}
+        if steps.get("random") and steps.get("difficulty_based") is not None:
+            paired[seed] = steps["difficulty_based"] / steps["random"]
+    if paired:
+        print("per seed, difficulty_based / random: "
+              + ", ".join(f"seed {k}: {v:.3f}" for k, v in paired.items()))  # fmt: skip
+    stats["ratio_per_seed"] = paired
     return stats
 
 
@@ -217,6 +246,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=240, help="training problems (a third a level)")
     ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
     ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--sft-steps", type=int, default=0, help="0: the quickstart's (1200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--out-name", default=None, help="JSON file name, no suffix")

@@ -96,8 +96,10 @@ def arithmetic_levels(
     eval_fraction: float = 0.1,
     show_carry: bool = True,
 ) -> list[dict[str, Any]]:
-    """`num_tasks` additions, `weights` the share of each level (module docstring), shuffled
-    together with the seed."""
+    """Additions of 3 levels mixed by `weights`: 2-digit without and with a carry, 3-digit.
+
+    `num_tasks` rows, `weights` the share of each level (module docstring), shuffled together
+    with the seed."""
     _check_common("arithmetic_levels", num_tasks, eval_fraction)
     counts = level_counts(num_tasks, weights)
     rows = []
