@@ -79,7 +79,12 @@ def grpo_stage(rl_stage: dict, selector: str, args: argparse.Namespace) -> dict:
     buffer["total_steps"] = args.steps
     # enough epochs for the budget: each selector serves ceil(epochs · tasks / batch) batches
     buffer["total_epochs"] = math.ceil(args.steps * args.batch_size / args.tasks) + 1
-    buffer["explorer_input"] = {"taskset": taskset, "eval_tasksets": evals}
+    buffer["explorer_input"] = {
+        "taskset": taskset,
+        "eval_tasksets": evals,
+        "default_workflow_type": "math_workflow",  # the quickstart's
+        "default_reward_fn_type": "arithmetic_reward",  # the last number against the true sum
+    }
     stage["explorer"] = {"eval_on_startup": True, "eval_interval": args.eval_interval}
     stage["data_processor"] = {
         "experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}
@@ -162,7 +167,10 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
             continue
         name = f"grpo_{selector}"
         shutil.rmtree(work / "ckpt" / base["project"] / name, ignore_errors=True)
-        cfg = {**base, "seed": seed, "name": name, "stages": [grpo_stage(rl_stage, selector, args)]}
+        stage = grpo_stage(rl_stage, selector, args)
+        cfg = {**base, "seed": seed, "name": name, "stages": [stage]}
+        # a stage's keys merge into the top level's: the quickstart's taskset must not leak in
+        cfg["buffer"] = {**base["buffer"], "explorer_input": stage["buffer"]["explorer_input"]}
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
         records, wall = run(cfg, work, name, env)
         curve = accuracy_by_step(records)
@@ -241,8 +249,8 @@ def main() -> None:
         help="none: only the SFT models, to prepare a --work folder",
     )  # fmt: skip
     ap.add_argument("--steps", type=int, default=80, help="GRPO step budget per run")
-    ap.add_argument("--target", type=float, default=0.6, help="held-out accuracy of the mix")
-    ap.add_argument("--eval-interval", type=int, default=5, help="steps between evaluations")
+    ap.add_argument("--target", type=float, default=0.58, help="held-out accuracy of the mix")
+    ap.add_argument("--eval-interval", type=int, default=1, help="steps between evaluations")
     ap.add_argument("--tasks", type=int, default=240, help="training problems (a third a level)")
     ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
     ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
