@@ -49,6 +49,7 @@ CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
 SELECTORS = ("random", "difficulty_based")
 BOTS = {"lamb": 0.1, "rho": 0.1, "target_reward": 0.5, "tau": 0, "do_sample": True}
 LEVELS = ("no_carry", "carry", "three_digit")  # arithmetic_levels' levels 0, 1, 2
+REFERENCE_COLUMN = "sft_pass_rate"  # curriculum_reference.py's
 
 
 def levels_set(name: str, split: str, num_tasks: int, weights: list[int]) -> dict:
@@ -62,14 +63,22 @@ def levels_set(name: str, split: str, num_tasks: int, weights: list[int]) -> dic
     }
 
 
-def grpo_stage(rl_stage: dict, selector: str, args: argparse.Namespace) -> dict:
-    """The quickstart's GRPO stage on the mixed taskset, ordered by `selector`."""
+def grpo_stage(
+    rl_stage: dict, selector: str, args: argparse.Namespace, reference: Path | None = None
+) -> dict:
+    """The quickstart's GRPO stage on the mixed taskset, ordered by `selector`; with
+    `reference`, the taskset is that file (its rows and their offline pass rates)."""
     stage = json.loads(json.dumps(rl_stage))  # a deep copy
     repeat = stage["algorithm"]["repeat_times"]
     taskset = levels_set("levels", "train", args.tasks, [1, 1, 1])
+    if reference is not None:  # the same rows, with their offline pass rate, from a file
+        taskset = {"name": "levels", "storage_type": "file", "path": str(reference),
+                   "format": taskset["format"]}  # fmt: skip
     taskset["data_selector"] = {"selector_type": selector}
     if selector == "difficulty_based":
         taskset["data_selector"]["kwargs"] = {"m": repeat, **BOTS}
+        if reference is not None:
+            taskset["data_selector"]["feature_keys"] = [REFERENCE_COLUMN]
     evals = [
         levels_set(f"heldout_{name}", "test", args.eval_tasks, [int(k == i) for k in range(3)])
         for i, name in enumerate(LEVELS)
@@ -145,6 +154,19 @@ def sft_checkpoint(seed: int, sft_stage: dict, base: dict, work: Path, env: dict
     return max(sft_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
 
 
+def measure_reference(cfg: dict, work: Path, out: Path, env: dict) -> None:
+    """`curriculum_reference.py` on `cfg`'s taskset and model: `out`, the rows with their
+    `sft_pass_rate`."""
+    path = work / "reference.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    script = Path(__file__).with_name("curriculum_reference.py")
+    cmd = [sys.executable, str(script), "--config", str(path), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    (work / "reference.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference pass rates: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+
+
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(CONFIG.read_text())
@@ -162,17 +184,26 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
     ckpt = sft_checkpoint(seed, sft_stage, base, work, env, args.sft_steps)
     done_log = work / "rows.jsonl"  # finished (selector, seed) rows: a rerun skips them
     rows = [json.loads(x) for x in done_log.read_text().splitlines()] if done_log.exists() else []
+
+    def config(selector: str, reference: Path | None) -> dict:
+        stage = grpo_stage(rl_stage, selector, args, reference)
+        cfg = {**base, "seed": seed, "name": f"grpo_{selector}", "stages": [stage]}
+        # a stage's keys merge into the top level's: the quickstart's taskset must not leak in
+        cfg["buffer"] = {**base["buffer"], "explorer_input": stage["buffer"]["explorer_input"]}
+        cfg["model"] = {**base["model"], "model_path": str(ckpt)}
+        return cfg
+
+    reference = None
+    if args.reference:  # the SFT model's pass rate on each training task, measured once
+        reference = work / "reference_tasks.jsonl"
+        if not reference.exists():
+            measure_reference(config("random", None), work, reference, env)
     for selector in args.selectors:
         if any(r["selector"] == selector for r in rows):
             continue
         name = f"grpo_{selector}"
         shutil.rmtree(work / "ckpt" / base["project"] / name, ignore_errors=True)
-        stage = grpo_stage(rl_stage, selector, args)
-        cfg = {**base, "seed": seed, "name": name, "stages": [stage]}
-        # a stage's keys merge into the top level's: the quickstart's taskset must not leak in
-        cfg["buffer"] = {**base["buffer"], "explorer_input": stage["buffer"]["explorer_input"]}
-        cfg["model"] = {**base["model"], "model_path": str(ckpt)}
-        records, wall = run(cfg, work, name, env)
+        records, wall = run(config(selector, reference), work, name, env)
         curve = accuracy_by_step(records)
         rows.append(
             {
@@ -255,6 +286,11 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
     ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument(
+        "--reference", action="store_true",
+        help="BOTS as designed: measure the SFT model's pass rate on each training task first "
+        "(curriculum_reference.py) and give it to difficulty_based as a feature_keys column",
+    )  # fmt: skip
     ap.add_argument("--sft-steps", type=int, default=0, help="0: the quickstart's (1200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--out-name", default=None, help="JSON file name, no suffix")
@@ -276,6 +312,7 @@ def main() -> None:
     result = {"config": str(CONFIG.relative_to(ROOT)), "settings": settings, "bots": BOTS,
               "runs": rows, "stats": stats, "logs": str(work)}  # fmt: skip
     name = args.out_name or "curriculum_seeds_" + "_".join(str(s) for s in args.seeds)
+    name += "_reference" if args.reference and not args.out_name else ""
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"logs and checkpoints: {work}")
 
