@@ -24,6 +24,11 @@ then per selector the mean ± std of the steps to target (over the seeds that re
 ratio difficulty_based / random of the means, and writes
 `benchmarks/results/curriculum_seeds_<seeds>.json` (`--out-name` renames it).
 
+`--reference` runs BOTS as designed, with an offline pass-rate column: before the GRPO runs
+of a seed, `curriculum_reference.py` measures the SFT model's pass rate on each training task
+(its workflow, reward and sampling), both selectors read the taskset from that file, and
+`difficulty_based` gets the column as `feature_keys` (the result file ends in `_reference`).
+
 Steps, not seconds: on-policy runs with one seed are the same bit for bit on a busy machine, so
 other load on the cores changes the wall times recorded beside them, never the steps.
 """
