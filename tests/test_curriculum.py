@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from test_one_process import _cfg
 
 from trinity.buffer.queue import QueueStorage
@@ -180,3 +181,55 @@ def test_a_run_with_difficulty_based_selection_keeps_its_state_at_the_cursor(
     learned = cursor.selector["selector"]
     assert len(learned["alphas"]) == 40  # learned from three steps (a failing task: β grows)
     assert learned["alphas"] != [1.0] * 40 or learned["betas"] != [1.0] * 40
+
+
+def _difficulty_run(tmp_path, tiny_model_dir, total_steps: int, resume: bool = False):
+    """`grpo_config` with BOTS's selector (sampled posteriors, a temperature) for `total_steps`
+    steps, a checkpoint every 2; returns the explorer's cursor and the run's folder."""
+    from test_e2e import grpo_config, run_trinity
+
+    cfg = grpo_config(tmp_path, tiny_model_dir)
+    cfg.write_text(
+        cfg.read_text().replace(
+            "      format: {prompt_key: question, response_key: answer}\n",
+            "      format: {prompt_key: question, response_key: answer}\n"
+            "      data_selector: {selector_type: difficulty_based,\n"
+            "        kwargs: {m: 4, target_reward: 0.5, tau: 0.5, do_sample: true}}\n",
+            1,
+        )
+    )
+    sets = [f"buffer.total_steps={total_steps}", "trainer.save_interval=2"]
+    r = run_trinity(cfg, overrides=[*sets, "continue_from_checkpoint=true"] if resume else sets)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    run_dir = tmp_path / "ckpt/e2e/grpo"
+    cursor = asyncio.run(QueueStorage(run_dir / "buffer/exp.db").cursor("explorer"))
+    return cursor, run_dir, r.stdout
+
+
+@pytest.mark.slow  # three whole runs (about 60 s on 2 cores)
+def test_a_resumed_run_selects_and_learns_as_the_uninterrupted_one(tmp_path, tiny_model_dir):
+    """4 steps in one run, against 2 steps then a resume to 4: the selector's posterior at the
+    end, the tasks each step explored and the trained weights are the same, bit for bit."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    whole, whole_dir, _ = _difficulty_run(tmp_path / "whole", tiny_model_dir, 4)
+    half, _, _ = _difficulty_run(tmp_path / "cut", tiny_model_dir, 2)
+    assert half.step == 2 and half.selector["taken"] == 8
+    resumed, cut_dir, out = _difficulty_run(tmp_path / "cut", tiny_model_dir, 4, resume=True)
+    assert "resuming stage main from" in out
+    assert whole.step == resumed.step == 4 and whole.selector["taken"] == 16
+    assert resumed.selector == whole.selector  # the posteriors, exactly (JSON floats)
+    assert half.selector["selector"] != whole.selector["selector"]  # steps 3, 4 moved them
+
+    def explored(run_dir) -> list[tuple]:
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        keys = ("rollout/reward_mean", "train/loss", "experience_pipeline/selection/valid_ratio")
+        return [(r["step"], *(r.get(k) for k in keys)) for r in recs if "train/loss" in r]
+
+    assert explored(cut_dir) == explored(whole_dir) and len(explored(whole_dir)) == 4
+    wa = load_file(whole_dir / "global_step_4" / "model.safetensors")
+    wb = load_file(cut_dir / "global_step_4" / "model.safetensors")
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

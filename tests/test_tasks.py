@@ -241,7 +241,7 @@ def test_generator_errors():
         generate("arithmetic", "dev", 0, 5)
     with pytest.raises(ValueError, match="ops"):
         generate("arithmetic", "train", 0, 5, ops="^")
-    with pytest.raises(KeyError, match="Valid names: arithmetic, countdown"):
+    with pytest.raises(KeyError, match="Valid names: arithmetic, arithmetic_levels, countdown"):
         GENERATORS.get("algebra")
 
 

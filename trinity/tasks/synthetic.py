@@ -37,6 +37,7 @@ GENERATORS: Registry[GeneratorFn] = Registry(
     modules={
         "reasoning_gym": "trinity.tasks.reasoning_gym_tasks",
         "env_demos": "trinity.envs.demos",  # an environment's expert: SFT warm-up conversations
+        "arithmetic_levels": "trinity.tasks.arithmetic_levels",  # additions of mixed difficulty
     },
 )
 
