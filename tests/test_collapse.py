@@ -55,3 +55,29 @@ def test_a_threshold_of_0_turns_the_warning_off_but_keeps_the_drift():
         {"rollout/distinct_response_frac": 0.0, "rollout/response_length": 4.0}, 1
     )
     assert warning is None and metrics == {"collapse/response_length_drift": 1.0}
+
+
+@pytest.mark.slow  # a whole run (10-20 s on 2 cores)
+def test_a_run_whose_samples_are_all_alike_warns_at_the_patience(tmp_path, tiny_model_dir):
+    """Greedy sampling gives every task 4 identical samples (a distinct share of 1/4, under the
+    0.3 threshold): the warning comes at step 2 (patience 2), once, with its metrics."""
+    import json
+
+    from test_e2e import grpo_config, run_trinity
+
+    config = grpo_config(tmp_path, tiny_model_dir)
+    r = run_trinity(
+        config,
+        overrides=[
+            "buffer.explorer_input.taskset.rollout_args.temperature=0",
+            "monitor.collapse_threshold=0.3",
+            "monitor.collapse_patience=2",
+        ],
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert out.count("may be collapsing") == 1 and "explore step 2:" in out
+    recs = [json.loads(x) for x in (tmp_path / "ckpt/e2e/grpo/metrics.jsonl").open()]
+    steps = [x for x in recs if "rollout/distinct_response_frac" in x]
+    assert [x["rollout/distinct_response_frac"] for x in steps] == [0.25] * 3
+    assert [x["collapse/warning"] for x in steps] == [0.0, 1.0, 1.0]
