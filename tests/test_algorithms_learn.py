@@ -88,4 +88,3 @@ def test_the_algorithm_raises_the_quickstart_reward(sft_model, tmp_path, algorit
     assert len(rewards) == STEPS
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > first + 0.05, (algorithm, first, last, rewards)
-
