@@ -528,12 +528,12 @@ class MonitorConfig(ConfigSection):
     cache_dir: Annotated[
         str, NotApplicable("set by Trinity-RFT itself; outputs go to the run folder here")
     ] = ""
+    """Trinity-RFT's folder of monitor outputs (`<run>/monitor`)."""
     collapse_threshold: float = Field(0.25, ge=0, le=1)
     """Ours: warn (console and `collapse/warning`) when fewer than this share of each task's
     samples are distinct for `collapse_patience` explore steps in a row; 0 = no warning."""
     collapse_patience: int = Field(3, ge=1)
     """Ours: consecutive low-diversity explore steps before the collapse warning."""
-    """Trinity-RFT's folder of monitor outputs (`<run>/monitor`)."""
 
     @field_validator("monitor_type", mode="wrap")
     @classmethod
