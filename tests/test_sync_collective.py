@@ -181,8 +181,11 @@ def test_a_dead_broadcast_thread_reaches_the_engines_and_the_trainer(tmp_path, m
 
 
 def test_payload_is_small_and_names_the_store(tmp_path):
-    payload = sync_method("nccl").send(_state(7), 7, tmp_path)
+    from trinity.sync.fingerprint import split
+
+    payload, stamp = split(sync_method("nccl").send(_state(7), 7, tmp_path))
     assert len(payload) == 1 and payload[0]["version"] == 7 and payload[0]["port"] > 0
+    assert stamp is not None and stamp.version == 7 and len(stamp.hashes) == len(_state(7))
     assert not list(Path(tmp_path).iterdir())  # nothing written to disk
 
 

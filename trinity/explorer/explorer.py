@@ -46,6 +46,7 @@ from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_
 from trinity.explorer.rollout_stats import rollout_metrics
 from trinity.explorer.tool_call_policy import apply_configured_policy
 from trinity.models import load_tokenizer, resolve_model_path
+from trinity.sync.fingerprint import split as split_fingerprint
 from trinity.sync.method import sync_method
 from trinity.sync.schedule import (
     admission_version,
@@ -137,6 +138,7 @@ class Explorer:
             None  # the run's tasks, counting what it handed out
         )
         self._token: int | None = None  # this process's writer token (`register_writer`)
+        self.weights_digest: str | None = None  # the fingerprint of the weights loaded last
         mon = config.monitor
         self._collapse = CollapseWatch(mon.collapse_threshold, mon.collapse_patience)
         # the OpenAI-compatible endpoint workflows call (explorer.rollout_model.enable_openai_api)
@@ -546,6 +548,8 @@ class Explorer:
                 # the explorer's name in the id: groups of two explorers' step s never mix; a
                 # sample a filter took out of its kept task is a group of its own (untrained)
                 alone = f"/filtered{e.eid.run}" if e.info.get("own_group") else ""
+                if self.weights_digest is not None:  # which weights sampled it (sync.fingerprint)
+                    e.info["weights_fingerprint"] = self.weights_digest
                 e.eid = EID(
                     batch=step,
                     task=pos,
@@ -723,8 +727,9 @@ class Explorer:
         if found is None:
             return {}
         got, payload = found
-        await self.client.update_weights(self.sync_method, payload, got)
-        return {"sync/load_s": time.perf_counter() - t0, "sync/pause_s": time.perf_counter() - t0}
+        checked = await self._load(payload, got)
+        return {"sync/load_s": time.perf_counter() - t0, "sync/pause_s": time.perf_counter() - t0,
+                **checked}  # fmt: skip
 
     async def admit(self, oldest: int, newest: bool, ask: bool) -> dict[str, float]:
         """Wait until weights of train step >= `oldest` are published and load them (the newest
@@ -743,9 +748,10 @@ class Explorer:
             found = await self.synchronizer.latest.remote(got - 1, reader=self._name)
             got, payload = found or (got, payload)
         t1 = time.perf_counter()
-        await self.client.update_weights(self.sync_method, payload, got)
+        checked = await self._load(payload, got)
         t2 = time.perf_counter()
-        return {"sync/admission_wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
+        return {"sync/admission_wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0,
+                **checked}  # fmt: skip
 
     async def sync_on_request(self) -> dict[str, float]:
         """explorer_driven: ask the trainer for its current weights; go on with ours when it has
@@ -765,9 +771,10 @@ class Explorer:
             return {"sync/pause_s": time.perf_counter() - t0}
         t1 = time.perf_counter()
         got, payload = found
-        await self.client.update_weights(self.sync_method, payload, got)
+        checked = await self._load(payload, got)
         t2 = time.perf_counter()
-        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
+        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0,
+                **checked}  # fmt: skip
 
     async def sync_to(self, version: int) -> dict[str, float]:
         """Wait for the trainer's weights of `version` and load them into every engine.
@@ -797,9 +804,22 @@ class Explorer:
             ),
         )
         t1 = time.perf_counter()
-        await self.client.update_weights(self.sync_method, payload, got)
+        checked = await self._load(payload, got)
         t2 = time.perf_counter()
-        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0}
+        return {"sync/wait_s": t1 - t0, "sync/load_s": t2 - t1, "sync/pause_s": t2 - t0,
+                **checked}  # fmt: skip
+
+    async def _load(self, payload: list[Any], version: int) -> dict[str, float]:
+        """Every engine loads `payload` as `version`; each checks what it received against the
+        trainer's fingerprint (`sync.fingerprint`: a mismatch raises, failing the step).
+        Returns `sync/fingerprint_ok` (1: checked and equal) when the payload had one."""
+        assert self.client is not None
+        await self.client.update_weights(self.sync_method, payload, version)
+        _, stamp = split_fingerprint(payload)
+        if stamp is None:
+            return {}
+        self.weights_digest = stamp.digest
+        return {"sync/fingerprint_ok": 1.0}
 
     # -- running workflows ---------------------------------------------------------------------
 

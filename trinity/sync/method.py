@@ -10,6 +10,8 @@ A method is two halves and a clean-up, registered in `SYNC_METHOD` by its `sync_
 * `discard` (synchronizer): release what a payload holds once no explorer can still ask for it.
 
 The synchronizer and the explorer only pass payloads along; neither knows how a method works.
+Every method's payload also carries the weights' fingerprint, checked on receipt
+(`fingerprint.py`).
 A new transport is one new module in `sync/` and a line in `SYNC_METHOD`'s `modules`
 (`collective.py`, the `nccl` method, was added that way).
 """
@@ -70,8 +72,11 @@ SYNC_METHOD: Registry[type] = Registry(
 
 
 def sync_method(name: str) -> SyncMethod:
-    """An instance of the registered method `name` (importing its module on first use)."""
-    return SYNC_METHOD.get(name)()
+    """An instance of the registered method `name` (importing its module on first use), its
+    payloads fingerprinted (`fingerprint.py`: the engine half checks what it received)."""
+    from trinity.sync.fingerprint import Fingerprinted
+
+    return Fingerprinted(SYNC_METHOD.get(name)(), name)
 
 
 def state_nbytes(state: dict[str, torch.Tensor]) -> int:
