@@ -44,10 +44,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+from algorithms import run  # `trinity run` and its metrics (a script beside this one)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
@@ -104,22 +104,6 @@ def grpo_stage(
         "experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}
     }
     return stage
-
-
-def run(config: dict, work: Path, name: str, env: dict) -> tuple[list[dict], float]:
-    """`trinity run` on `config` (written to work/name.yaml); its metrics and wall time."""
-    path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    (work / f"{name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    run_dir = Path(env["TRINITY_CHECKPOINT_ROOT"]) / config["project"] / config["name"]
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines], wall
 
 
 def accuracy_by_step(records: list[dict]) -> dict[int, list[float]]:

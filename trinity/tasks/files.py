@@ -67,6 +67,23 @@ def _bad(message: str, bad_rows: list[str] | None) -> None:
     bad_rows.append(message)
 
 
+def json_object(
+    text: str | bytes, loc: str, bad_rows: list[str] | None, what: str = "row"
+) -> dict | None:
+    """The JSON object `text` holds, or None once `_bad` has said why it is not one (invalid
+    JSON, or JSON of another type; `what` names it in the message)."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        invalid = "invalid JSON" if what == "row" else f"{what} is not valid JSON"
+        _bad(f"{loc}: {invalid}: {e.msg} (column {e.colno})", bad_rows)
+        return None
+    if not isinstance(row, dict):
+        _bad(f"{loc}: {what} is a {type(row).__name__}, expected a JSON object", bad_rows)
+        return None
+    return row
+
+
 def _checked(rows: list[Any], where: str, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
     """(row, "where row i") for every row that is a dict; the others are bad rows."""
     out = []
@@ -168,15 +185,8 @@ def _read_jsonl(f: Path, bad_rows: list[str] | None) -> list[tuple[dict, str]]:
             if not line.strip():
                 continue
             loc = f"{f}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                _bad(f"{loc}: invalid JSON: {e.msg} (column {e.colno})", bad_rows)
-                continue
-            if not isinstance(row, dict):
-                _bad(f"{loc}: row is a {type(row).__name__}, expected a JSON object", bad_rows)
-                continue
-            rows.append((row, loc))
+            if (row := json_object(line, loc, bad_rows)) is not None:
+                rows.append((row, loc))
     return rows
 
 

@@ -22,10 +22,9 @@ columns there; a bad row (a `raw_task` that is not a JSON object) is "table 'x' 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from trinity.tasks.files import TasksetError
+from trinity.tasks.files import TasksetError, _bad, json_object
 
 TRINITY_RFT_COLUMN = "raw_task"
 
@@ -98,19 +97,10 @@ def _trinity_rft_rows(
         loc = f"table {table!r} row " + (f"id={row['id']}" if "id" in row else str(i))
         raw = row[TRINITY_RFT_COLUMN]
         if isinstance(raw, str | bytes):  # a JSON column the database hands back as text
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as e:
-                _bad(f"{loc}: raw_task is not valid JSON: {e.msg} (column {e.colno})", bad_rows)
-                continue
-        if not isinstance(raw, dict):
+            raw = json_object(raw, loc, bad_rows, what="raw_task")
+        elif not isinstance(raw, dict):
             _bad(f"{loc}: raw_task is a {type(raw).__name__}, expected a JSON object", bad_rows)
-            continue
-        out.append((raw, loc))
+            raw = None
+        if raw is not None:
+            out.append((raw, loc))
     return out
-
-
-def _bad(message: str, bad_rows: list[str] | None) -> None:
-    if bad_rows is None:
-        raise TasksetError(message)
-    bad_rows.append(message)
