@@ -151,9 +151,6 @@ def test_an_explore_only_run_feeds_a_later_train_only_run_that_resumes_exactly(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     explored = read_experiences(data)
     assert len(explored) == 3 * 16 and [e.eid.batch for e in explored[::16]] == [1, 2, 3]
-    from test_e2e import buffer_counts
-
-    assert buffer_counts(config, str(data)) == {"written": 48}  # trinity buffer stats
 
     def train(name: str, steps: int, *extra: str):
         r = run_trinity(
@@ -172,19 +169,3 @@ def test_an_explore_only_run_feeds_a_later_train_only_run_that_resumes_exactly(
     for a, b in zip(whole, rest, strict=True):  # the same batches, the same updates
         assert a["step"] == b["step"]
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4, abs=1e-9), (a, b)
-
-
-def test_buffer_stats_reads_a_file_storage_and_refuses_a_plain_jsonl(tmp_path):
-    from trinity.buffer.stats import store_counts
-
-    path = tmp_path / "exp.jsonl"
-
-    async def write():
-        await FileStorage(path).write([exp(0), exp(1)], Cursor("e", 1, 2))
-
-    asyncio.run(write())
-    assert store_counts(str(path)) == {str(path): {"written": 2}}
-    plain = tmp_path / "plain.jsonl"
-    plain.write_text('{"prompt": "x"}\n')
-    with pytest.raises(ValueError, match="not written by the file storage"):
-        store_counts(str(plain))

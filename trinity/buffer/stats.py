@@ -12,7 +12,6 @@ to the run folder); an sql buffer by its database and its name in it (`storage.s
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -37,32 +36,16 @@ def _sql_counts(path: str, where: str, prefix: str = "") -> Counts:
     return {f"{where} {name}": c for name, c in buffer_counts(path, prefix).items()}
 
 
-def _file_counts(file: Path) -> dict[str, int]:
-    """A file storage's experiences (`buffer/file.py`): written, as its state file records."""
-    from trinity.buffer.file import state_path
-
-    state = json.loads(state_path(file).read_text())
-    return {"written": int(state["written"])}
-
-
 def run_counts(cfg: Any, run_dir: Path) -> Counts:
     """The counts of every experience buffer of the run in `run_dir` (its queue logs, its sql
-    SQLite files and file storages, and its buffers in a configured sql database or file)."""
+    SQLite files, and its buffers in a configured sql database)."""
     out: Counts = {}
-    for file in sorted(run_dir.glob("**/buffer/*.jsonl.state.json")):
-        data = file.with_name(file.name.removesuffix(".state.json"))
-        out[str(data.relative_to(run_dir))] = _file_counts(data)
     for file in sorted(run_dir.glob("**/buffer/*.db")):
         out[str(file.relative_to(run_dir))] = _queue_counts(file)
     prefix = run_prefix(run_dir)
     for file in sorted(run_dir.glob("**/buffer/*.sqlite")):
         out |= _sql_counts(str(file), str(file.relative_to(run_dir)), prefix)
     eb = cfg.buffer.trainer_input.experience_buffer
-    if eb is not None and eb.storage_type == "file" and eb.path:
-        from trinity.buffer.file import state_path
-
-        if state_path(Path(eb.path)).exists():
-            out[str(Path(eb.path))] = _file_counts(Path(eb.path))
     if eb is not None and eb.storage_type == "sql" and eb.path:
         from trinity.buffer.sql_url import database_url, shown
 
@@ -78,12 +61,6 @@ def store_counts(target: str) -> Counts:
         file = Path(target)
         if not file.is_file():
             raise FileNotFoundError(f"no such file: {file}")
-        if file.suffix == ".jsonl":
-            from trinity.buffer.file import state_path
-
-            if not state_path(file).exists():
-                raise ValueError(f"{file} was not written by the file storage (no state file)")
-            return {str(file): _file_counts(file)}
         if "experience_log" in _tables(file):
             return {str(file): _queue_counts(file)}
         if "trinity_meta" not in _tables(file):
