@@ -118,9 +118,7 @@ class StorageConfig(ConfigSection):
     """Display name; used in metric keys of eval sets and of mixed tasksets; for 'sql' the table's
     name (a taskset's table; an experience buffer's rows in the storage's own tables)."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
-    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; for the experience
-    buffer also the JSONL file a `mode: explore` run writes its experiences to and a later
-    `mode: train` run reads (trinity/buffer/file.py); 'queue' = experience
+    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
     queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at `path` (SQLite
     or PostgreSQL): experiences, or for a taskset its rows from the table `name` (Trinity-RFT's
     task table or plain columns); 'synthetic' = a generated taskset whose generator name is

@@ -149,19 +149,6 @@ def _sql_buffer_names_a_database(cfg: TrinityConfig) -> Iterator[Problem]:
         yield Problem("buffer.trainer_input.experience_buffer.path", f"storage_type sql: {why}")
 
 
-@_check("mode", "buffer.trainer_input.experience_buffer")
-def _a_file_buffer_is_written_then_read(cfg: TrinityConfig) -> Iterator[Problem]:
-    """`storage_type: file` carries an explore-only run's experiences to a later train-only run
-    (`buffer/file.py`); a stage that explores and trains at once needs a queue or sql."""
-    eb = cfg.buffer.trainer_input.experience_buffer
-    if eb is not None and eb.storage_type == "file" and cfg.mode in ("both", "colocate"):
-        yield Problem(
-            "buffer.trainer_input.experience_buffer.storage_type",
-            f"mode {cfg.mode!r} explores and trains at once, and a file is written by "
-            "`mode: explore` and read by a later `mode: train` run: use storage_type queue or sql",
-        )
-
-
 @_check("buffer.trainer_input.experience_buffer")
 def _replay_settings(cfg: TrinityConfig) -> Iterator[Problem]:
     """`replay_buffer.enable`: an experience storage that keeps priorities (queue or sql) and a

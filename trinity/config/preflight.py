@@ -234,16 +234,6 @@ def _check_one(
         return problems + found, skipped
     from trinity.algorithm.algorithms import is_pairwise
 
-    if buf.storage_type == "file" and buf.path and os.path.isfile(buf.path):
-        from trinity.buffer.file import is_experience_file, read_experiences
-
-        if is_experience_file(buf.path):  # an explore-only run's output (`buffer/file.py`)
-            try:
-                if not read_experiences(buf.path):
-                    problems.append(Problem(f"{path}.path", f"{buf.path} holds no experiences"))
-            except ValueError as e:
-                problems.append(Problem(f"{path}.path", str(e)))
-            return problems, skipped
     problems += _selector_problems(path, buf, cfg.seed, explored=False)
     pairwise = is_pairwise(cfg.algorithm.algorithm_type)  # as trainer.sft_data.DatasetSource
     kwargs = {"is_eval": False, "default_seed": cfg.seed, "require_response": not pairwise}

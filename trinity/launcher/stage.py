@@ -434,9 +434,7 @@ def plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int | None:
         n, per_step = sizes.get("train_tasks", 0), cfg.buffer.batch_size
     else:
         n = sizes.get("dataset_size", 0)
-        per_step = (
-            sizes.get("dataset_batch") or cfg.buffer.train_batch_size or cfg.buffer.batch_size
-        )
+        per_step = cfg.buffer.train_batch_size or cfg.buffer.batch_size
         epochs = (eb.total_epochs if eb is not None else None) or epochs  # as DatasetSource
     if n == 0:
         raise ValueError("no data: the taskset / dataset of this stage is empty")

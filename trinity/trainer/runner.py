@@ -94,14 +94,14 @@ class TrainerRunner:
         self.trainer = self.lane.run(self._build, total_steps)
         if self.turns is not None:  # colocated: in host memory until its first turn
             self.lane.run(self.trainer.place, False)
-        sizes = {"dataset_size": 0}
+        size = 0
         if use_dataset:
             pairwise = self.trainer.algo.spec.pairwise
             self.dataset = DatasetSource(self.cfg, self.trainer.tokenizer, pairwise)
-            sizes = {"dataset_size": len(self.dataset), "dataset_batch": self.dataset.batch_size}
+            size = len(self.dataset)
         self.startup.mark("trainer_ready")
         self._started_at = started_at
-        return sizes
+        return {"dataset_size": size}
 
     def _build(self, total_steps: int | None) -> Trainer | ShardedTrainer:
         """The trainer (on the lane), while no other model of this process builds. In a

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from trinity.buffer.file import is_experience_file, read_experiences
 from trinity.common.experience import EID, Experience, ExperienceKind
 from trinity.config.resolved import chat_template_kwargs
 from trinity.tasks import Task, load_taskset, make_selector
@@ -131,24 +130,8 @@ class DatasetSource:
     def __init__(
         self, config: Any, tokenizer: Any, pairwise: bool = False, storage: Any = None
     ) -> None:
-        """`storage`: the dataset to read; None = `buffer.trainer_input.experience_buffer`. A
-        file an explore-only run wrote (`buffer/file.py`) is read as its experiences, in write
-        order, each batch `train_batch_size` of them."""
+        """`storage`: the dataset to read; None = `buffer.trainer_input.experience_buffer`."""
         storage = storage or config.buffer.trainer_input.experience_buffer
-        self.batch_size = config.buffer.train_batch_size or config.buffer.batch_size
-        epochs = storage.total_epochs or config.buffer.total_epochs
-        if storage.storage_type == "file" and storage.path and is_experience_file(storage.path):
-            # rollouts: a train step takes what an explore step made, as in a run that explores
-            self.batch_size = config.buffer.train_batch_size or (
-                config.buffer.batch_size * config.algorithm.repeat_times
-            )
-            if pairwise:
-                raise ValueError(f"{storage.path} holds rollouts, not (chosen, rejected) pairs")
-            self.rows = [[e] for e in read_experiences(storage.path)]
-            self._iter = make_selector(storage.data_selector, config.seed).batches(
-                self.rows, self.batch_size, epochs
-            )
-            return
         tasks = load_taskset(
             storage,
             is_eval=False,
@@ -163,6 +146,8 @@ class DatasetSource:
             to_rows(t, tokenizer, m.max_prompt_tokens, m.max_response_tokens, template_kwargs)
             for t in tasks
         ]
+        self.batch_size = config.buffer.train_batch_size or config.buffer.batch_size
+        epochs = storage.total_epochs or config.buffer.total_epochs
         self._iter: Iterator[list[Any]] = make_selector(storage.data_selector, config.seed).batches(
             self.rows, self.batch_size, epochs
         )
