@@ -13,7 +13,7 @@ from storages import exp
 from trinity.buffer.file_log import FileLog, sidecar
 from trinity.buffer.file_storage import FileStorage
 from trinity.buffer.stats import store_counts
-from trinity.buffer.storage import Cursor
+from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import Experience
 
 
@@ -154,3 +154,29 @@ def test_a_second_process_over_the_file_is_refused(tmp_path):
     first.close()
     FileLog(f).close()  # the lock went with its holder
     assert sidecar(f).exists()
+
+
+def test_a_train_run_after_the_explore_run_ended_drains_the_file_and_ends(tmp_path):
+    f = tmp_path / "e.jsonl"
+
+    async def explore():
+        q = open_file(f)
+        token = await q.register_writer("alpha")
+        await q.write([exp(i) for i in range(3)], Cursor("alpha", 1, 3), token)
+        await q.release_writer("alpha")
+        q.log.close()
+
+    async def train():
+        q = open_file(f)
+        assert q.lingering()  # every writer released: the file is whole
+        got = await q.read(2)
+        rest = await q.read(2)  # the last, short read: writing has ended
+        assert [e.reward for e in got.experiences + rest.experiences] == [0.0, 1.0, 2.0]
+        with pytest.raises(BufferClosed):
+            await q.read(2)
+        await q.register_writer("alpha")  # an explore run started again reopens it
+        assert not q.lingering()
+        q.log.close()
+
+    asyncio.run(explore())
+    asyncio.run(train())

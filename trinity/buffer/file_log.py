@@ -7,8 +7,9 @@ ever appended to, so any tool reads it and an explore-only run's output is a pla
 state of every line (pending, leased, trained, dropped, as `SQLiteLog`), the open leases, the
 writers' cursors (with their step's report and task selector state) and `finished` live in a
 SQLite sidecar, `<file>.state.db`, with `SQLiteLog`'s tables plus `file_line` (each row's byte
-offset and length in the file) and two keys of `buffer_state`: `indexed`, the byte offset up to
-which the file's lines are rows, and `writing_from`, set while a write is in flight.
+offset and length in the file) and keys of `buffer_state`: `indexed`, the byte offset up to
+which the file's lines are rows (`lines`: how many lines that is), `writing_from`, set while a
+write is in flight, and `writers`, the registered writers with their releases.
 
 A write is durable before it returns, and atomic with its cursor:
   1. `writing_from` = the file's indexed end (committed);
@@ -222,6 +223,18 @@ class FileLog(SQLiteLog):
                 f.seek(offset)
                 out.append((int(i), Experience.from_dict(json.loads(f.read(length)))))
         return out
+
+    def writers(self) -> dict[str, bool]:
+        """The registered writers, each with whether it has released (`FileStorage`)."""
+        row = self.conn.execute("SELECT value FROM buffer_state WHERE key = 'writers'").fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def set_writers(self, writers: dict[str, bool]) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO buffer_state (key, value) VALUES ('writers', ?)",
+                (json.dumps(writers),),
+            )
 
     def close(self) -> None:
         if hasattr(self, "_fh"):

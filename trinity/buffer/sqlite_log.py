@@ -123,20 +123,17 @@ class SQLiteLog:
     def _move_cursor(self, cursor: Cursor) -> None:
         """In the caller's transaction: the writer's cursor, its step's report and selector."""
         self.conn.execute(
-            "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) "
-            "VALUES (?, ?, ?)",
+            "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) VALUES (?, ?, ?)",
             (cursor.explorer, cursor.step, cursor.tasks),
         )
         if cursor.metrics is not None:
             self.conn.execute(
-                "INSERT OR REPLACE INTO explorer_report (explorer, step, metrics) "
-                "VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO explorer_report (explorer, step, metrics) VALUES (?, ?, ?)",
                 (cursor.explorer, cursor.step, json.dumps(cursor.metrics)),
             )
         if cursor.selector is not None:
             self.conn.execute(
-                "INSERT OR REPLACE INTO explorer_selector (explorer, step, state) "
-                "VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO explorer_selector (explorer, step, state) VALUES (?, ?, ?)",
                 (cursor.explorer, cursor.step, json.dumps(cursor.selector)),
             )
 

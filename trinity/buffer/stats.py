@@ -17,8 +17,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.file_log import sidecar
+from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import run_prefix
 
 Counts = dict[str, dict[str, int]]

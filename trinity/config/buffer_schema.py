@@ -13,9 +13,13 @@ from pydantic import Field
 
 from trinity.config.base import ConfigSection, Inside, NotApplicable, NotBuilt, Refused, TopK
 
-EXPERIENCE_STORAGES = ("queue", "sql")
+EXPERIENCE_STORAGES = ("queue", "sql", "file")
 """Storage types of an experience buffer that explorers write and a trainer reads (an
-`ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write."""
+`ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write;
+`file` only with an algorithm that trains on rollouts (`run_folder.reads_experiences`: with SFT
+or DPO a file is a dataset of rows)."""
+EXPERIENCE_FILE_SUFFIXES = (".jsonl",)
+"""What an experience file (`storage_type: file`, `buffer/file_storage.py`) may be named."""
 
 
 class FormatConfig(ConfigSection):
@@ -108,7 +112,10 @@ class StorageConfig(ConfigSection):
     name: str = ""
     """Display name; used in metric keys of eval sets."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
-    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
+    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`, or as the experience
+    buffer of an algorithm that trains on rollouts, a JSONL file of experiences (one
+    `Experience.to_dict` per line) that explorers append to and a trainer reads, resuming exactly
+    (None = `<run folder>/buffer/<name>.jsonl`; docs/data.md); 'queue' = experience
     queue in memory with a SQLite log in the run folder; 'sql' = experiences in a SQL database at
     `path` (SQLite or PostgreSQL; experience buffer only); 'synthetic' = a generated taskset whose
     generator name is `path` (e.g. 'arithmetic')."""
