@@ -1,5 +1,8 @@
-"""The two processes of the sql storage's crash trial (`test_sql_crash.py`), each run as
-`python tests/crash_roles.py writer|reader <database> <folder>` and SIGKILLed at random.
+"""The processes of the storages' crash trial (`test_sql_crash.py`), each run as
+`python tests/crash_roles.py writer|reader|both <database or file> <folder>` and SIGKILLed at
+random: `writer` and `reader` over one sql database (peers in two processes); `both` for the
+`file` storage, which one process holds (as a run's Ray actor does), its writer and reader
+killed together with it.
 
 - writer: an explorer. Registers, continues after its cursor (step, written in the transaction
   of the step's experiences), writes STEPS steps of PER_STEP experiences, releases the buffer.
@@ -20,7 +23,9 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
+from trinity.buffer.file_storage import FileStorage
 from trinity.buffer.sql import SQLStorage
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import Experience
@@ -35,8 +40,7 @@ def experience(i: int) -> Experience:
     )
 
 
-async def writer(db: str) -> None:
-    q = SQLStorage(db, capacity=50, name=NAME)
+async def writer(q: Any) -> None:
     token = await q.register_writer("w")
     cursor = await q.cursor("w")
     for step in range(cursor.step if cursor else 0, STEPS):
@@ -55,10 +59,12 @@ def save(folder: Path, state: dict) -> None:
     os.replace(tmp, folder / "checkpoint.json")
 
 
-async def reader(db: str, folder: Path) -> None:
+def checkpoint(folder: Path) -> dict:
     ckpt = folder / "checkpoint.json"
-    state = json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
-    q = SQLStorage(db, capacity=50, settled=state["leases"], name=NAME)
+    return json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
+
+
+async def reader(q: Any, folder: Path, state: dict) -> None:
     token = (await q.reader_started(state["leases"]))["reader"]
     trained, unacked, reads = list(state["trained"]), [], 0
     while True:
@@ -80,6 +86,16 @@ async def reader(db: str, folder: Path) -> None:
     (folder / "done").write_text("")
 
 
+async def main(role: str, db: str, folder: Path) -> None:
+    settled = checkpoint(folder)["leases"]
+    if role == "both":
+        q = FileStorage(db, capacity=50, settled=settled, name=NAME)
+        await asyncio.gather(writer(q), reader(q, folder, checkpoint(folder)))
+    elif role == "writer":
+        await writer(SQLStorage(db, capacity=50, name=NAME))
+    else:
+        await reader(SQLStorage(db, 50, settled, name=NAME), folder, checkpoint(folder))
+
+
 if __name__ == "__main__":
-    role, db, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    asyncio.run(writer(db) if role == "writer" else reader(db, folder))
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

@@ -67,7 +67,12 @@ def test_a_file_of_dataset_rows_is_not_read_as_experiences(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n")
     (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", rows)))
-    assert f"{rows}:1 is not an experience" in problem and "'grpo' trains on rollouts" in problem
+    assert f"{rows}:1: not an experience" in problem and "'grpo' trains on rollouts" in problem
+    # Trinity-RFT's experience JSONL: text and lengths, nothing to train on
+    theirs = {"eid": {"batch": 0}, "prompt_length": 3, "response_length": 2, "reward": 1.0}
+    rows.write_text(json.dumps(theirs) + "\n")
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", rows)))
+    assert "Trinity-RFT's experience JSONL" in problem
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps(exp(0).to_dict()) + "\n")
     assert messages(load_config(cfg_file(tmp_path, "train", "grpo", good))) == []

@@ -58,6 +58,27 @@ CREATE TABLE IF NOT EXISTS file_line (
 """
 
 
+def parse_line(raw: bytes) -> Experience:
+    """One line of an experience file. ValueError saying why it is not one; Trinity-RFT's
+    experience JSONL (its `Experience.to_dict`: text, lengths and reward, no token ids or
+    logprobs) is named as such: nothing in it can be trained on."""
+    try:
+        row = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+    if "tokens" not in row and "response_length" in row:
+        raise ValueError(
+            "a line of Trinity-RFT's experience JSONL (text and lengths, no token ids or "
+            "logprobs): it cannot be trained on; write rollouts with this trinity"
+        )
+    try:
+        return Experience.from_dict(row)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not an experience (Experience.to_dict as JSON): {e!r}") from None
+
+
 def sidecar(file: str | Path) -> Path:
     """The state database beside an experience file."""
     return Path(f"{file}{SIDECAR}")
@@ -131,7 +152,7 @@ class FileLog(SQLiteLog):
         tail, torn = data[offset - start :], 0
         if tail.strip():
             try:
-                rows.append((offset, len(tail), Experience.from_dict(json.loads(tail))))
+                rows.append((offset, len(tail), parse_line(tail)))
                 line_no += 1
                 offset += len(tail)  # whole, only missing its newline (module docstring)
             except ValueError:
@@ -147,11 +168,9 @@ class FileLog(SQLiteLog):
 
     def _parse(self, raw: bytes, line_no: int) -> Experience:
         try:
-            return Experience.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(
-                f"{self.file}:{line_no}: not an experience (Experience.to_dict as JSON): {e}"
-            ) from None
+            return parse_line(raw)
+        except ValueError as e:
+            raise ValueError(f"{self.file}:{line_no}: {e}") from None
 
     def _commit(
         self, rows: list[tuple[int, int, Experience]], end: int, lines: int, cursor: Cursor | None

@@ -519,7 +519,7 @@ def _experience_file_problems(cfg: TrinityConfig, where: str) -> list[Problem]:
                 "the run folder (buffer/<name>.jsonl)",
             )
         ]
-    from trinity.common.experience import Experience
+    from trinity.buffer.file_log import parse_line
 
     with open(file, "rb") as f:
         for no, raw in enumerate(f, 1):
@@ -528,15 +528,15 @@ def _experience_file_problems(cfg: TrinityConfig, where: str) -> list[Problem]:
             if not raw.endswith(b"\n"):
                 break  # a last line: perhaps torn, which the storage reports and skips
             try:
-                Experience.from_dict(json.loads(raw))
-            except (ValueError, KeyError, TypeError) as e:
+                parse_line(raw)
+            except ValueError as e:
                 algo = cfg.algorithm.algorithm_type
                 return [
                     Problem(
                         where,
-                        f"{file}:{no} is not an experience (Experience.to_dict as JSON): {e}; "
-                        f"algorithm_type {algo!r} trains on rollouts, so this file is read as "
-                        "experiences (an SFT or DPO algorithm reads a file as a dataset of rows)",
+                        f"{file}:{no}: {e}; algorithm_type {algo!r} trains on rollouts, so "
+                        "this file is read as experiences (an SFT or DPO algorithm reads a file "
+                        "as a dataset of rows)",
                     )
                 ]
             break
