@@ -1,5 +1,6 @@
 """An explore-only run fills a JSONL experience file; a train-only run, SIGKILLed after its
-second checkpoint and started again, trains on it exactly once (slow: real processes).
+second checkpoint with every actor of the run (its buffer's too), and started again with
+`continue_from_checkpoint: true`, trains on it exactly once (slow: real processes).
 
 The explore run ends before the train run starts, so the file and its sidecar are all they share:
 the train run has no step budget and ends when the file is drained (the explore run's writer
@@ -8,9 +9,13 @@ released it, `buffer/file_storage.py`)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
+from tests.ray_cluster import named_actors
 from tests.test_topologies import (
     PER_STEP,
     assert_clean,
@@ -28,6 +33,23 @@ from trinity.common.experience import Experience
 pytestmark = pytest.mark.slow
 
 STEPS = 6
+
+
+def kill_run_actors(cluster, namespace: str) -> None:
+    """SIGKILL-like end of every named actor of the run (`ray.kill`, no restart)."""
+    probe = (
+        "import ray\n"
+        f"ray.init(address='{cluster.address}', namespace='{namespace}', logging_level='ERROR')\n"
+        "for a in ray.util.list_named_actors():\n"
+        "    ray.kill(ray.get_actor(a), no_restart=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=cluster.env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    deadline = time.time() + 30
+    while named_actors(cluster, namespace) and time.time() < deadline:
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +81,12 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer], 300)
     trainer.kill()  # SIGKILL: no clean-up of any kind
     trainer.communicate()
+    kill_run_actors(cluster, "trinity:topo/file_split")  # the buffer's process too: only the
+    assert named_actors(cluster, "trinity:topo/file_split") == []  # file and sidecar are left
     # 3. started again: from its newest checkpoint, the leases it had not acked handed out again
-    outs = finish({"train": start(cfg, cluster, *train_args)}, bound_s=300)
-    assert "resumes from" in outs["train"], outs["train"][-3000:]
+    again = start(cfg, cluster, *train_args, "continue_from_checkpoint=true")
+    outs = finish({"train": again}, bound_s=300)
+    assert "joining the live run" not in outs["train"], outs["train"][-3000:]
     steps = trained_steps(run_dir, ".trainer")
     assert sorted(set(steps)) == list(range(1, STEPS + 1)), steps
     assert_clean(counts(cfg), trained=STEPS * PER_STEP)  # none lost, none trained twice

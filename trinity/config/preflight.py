@@ -536,7 +536,8 @@ def _experience_file_problems(cfg: TrinityConfig, where: str) -> list[Problem]:
                         where,
                         f"{file}:{no}: {e}; algorithm_type {algo!r} trains on rollouts, so "
                         "this file is read as experiences (an SFT or DPO algorithm reads a file "
-                        "as a dataset of rows)",
+                        "as a dataset of rows; a stage that inherits an SFT stage's dataset "
+                        "wants its own experience_buffer, e.g. storage_type queue)",
                     )
                 ]
             break
