@@ -28,6 +28,7 @@ from tests.test_topologies import (
     wait_exit,
     wait_for_step,
 )
+from trinity.buffer.stats import store_counts
 from trinity.common.experience import Experience
 
 pytestmark = pytest.mark.slow
@@ -79,10 +80,15 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     train_args = ("mode=train", "trainer.save_interval=2")
     trainer = start(cfg, cluster, *train_args)
     wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer], 300)
+    assert trainer.poll() is None, "the train run ended before the kill"
     trainer.kill()  # SIGKILL: no clean-up of any kind
     trainer.communicate()
     kill_run_actors(cluster, "trinity:topo/file_split")  # the buffer's process too: only the
     assert named_actors(cluster, "trinity:topo/file_split") == []  # file and sidecar are left
+    (left,) = store_counts(str(file)).values()
+    assert left["trained"] % (2 * PER_STEP) == 0 < left["trained"]  # acked at checkpoints only
+    assert left["trained"] + left["pending"] + left["leased"] == STEPS * PER_STEP, left
+    assert left["trained"] < STEPS * PER_STEP and left["trained_twice"] == 0, left
     # 3. started again: from its newest checkpoint, the leases it had not acked handed out again
     again = start(cfg, cluster, *train_args, "continue_from_checkpoint=true")
     outs = finish({"train": again}, bound_s=300)
