@@ -180,3 +180,32 @@ def test_a_train_run_after_the_explore_run_ended_drains_the_file_and_ends(tmp_pa
 
     asyncio.run(explore())
     asyncio.run(train())
+
+
+def test_buffer_stats_and_run_naming_find_a_configured_file_outside_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from trinity.buffer.stats import run_counts
+    from trinity.launcher.naming import buffers_finished
+
+    f, run_dir = tmp_path / "data" / "e.jsonl", tmp_path / "ckpt" / "p" / "r"
+    run_dir.mkdir(parents=True)
+    eb = SimpleNamespace(storage_type="file", path=str(f))
+    cfg = SimpleNamespace(
+        buffer=SimpleNamespace(trainer_input=SimpleNamespace(experience_buffer=eb))
+    )
+
+    async def main():
+        q = open_file(f)
+        await q.write([exp(0), exp(1)])
+        await q.ack([(await q.read(1)).id])
+        assert buffers_finished(cfg, run_dir) == [False]
+        assert await q.finish() == 1  # the trainer's budget: exp(1) dropped
+        q.log.close()
+
+    asyncio.run(main())
+    assert buffers_finished(cfg, run_dir) == [True]
+    assert run_counts(cfg, run_dir) == {
+        str(f): {"written": 2, "trained": 1, "pending": 0, "leased": 0, "dropped": 1,
+                 "trained_twice": 0},
+    }  # fmt: skip

@@ -48,8 +48,11 @@ def run_counts(cfg: Any, run_dir: Path) -> Counts:
     for file in sorted(run_dir.glob("**/buffer/*.sqlite")):
         out |= _sql_counts(str(file), str(file.relative_to(run_dir)), prefix)
     eb = cfg.buffer.trainer_input.experience_buffer
-    if eb is not None and eb.storage_type == "file" and eb.path and sidecar(eb.path).is_file():
-        out[eb.path] = _queue_counts(sidecar(eb.path))  # a configured experience file
+    if eb is not None and eb.storage_type == "file" and eb.path:  # a configured experience file
+        state = sidecar(Path(eb.path).expanduser().resolve())
+        inside = state.is_relative_to(run_dir.resolve()) and state.parent.name == "buffer"
+        if state.is_file() and not inside:  # (one in a buffer folder of the run: found above)
+            out[eb.path] = _queue_counts(state)
     if eb is not None and eb.storage_type == "sql" and eb.path:
         from trinity.buffer.sql_url import database_url, shown
 
