@@ -112,10 +112,9 @@ class StorageConfig(ConfigSection):
     name: str = ""
     """Display name; used in metric keys of eval sets."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
-    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`, or as the experience
-    buffer of an algorithm that trains on rollouts, a JSONL file of experiences (one
-    `Experience.to_dict` per line) that explorers append to and a trainer reads, resuming exactly
-    (None = `<run folder>/buffer/<name>.jsonl`; docs/data.md); 'queue' = experience
+    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; as the experience
+    buffer of an algorithm that trains on rollouts, a JSONL file of experiences that explorers
+    append to and a trainer reads, resuming exactly (docs/data.md, "File storage"); 'queue' = experience
     queue in memory with a SQLite log in the run folder; 'sql' = experiences in a SQL database at
     `path` (SQLite or PostgreSQL; experience buffer only); 'synthetic' = a generated taskset whose
     generator name is `path` (e.g. 'arithmetic')."""
@@ -123,6 +122,7 @@ class StorageConfig(ConfigSection):
     """Dataset path or hub id (file), generator name (synthetic), or for 'sql' the database: a
     SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
     `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`.
+    An experience file (file storage): a `.jsonl` file; None = `<run folder>/buffer/<name>.jsonl`.
     A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
     URL's form by the config check (no connection is made)."""
     subset_name: str | None = None
