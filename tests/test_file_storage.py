@@ -209,3 +209,19 @@ def test_buffer_stats_and_run_naming_find_a_configured_file_outside_the_run(tmp_
         str(f): {"written": 2, "trained": 1, "pending": 0, "leased": 0, "dropped": 1,
                  "trained_twice": 0},
     }  # fmt: skip
+
+
+def test_a_file_shorter_than_its_state_records_is_refused(tmp_path):
+    f = tmp_path / "e.jsonl"
+
+    async def main():
+        q = open_file(f)
+        await q.write([exp(0), exp(1)])
+        q.log.close()
+
+    asyncio.run(main())
+    f.write_text(json.dumps(exp(0).to_dict()) + "\n")  # cut by hand
+    with pytest.raises(ValueError, match="replaced or cut by hand"):
+        open_file(f)
+    sidecar(f).rename(tmp_path / "old.state.db")  # as the message says: read afresh
+    assert asyncio.run(open_file(f).stats())["pending"] == 1

@@ -106,8 +106,12 @@ class FileLog(SQLiteLog):
                 f"experience file {self.file} is open in another process (another run's buffer "
                 "over the same file?): a file storage is used by one process at a time"
             ) from None
-        self._rollback_unfinished_write()
-        self.torn = self._index()
+        try:
+            self._rollback_unfinished_write()
+            self.torn = self._index()
+        except BaseException:
+            self.close()  # the lock goes with it
+            raise
 
     # -- the sidecar's keys ------------------------------------------------------------------
 
@@ -139,6 +143,12 @@ class FileLog(SQLiteLog):
     def _index(self) -> int:
         """Make rows of the lines past `indexed`; returns the bytes of a torn last line (0)."""
         start = self._key("indexed") or 0
+        if (size := self.file.stat().st_size) < start:
+            raise ValueError(
+                f"experience file {self.file} has {size} bytes, its state {self.path} records "
+                f"{start}: the file was replaced or cut by hand; move the state file away to "
+                "read the file afresh (as new, pending experiences)"
+            )
         with open(self.file, "rb") as f:
             f.seek(start)
             data = f.read()
