@@ -1,5 +1,8 @@
-"""The two processes of the sql storage's crash trial (`test_sql_crash.py`), each run as
-`python tests/crash_roles.py writer|reader <database> <folder>` and SIGKILLed at random.
+"""The processes of the storages' crash trial (`test_sql_crash.py`), each run as
+`python tests/crash_roles.py writer|reader|both <database or file> <folder>` and SIGKILLed at
+random: `writer` and `reader` over one sql database (peers in two processes); `both` for the
+`file` storage, which one process holds (as a run's Ray actor does), its writer and reader
+killed together with it.
 
 - writer: an explorer. Registers, continues after its cursor (step, written in the transaction
   of the step's experiences), writes STEPS steps of PER_STEP experiences, releases the buffer.
@@ -9,7 +12,7 @@
   writes a checkpoint durably (temp file, fsync, rename) and only then acks its leases, as
   `TrainerRunner._checkpoint` does. At the end (BufferClosed) a last checkpoint and `done`.
 
-With a fourth argument `replay`, the storage reuses each experience once more
+With a fourth argument `replay`, the sql storage reuses each experience once more
 (`decay_limit_randomization`, use_count_limit 2) and the reader records (experience, use count).
 
 No torch: experiences are built with `Experience.from_dict` (packed), so a restart is quick.
@@ -23,7 +26,9 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
+from trinity.buffer.file_storage import FileStorage
 from trinity.buffer.replay import ReplaySpec
 from trinity.buffer.sql import SQLStorage
 from trinity.buffer.storage import BufferClosed, Cursor
@@ -32,10 +37,6 @@ from trinity.common.experience import Experience
 STEPS, PER_STEP, BATCH, CKPT_EVERY = 60, 8, 12, 3
 NAME = "crash/run/exp"
 REPLAY = ReplaySpec("decay_limit_randomization", {"use_count_limit": 2}, reuse_cooldown_time=0)
-
-
-def storage(db: str, replay: bool, settled: list[int] = ()) -> SQLStorage:
-    return SQLStorage(db, 50, list(settled), name=NAME, replay=REPLAY if replay else None)
 
 
 def experience(i: int) -> Experience:
@@ -50,8 +51,7 @@ def experience(i: int) -> Experience:
     )
 
 
-async def writer(db: str, replay: bool) -> None:
-    q = storage(db, replay)
+async def writer(q: Any) -> None:
     token = await q.register_writer("w")
     cursor = await q.cursor("w")
     for step in range(cursor.step if cursor else 0, STEPS):
@@ -70,10 +70,12 @@ def save(folder: Path, state: dict) -> None:
     os.replace(tmp, folder / "checkpoint.json")
 
 
-async def reader(db: str, folder: Path, replay: bool) -> None:
+def checkpoint(folder: Path) -> dict:
     ckpt = folder / "checkpoint.json"
-    state = json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
-    q = storage(db, replay, state["leases"])
+    return json.loads(ckpt.read_text()) if ckpt.exists() else {"trained": [], "leases": []}
+
+
+async def reader(q: Any, folder: Path, state: dict) -> None:
     token = (await q.reader_started(state["leases"]))["reader"]
     trained, unacked, reads = list(state["trained"]), [], 0
     while True:
@@ -96,7 +98,18 @@ async def reader(db: str, folder: Path, replay: bool) -> None:
     (folder / "done").write_text("")
 
 
+async def main(role: str, db: str, folder: Path, replay: bool) -> None:
+    settled = checkpoint(folder)["leases"]
+    spec = REPLAY if replay else None
+    if role == "both":
+        q = FileStorage(db, capacity=50, settled=settled, name=NAME)
+        await asyncio.gather(writer(q), reader(q, folder, checkpoint(folder)))
+    elif role == "writer":
+        await writer(SQLStorage(db, capacity=50, name=NAME, replay=spec))
+    else:
+        q = SQLStorage(db, 50, settled, name=NAME, replay=spec)
+        await reader(q, folder, checkpoint(folder))
+
+
 if __name__ == "__main__":
-    role, db, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    replay = sys.argv[4:] == ["replay"]
-    asyncio.run(writer(db, replay) if role == "writer" else reader(db, folder, replay))
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4:] == ["replay"]))

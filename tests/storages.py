@@ -14,12 +14,13 @@ from typing import Any
 import sqlalchemy as sa
 import torch
 
+from trinity.buffer.file_storage import FileStorage
 from trinity.buffer.queue import QueueStorage
 from trinity.buffer.sql import SQLStorage
 from trinity.common.experience import EID, Experience
 
-KINDS = ("memory", "queue", "sqlite", "postgres")
-DURABLE = ("queue", "sqlite", "postgres")
+KINDS = ("memory", "queue", "sqlite", "postgres", "file")
+DURABLE = ("queue", "sqlite", "postgres", "file")
 
 
 def exp(i: int, version: int = 0) -> Experience:
@@ -36,7 +37,7 @@ def exp(i: int, version: int = 0) -> Experience:
 @dataclass
 class Backend:
     kind: str  # one of KINDS
-    path: str | None  # the queue's log file, or the sql storage's database
+    path: str | None  # the queue's log file, the sql storage's database, or the JSONL file
 
     @property
     def peers(self) -> bool:
@@ -44,7 +45,7 @@ class Backend:
         return self.kind in ("sqlite", "postgres")
 
     def open(self, capacity: int = 10000, settled: list[int] = (), reopen: bool = False) -> Any:
-        cls = SQLStorage if self.peers else QueueStorage
+        cls = SQLStorage if self.peers else FileStorage if self.kind == "file" else QueueStorage
         return cls(self.path, capacity, settled, reopen, "proj/run/exp")
 
     def die(self, storage: Any) -> None:
@@ -54,7 +55,13 @@ class Backend:
             storage.log.close()
 
     def rows(self, storage: Any) -> list[tuple[int, int, int, float, int]]:
-        """(state, acks, model_version, reward, payload bytes) per row, in write order."""
+        """(state, acks, model_version, reward, payload bytes) per row, in write order (a
+        file's payload: its line, which the file keeps)."""
+        if isinstance(storage, FileStorage):
+            return storage.log.conn.execute(
+                "SELECT state, acks, model_version, reward, length FROM experience_log "
+                "JOIN file_line USING (id) ORDER BY id"
+            ).fetchall()
         if isinstance(storage, QueueStorage):
             return storage.log.conn.execute(
                 "SELECT state, acks, model_version, reward, COALESCE(length(data), 0) "
@@ -80,6 +87,8 @@ def backend_for(kind: str, tmp_path: Path, request: Any) -> Backend:
         return Backend(kind, None)
     if kind == "queue":
         return Backend(kind, str(tmp_path / "b.db"))
+    if kind == "file":
+        return Backend(kind, str(tmp_path / "b.jsonl"))
     if kind == "sqlite":
         return Backend(kind, str(tmp_path / "b.sqlite"))
     return Backend(kind, request.getfixturevalue("postgres_url"))

@@ -112,7 +112,7 @@ def test_group_split_message_and_stages() -> None:
         {"stage_name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"}},
         {"stage_name": "rl", "buffer": {"train_batch_size": 6}},
     ]
-    data["buffer"]["trainer_input"] = {"experience_buffer": {"path": "d"}}
+    data["buffer"]["trainer_input"] = {"experience_buffer": {"path": "d.jsonl"}}
     with pytest.raises(ConfigError) as info:
         validate_config(data)
     assert [p.path for p in info.value.problems] == ["stages[1].buffer.train_batch_size"]

@@ -99,9 +99,13 @@ def test_a_trainer_fed_by_explore_processes_is_split_and_one_from_a_dataset_is_n
     assert stage.reads_queue and stage.shared and stage.trains and stage.role == "trainer"
     assert not stage.explores and not stage.has_explorer
     sft = {"name": "sft", "storage_type": "file", "path": "d.jsonl"}
-    dataset = _cfg("train", buffer={"trainer_input": {"experience_buffer": sft}})
+    over = {"buffer": {"trainer_input": {"experience_buffer": sft}}}
+    dataset = _cfg("train", algorithm={"algorithm_type": "sft"}, **over)
     (alone,) = plan_run(dataset, gpus_here=False).stages
     assert not alone.reads_queue and not alone.shared and alone.lockstep
+    # the same file with an algorithm that trains on rollouts: experiences explore runs wrote
+    (rollouts,) = plan_run(_cfg("train", **over), gpus_here=False).stages
+    assert rollouts.reads_queue and rollouts.shared
 
 
 def test_one_stage_that_needs_processes_decides_for_the_run_naming_the_stage():

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import STORAGE, BufferClosed, Cursor, Lease, Superseded
@@ -30,6 +31,8 @@ __all__ = ["BufferClosed", "QueueStorage", "Superseded"]
 
 @STORAGE.register("queue")
 class QueueStorage(RefCounted):
+    log_type: ClassVar[type[SQLiteLog]] = SQLiteLog  # the durable log (the file storage's own)
+
     def __init__(
         self,
         path: str | Path | None,
@@ -44,7 +47,7 @@ class QueueStorage(RefCounted):
         the buffer's name (its file is its own: the name is only told)."""
         self.name = name
         self.capacity = capacity
-        self.log = SQLiteLog(path) if path is not None else None
+        self.log = self.log_type(path) if path is not None else None
         self._items: collections.deque[tuple[int, Experience]] = collections.deque()
         self._leases: dict[int, int] = {}  # lease id -> experiences in it (not yet acked)
         self._cond = asyncio.Condition()

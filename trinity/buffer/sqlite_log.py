@@ -117,24 +117,25 @@ class SQLiteLog:
                     (ids[-1], json.dumps(e.to_dict())),
                 )
             if cursor is not None:
-                self.conn.execute(
-                    "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) "
-                    "VALUES (?, ?, ?)",
-                    (cursor.explorer, cursor.step, cursor.tasks),
-                )
-                if cursor.metrics is not None:
-                    self.conn.execute(
-                        "INSERT OR REPLACE INTO explorer_report (explorer, step, metrics) "
-                        "VALUES (?, ?, ?)",
-                        (cursor.explorer, cursor.step, json.dumps(cursor.metrics)),
-                    )
-                if cursor.selector is not None:
-                    self.conn.execute(
-                        "INSERT OR REPLACE INTO explorer_selector (explorer, step, state) "
-                        "VALUES (?, ?, ?)",
-                        (cursor.explorer, cursor.step, json.dumps(cursor.selector)),
-                    )
+                self._move_cursor(cursor)
         return ids
+
+    def _move_cursor(self, cursor: Cursor) -> None:
+        """In the caller's transaction: the writer's cursor, its step's report and selector."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO explorer_cursor (explorer, step, tasks) VALUES (?, ?, ?)",
+            (cursor.explorer, cursor.step, cursor.tasks),
+        )
+        if cursor.metrics is not None:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO explorer_report (explorer, step, metrics) VALUES (?, ?, ?)",
+                (cursor.explorer, cursor.step, json.dumps(cursor.metrics)),
+            )
+        if cursor.selector is not None:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO explorer_selector (explorer, step, state) VALUES (?, ?, ?)",
+                (cursor.explorer, cursor.step, json.dumps(cursor.selector)),
+            )
 
     def cursor(self, explorer: str) -> Cursor | None:
         """The explorer's cursor with its step's report (None when that step had none)."""

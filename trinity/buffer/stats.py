@@ -6,7 +6,8 @@ one buffer store named by path or URL. Read-only: safe while a run writes.
 
 Counts per buffer: written, trained (acked after a checkpoint), pending (waiting to be read),
 leased (read, not yet checkpointed), dropped (too stale, or written after the trainer's step
-budget was reached), trained_twice (0 unless broken). A queue's log is keyed by its file (relative
+budget was reached), trained_twice (0 unless broken). A queue's log (a file storage's sidecar,
+`<file>.state.db`, or the configured file) is keyed by its file (relative
 to the run folder); an sql buffer by its database and its name in it (`storage.store_name`).
 """
 
@@ -16,6 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from trinity.buffer.file_log import sidecar
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import run_prefix
 
@@ -46,6 +48,11 @@ def run_counts(cfg: Any, run_dir: Path) -> Counts:
     for file in sorted(run_dir.glob("**/buffer/*.sqlite")):
         out |= _sql_counts(str(file), str(file.relative_to(run_dir)), prefix)
     eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is not None and eb.storage_type == "file" and eb.path:  # a configured experience file
+        state = sidecar(Path(eb.path).expanduser().resolve())
+        inside = state.is_relative_to(run_dir.resolve()) and state.parent.name == "buffer"
+        if state.is_file() and not inside:  # (one in a buffer folder of the run: found above)
+            out[eb.path] = _queue_counts(state)
     if eb is not None and eb.storage_type == "sql" and eb.path:
         from trinity.buffer.sql_url import database_url, shown
 
@@ -61,6 +68,8 @@ def store_counts(target: str) -> Counts:
         file = Path(target)
         if not file.is_file():
             raise FileNotFoundError(f"no such file: {file}")
+        if sidecar(file).is_file():  # a file storage's JSONL: its counts are in its sidecar
+            return {str(file): _queue_counts(sidecar(file))}
         if "experience_log" in _tables(file):
             return {str(file): _queue_counts(file)}
         if "trinity_meta" not in _tables(file):

@@ -3,8 +3,8 @@
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: queue}
 
 `ExperienceStorage` is a Protocol and `STORAGE` its registry keyed by `storage_type` (`queue`:
-`queue.py`, `sql`: `sql.py`); a storage is built as `cls(path, capacity, settled, reopen, name)`
-(`path`: where it is durable, `cls.location(config path, stage folder, name)`, or None for memory
+`queue.py`, `sql`: `sql.py`, `file`: `file_storage.py`); a storage is built as
+`cls(path, capacity, settled, reopen, name)` (`path`: where it is durable, `cls.location(config path, stage folder, name)`, or None for memory
 only; `settled`: leases a resumed trainer's checkpoint recorded as trained; `name`: the buffer's
 name in its store) and runs as a named Ray actor, so explorers and trainers in other processes
 meet in it.
@@ -148,7 +148,12 @@ class ExperienceStorage(Protocol):
 
 
 STORAGE: Registry[type] = Registry(
-    "storage_type", modules={"queue": "trinity.buffer.queue", "sql": "trinity.buffer.sql"}
+    "storage_type",
+    modules={
+        "queue": "trinity.buffer.queue",
+        "sql": "trinity.buffer.sql",
+        "file": "trinity.buffer.file_storage",
+    },
 )
 
 

@@ -13,9 +13,13 @@ from pydantic import Field
 
 from trinity.config.base import ConfigSection, Inside, NotApplicable, NotBuilt, Refused, TopK
 
-EXPERIENCE_STORAGES = ("queue", "sql")
+EXPERIENCE_STORAGES = ("queue", "sql", "file")
 """Storage types of an experience buffer that explorers write and a trainer reads (an
-`ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write."""
+`ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write;
+`file` only with an algorithm that trains on rollouts (`run_folder.reads_experiences`: with SFT
+or DPO a file is a dataset of rows)."""
+EXPERIENCE_FILE_SUFFIXES = (".jsonl",)
+"""What an experience file (`storage_type: file`, `buffer/file_storage.py`) may be named."""
 
 
 class FormatConfig(ConfigSection):
@@ -118,16 +122,19 @@ class StorageConfig(ConfigSection):
     """Display name; used in metric keys of eval sets and of mixed tasksets; for 'sql' the table's
     name (a taskset's table; an experience buffer's rows in the storage's own tables)."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
-    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; 'queue' = experience
-    queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at `path` (SQLite
-    or PostgreSQL): experiences, or for a taskset its rows from the table `name` (Trinity-RFT's
-    task table or plain columns); 'synthetic' = a generated taskset whose generator name is
-    `path` (e.g. 'arithmetic')."""
+    """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; as the experience
+    buffer of an algorithm that trains on rollouts, a JSONL file of experiences that explorers
+    append to and a trainer reads, resuming exactly (docs/data.md, "File storage"); 'queue' =
+    experience queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at
+    `path` (SQLite or PostgreSQL): experiences, or for a taskset its rows from the table `name`
+    (Trinity-RFT's task table or plain columns); 'synthetic' = a generated taskset whose
+    generator name is `path` (e.g. 'arithmetic')."""
     path: str | None = None
     """Dataset path or hub id (file), generator name (synthetic), or for 'sql' the database: a
     SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
     `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`
-    (an experience buffer; a taskset from SQL names its database).
+    (an experience buffer; a taskset from SQL names its database). An experience file (file
+    storage): a `.jsonl` file; None = `<run folder>/buffer/<name>.jsonl`.
     A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
     URL's form by the config check (no connection is made)."""
     subset_name: str | None = None

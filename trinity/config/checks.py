@@ -11,8 +11,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from numbers import Real
+from pathlib import PurePath
 from typing import Any
 
+from trinity.config.buffer_schema import EXPERIENCE_FILE_SUFFIXES as SUFFIXES
 from trinity.config.problems import Problem
 from trinity.config.resolved import (
     mixed_rows,
@@ -20,7 +22,7 @@ from trinity.config.resolved import (
     trainer_strategy,
     trainer_world_size,
 )
-from trinity.config.run_folder import trains_from_queue
+from trinity.config.run_folder import trains_from_queue, writes_experience_file
 from trinity.config.schema import TrinityConfig
 
 CheckFn = Callable[[TrinityConfig], Iterator[Problem]]
@@ -168,6 +170,22 @@ def _replay_settings(cfg: TrinityConfig) -> Iterator[Problem]:
     rb = eb.replay_buffer
     if (why := priority_args_problem(rb.priority_fn, rb.priority_fn_args)) is not None:
         yield Problem(f"{at}.replay_buffer.priority_fn_args", why)
+
+
+@_check("buffer.trainer_input.experience_buffer")
+def _experience_file_is_jsonl(cfg: TrinityConfig) -> Iterator[Problem]:
+    """The `file` experience storage writes and reads JSONL only (`buffer/file_storage.py`)."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is None or eb.storage_type != "file" or not eb.path or not writes_experience_file(cfg):
+        return
+    if not eb.path.endswith(SUFFIXES):
+        suffix = PurePath(eb.path).suffix or "no extension"
+        yield Problem(
+            "buffer.trainer_input.experience_buffer.path",
+            f"storage_type file as an experience buffer is a JSONL file ({', '.join(SUFFIXES)}), "
+            f"not {suffix!r}: experiences in Parquet or a `datasets` folder are not built (a "
+            "Parquet file cannot be appended to); name a .jsonl file",
+        )
 
 
 @_check("mode", "algorithm.algorithm_type")

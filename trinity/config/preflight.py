@@ -39,14 +39,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from trinity.common.registry import keyword_names
-from trinity.config.buffer_schema import ExplorerInput, StorageConfig
+from trinity.config.buffer_schema import EXPERIENCE_FILE_SUFFIXES, ExplorerInput, StorageConfig
 from trinity.config.checks import Loc, blocked
 from trinity.config.loader import merge_stages, per_stage, valid_stages
 from trinity.config.problems import Problem, suggest
-from trinity.config.run_folder import trains_from_queue
+from trinity.config.run_folder import trains_from_queue, writes_experience_file
 from trinity.config.schema import AlgorithmConfig, TrinityConfig
 from trinity.config.support import not_applicable_notes, not_built_problems
 from trinity.monitor.backends import config_problems as monitor_problems
@@ -226,6 +227,8 @@ def _check_one(
         if no_budget and (why := no_budget_problem(cfg.algorithm.optimizer)):
             problems.append(Problem("algorithm.optimizer", f"mode train reading a queue: {why}"))
     buf, path = cfg.buffer.trainer_input.experience_buffer, "buffer.trainer_input.experience_buffer"
+    if writes_experience_file(cfg) and not blocked(skip, path, "mode", "algorithm"):
+        problems += _experience_file_problems(cfg, f"{path}.path")
     if cfg.mode != "train" or buf is None or trains_from_queue(cfg):
         return problems, skipped
     if blocked(skip, "mode", "algorithm", path, "seed"):
@@ -492,6 +495,53 @@ def _storage_name_problems(
     name = own or inp.default_reward_fn_type or getattr(workflow, "default_reward_fn_type", None)
     check("reward_fn", "reward fn", own, name, 3)
     return problems
+
+
+def _experience_file_problems(cfg: TrinityConfig, where: str) -> list[Problem]:
+    """A configured experience file (`storage_type: file`, `buffer/file_storage.py`): mode train
+    needs it written already (by a `mode: explore` run, or any tool writing
+    `Experience.to_dict` lines), and a file that exists must hold experiences, not a dataset's
+    rows (its first line is read). A missing file is fine for a writer: it creates it."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if eb is None or not eb.path or not eb.path.endswith(EXPERIENCE_FILE_SUFFIXES):
+        return []  # unset: the run folder's file; another suffix: the config check says so
+    file = Path(eb.path).expanduser()
+    if file.is_dir():
+        return [Problem(where, f"{file} is a folder; an experience file is one .jsonl file")]
+    if not file.exists():
+        if cfg.mode != "train":
+            return []
+        return [
+            Problem(
+                where,
+                f"no experience file at {file}: nothing was written there yet; run the explore "
+                "process (mode explore, the same path) first, or leave path unset to meet it in "
+                "the run folder (buffer/<name>.jsonl)",
+            )
+        ]
+    from trinity.buffer.file_log import parse_line
+
+    with open(file, "rb") as f:
+        for no, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            if not raw.endswith(b"\n"):
+                break  # a last line: perhaps torn, which the storage reports and skips
+            try:
+                parse_line(raw)
+            except ValueError as e:
+                algo = cfg.algorithm.algorithm_type
+                return [
+                    Problem(
+                        where,
+                        f"{file}:{no}: {e}; algorithm_type {algo!r} trains on rollouts, so "
+                        "this file is read as experiences (an SFT or DPO algorithm reads a file "
+                        "as a dataset of rows; a stage that inherits an SFT stage's dataset "
+                        "wants its own experience_buffer, e.g. storage_type queue)",
+                    )
+                ]
+            break
+    return []
 
 
 def _generator_problems(path: str, storage: StorageConfig) -> list[Problem]:

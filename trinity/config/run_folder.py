@@ -22,10 +22,32 @@ from trinity.config.buffer_schema import EXPERIENCE_STORAGES
 
 
 def trains_from_queue(cfg: Any) -> bool:
-    """Mode train reading an experience storage (queue or sql) that `mode: explore` processes of
-    the same run fill."""
+    """Mode train reading an experience storage (queue, sql, or a file of experiences) that
+    `mode: explore` processes of the same run fill (or filled)."""
+    return cfg.mode == "train" and reads_experiences(cfg)
+
+
+def reads_experiences(cfg: Any) -> bool:
+    """The trainer's `experience_buffer` is an experience storage, not a dataset of rows: queue
+    and sql always; `file` when the algorithm trains on rollouts (`AlgorithmSpec.use_rollout`),
+    while an offline algorithm (SFT, DPO) reads a file as a dataset (`trainer/sft_data.py`). An
+    unknown algorithm name counts as rollouts (the pre-flight pass reports the name)."""
     eb = cfg.buffer.trainer_input.experience_buffer
-    return cfg.mode == "train" and eb is not None and eb.storage_type in EXPERIENCE_STORAGES
+    if eb is None or eb.storage_type not in EXPERIENCE_STORAGES:
+        return False
+    if eb.storage_type != "file":
+        return True
+    from trinity.algorithm.algorithms import known_algorithm  # only here: it imports torch
+
+    return getattr(known_algorithm(cfg.algorithm.algorithm_type), "use_rollout", True)
+
+
+def writes_experience_file(cfg: Any) -> bool:
+    """The experience buffer is the `file` storage (`buffer/file_storage.py`): explorers of this
+    run write it, or this train process reads it."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    explores = cfg.mode in ("both", "explore")
+    return eb is not None and eb.storage_type == "file" and (explores or trains_from_queue(cfg))
 
 
 def joins_existing_run(cfg: Any) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 from rich.console import Console
 
+from trinity.buffer.file_log import sidecar
 from trinity.buffer.sqlite_log import SQLiteLog
 from trinity.buffer.storage import run_prefix
 from trinity.common.shared import RunName
@@ -54,11 +55,14 @@ def agree_on_name(config: Any, console: Console) -> tuple[Any, Any]:
 
 def buffers_finished(config: Any, run_dir: Path) -> list[bool]:
     """Whether the trainer finished each experience buffer of the run in `run_dir`: the queue's
-    logs and the sql storage's databases (the run folder's SQLite files, and the configured
+    logs (and the file storage's sidecars), and the sql storage's databases (the run folder's SQLite files, and the configured
     database's buffers of this run: `storage.run_prefix`)."""
-    flags = [SQLiteLog.run_finished(p) for p in run_dir.glob("**/buffer/*.db")]
-    databases = [str(p) for p in run_dir.glob("**/buffer/*.sqlite")]
+    logs = set(run_dir.glob("**/buffer/*.db"))
     eb = config.buffer.trainer_input.experience_buffer
+    if eb is not None and eb.storage_type == "file" and eb.path:  # a configured file's sidecar
+        logs |= {p for p in [sidecar(Path(eb.path).expanduser().resolve())] if p.is_file()}
+    flags = [SQLiteLog.run_finished(p) for p in sorted(logs)]
+    databases = [str(p) for p in run_dir.glob("**/buffer/*.sqlite")]
     if eb is not None and eb.storage_type == "sql" and eb.path:
         databases.append(eb.path)
     if databases:

@@ -30,8 +30,8 @@ from trinity.common.service_host import hosted
 from trinity.common.startup import StartupMarks, process_started_at
 from trinity.common.turns import DeviceTurns
 from trinity.config import resolve
-from trinity.config.buffer_schema import EXPERIENCE_STORAGES
 from trinity.config.problems import ConfigError, Problem
+from trinity.config.run_folder import reads_experiences
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, write_table
@@ -427,7 +427,7 @@ def plan_steps(cfg: Any, explores: bool, sizes: dict[str, int]) -> int | None:
     None: mode train reading a queue without a budget, trained until its explorers finish."""
     explicit = cfg.buffer.total_steps or cfg.trainer.total_steps
     eb = cfg.buffer.trainer_input.experience_buffer
-    if not explores and eb is not None and eb.storage_type in EXPERIENCE_STORAGES:
+    if not explores and reads_experiences(cfg):
         return int(explicit) if explicit else None
     epochs = cfg.buffer.total_epochs
     if explores:

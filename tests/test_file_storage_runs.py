@@ -1,0 +1,99 @@
+"""An explore-only run fills a JSONL experience file; a train-only run, SIGKILLed after its
+second checkpoint with every actor of the run (its buffer's too), and started again with
+`continue_from_checkpoint: true`, trains on it exactly once (slow: real processes).
+
+The explore run ends before the train run starts, so the file and its sidecar are all they share:
+the train run has no step budget and ends when the file is drained (the explore run's writer
+released it, `buffer/file_storage.py`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.ray_cluster import named_actors
+from tests.test_topologies import (
+    PER_STEP,
+    assert_clean,
+    config,
+    counts,
+    explored_steps,
+    finish,
+    start,
+    trained_steps,
+    wait_exit,
+    wait_for_step,
+)
+from trinity.buffer.stats import store_counts
+from trinity.common.experience import Experience
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+
+
+def kill_run_actors(cluster, namespace: str) -> None:
+    """SIGKILL-like end of every named actor of the run (`ray.kill`, no restart)."""
+    probe = (
+        "import ray\n"
+        f"ray.init(address='{cluster.address}', namespace='{namespace}', logging_level='ERROR')\n"
+        "for a in ray.util.list_named_actors():\n"
+        "    ray.kill(ray.get_actor(a), no_restart=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=cluster.env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    deadline = time.time() + 30
+    while named_actors(cluster, namespace) and time.time() < deadline:
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from tests.ray_cluster import private_cluster
+
+    with private_cluster() as c:
+        yield c
+
+
+def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
+    tmp_path, tiny_model_dir, cluster
+):
+    cfg = config(tmp_path, tiny_model_dir, "file_split")
+    file = tmp_path / "rollouts" / "exp.jsonl"
+    cfg.write_text(
+        cfg.read_text().replace("storage_type: queue", f"storage_type: file, path: {file}")
+    )
+    run_dir = tmp_path / "ckpt" / "topo" / "file_split"
+    # 1. the explore-only run: STEPS steps into the file, then it ends
+    wait_exit(start(cfg, cluster, "mode=explore", f"buffer.total_steps={STEPS}"), 300)
+    assert explored_steps(run_dir, ".explorer-explorer") == list(range(1, STEPS + 1))
+    lines = file.read_text().splitlines()
+    assert len(lines) == STEPS * PER_STEP
+    assert {Experience.from_dict(json.loads(x)).model_version for x in lines} == {0}  # no trainer
+    # 2. the train-only run, killed after its checkpoint at step 2 (save_interval 2)
+    train_args = ("mode=train", "trainer.save_interval=2")
+    trainer = start(cfg, cluster, *train_args)
+    wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer], 300)
+    assert trainer.poll() is None, "the train run ended before the kill"
+    trainer.kill()  # SIGKILL: no clean-up of any kind
+    trainer.communicate()
+    kill_run_actors(cluster, "trinity:topo/file_split")  # the buffer's process too: only the
+    assert named_actors(cluster, "trinity:topo/file_split") == []  # file and sidecar are left
+    (left,) = store_counts(str(file)).values()
+    assert left["trained"] % (2 * PER_STEP) == 0 < left["trained"]  # acked at checkpoints only
+    assert left["trained"] + left["pending"] + left["leased"] == STEPS * PER_STEP, left
+    assert left["trained"] < STEPS * PER_STEP and left["trained_twice"] == 0, left
+    # 3. started again: from its newest checkpoint, the leases it had not acked handed out again
+    again = start(cfg, cluster, *train_args, "continue_from_checkpoint=true")
+    outs = finish({"train": again}, bound_s=300)
+    assert "joining the live run" not in outs["train"], outs["train"][-3000:]
+    steps = trained_steps(run_dir, ".trainer")
+    assert sorted(set(steps)) == list(range(1, STEPS + 1)), steps
+    assert_clean(counts(cfg), trained=STEPS * PER_STEP)  # none lost, none trained twice
+    assert len(file.read_text().splitlines()) == STEPS * PER_STEP  # the file only grew by writes
