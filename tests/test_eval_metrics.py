@@ -135,3 +135,37 @@ def test_interval_of_samples_per_task_with_forced_failures():
             small[f"{key}_ci_high"] - small[f"{key}_ci_low"]
         )
         assert ratio == pytest.approx(0.5, rel=0.15), key
+
+
+def test_an_eval_sets_experiences_become_metrics_and_records():
+    from trinity.common.experience import Experience
+    from trinity.explorer.evaluation import evaluation_report
+    from trinity.tasks import Task
+
+    def exp(text, acc, truncated=False):
+        return Experience(
+            tokens=[1, 2, 3], prompt_length=2, reward=acc, response_text=text,
+            truncated=truncated, metrics={"accuracy": acc},
+        )  # fmt: skip
+
+    tasks = [Task(index=i, raw={}, prompt=f"q{i}") for i in range(3)]
+    # task 0: 2 samples, one right; task 1 failed every try (absent); task 2 returned 1 of 2
+    kept = [(0, [exp(" 5", 1.0), exp("6", 0.0, truncated=True)]), (2, [exp("7", 1.0)])]
+    m, records = evaluation_report(
+        "s", tasks, [2, 2, 2], kept, seed=0, detailed=True, decode=lambda e: ("p", e.response_text)
+    )
+    assert m["eval/s/accuracy"] == m["eval/s/avg@2"] == pytest.approx((0.5 + 0 + 0.5) / 3)
+    assert m["eval/s/pass@2"] == pytest.approx((1 + 0 + 1) / 3)
+    assert m["eval/s/failed"] == pytest.approx(3 / 6) and m["eval/s/failed_tasks"] == 1.0
+    assert m["eval/s/truncated"] == pytest.approx(1 / 3)  # of the 3 samples returned
+    assert m["eval/s/maj@1"] == pytest.approx((0.5 + 0 + 0.5) / 3)
+    # detailed: per-task accuracy 0.5, 0, 0.5
+    assert m["eval/s/accuracy/min"] == 0.0 and m["eval/s/accuracy/max"] == 0.5
+    assert m["eval/s/accuracy/std"] == pytest.approx(math.sqrt(2 / 9) / 2)  # pstdev(.5, 0, .5)
+    assert [(r["task"], r["sample"], r["correct"], r["failed"]) for r in records] == [
+        (0, 0, True, False), (0, 1, False, False), (1, 0, False, True), (1, 1, False, True),
+        (2, 0, True, False), (2, 1, False, True),
+    ]  # fmt: skip
+    assert records[2]["prompt"] == "q1" and records[2]["response"] is None
+    no_records = evaluation_report("s", tasks, [2, 2, 2], kept, seed=0, detailed=False)
+    assert no_records[1] == [] and "eval/s/accuracy/std" not in no_records[0]

@@ -6,7 +6,9 @@
 experiences) for every task kept; a position missing from it is a task whose workflow failed
 every try (or timed out), and it counts as `n` wrong samples (`eval_metrics`). A sample's score is
 its reward fn's `accuracy` component where it has one, else its reward; it is correct when that
-score is at least 1. Its comparable answer (maj@k) is its response text, stripped.
+score is at least 1. Its comparable answer (maj@k) is its response text, stripped. Each
+experience is one sample: a workflow that returns several per sample (one per turn) is scored on
+its first `n` experiences.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ def evaluation_report(
     kept: Sequence[tuple[int, list[Experience]]],
     seed: int,
     detailed: bool,
-    decode: Callable[[Experience], tuple[str, str]],
+    decode: Callable[[Experience], tuple[str, str]] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """`eval/<name>/...` metrics of one eval set and a record per sample slot (the missing ones
-    included, marked `failed`). `ns[i]`: task i's planned samples; `decode(e)`: (prompt,
-    response) text of an experience."""
+    """`eval/<name>/...` metrics of one eval set and, when `decode` is given, a record per
+    sample slot (the missing ones included, marked `failed`). `ns[i]`: task i's planned
+    samples; `decode(e)`: (prompt, response) text of an experience."""
     by_task = dict(kept)
     outcomes, samples = [], []
     for i, task in enumerate(tasks):
@@ -58,7 +60,7 @@ def evaluation_report(
                 failed=i not in by_task,
             )
         )
-        for j in range(max(ns[i], len(exps))):
+        for j in range(max(ns[i], len(exps)) if decode is not None else 0):
             e = exps[j] if j < len(exps) else None
             prompt, response = decode(e) if e is not None else (task.prompt, None)
             samples.append(

@@ -642,11 +642,10 @@ class Explorer:
                 mine,
                 seed=stable_key(self.cfg.seed, "eval bootstrap", name),
                 detailed=self.cfg.monitor.detailed_stats,
-                decode=self._decode,
+                decode=self._decode if keep_samples else None,
             )
             metrics.update(m)
-            if keep_samples:
-                self.eval_samples += samples
+            self.eval_samples += samples
             first += len(ts)
         metrics["timing/eval"] = time.perf_counter() - t0
         # the weights evaluated (an asynchronous run's step s may evaluate an older version)
