@@ -334,8 +334,9 @@ class ExplorerConfig(ConfigSection):
     """Mode 'bench': evaluate only the latest checkpoint."""
     bench_checkpoints: str | list[int] = "all"
     """Ours. Mode 'bench': which checkpoints to evaluate: 'all', 'latest', 'every:N' (those whose
-    run-wide step is a multiple of N, and the latest), or a list of run-wide steps (each must
-    exist). `bench_on_latest_checkpoint: true` is 'latest'."""
+    run-wide step is a multiple of N, and the latest), or a list of run-wide steps (0 = the base
+    model, `model.model_path`; the others must have a checkpoint). `bench_on_latest_checkpoint:
+    true` is 'latest' (docs/evaluation.md)."""
 
     @field_validator("bench_checkpoints")
     @classmethod
