@@ -93,8 +93,16 @@ def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
     assert [(row["checkpoint"], row["step"]) for row in rows] == [("global_step_3", 3)]
     # no base model evaluated: the summary has no "at start" line, and the checkpoint's after
     summary = json.loads((run_dir / "summary.bench.json").read_text())["stages"][0]
+    kept = (
+        "accuracy",
+        "avg@1_ci_low",
+        "avg@1_ci_high",
+        "pass@1",
+        "pass@1_ci_low",
+        "pass@1_ci_high",
+    )
     assert summary["eval_start"] == {} and summary["eval_end"] == {
-        k: v for k, v in rows[0].items() if k.endswith("/accuracy")
+        f"eval/add_eval/{k}": rows[0][f"eval/add_eval/{k}"] for k in kept
     }
     assert "eval at start" not in r.stdout
 

@@ -92,3 +92,27 @@ def test_best_checkpoint_rule_and_table(tmp_path):
         "ties: earliest step"
     )
     assert progress_line(2, 5, 60.0) == "bench: 2/5 evaluated, 30.0 s each, ETA 90 s"
+
+
+def test_a_stages_summary_keeps_accuracy_pass_at_k_and_their_intervals():
+    from trinity.launcher.reports import accuracies
+    from trinity.launcher.summary import eval_lines
+
+    metrics = {
+        "eval/s/accuracy": 0.5, "eval/s/avg@4": 0.5, "eval/s/avg@4_ci_low": 0.4,
+        "eval/s/avg@4_ci_high": 0.6, "eval/s/pass@1": 0.5, "eval/s/pass@1_ci_low": 0.4,
+        "eval/s/pass@1_ci_high": 0.6, "eval/s/pass@2": 0.7, "eval/s/pass@2_ci_low": 0.61,
+        "eval/s/pass@2_ci_high": 0.79, "eval/s/maj@4": 0.55, "eval/s/failed": 0.0,
+        "eval/s/response_length": 3.0, "eval/g/accuracy": 1.0, "timing/eval": 2.0,
+    }  # fmt: skip
+    kept = accuracies(metrics)
+    assert set(kept) == {
+        "eval/s/accuracy", "eval/s/avg@4_ci_low", "eval/s/avg@4_ci_high", "eval/s/pass@1",
+        "eval/s/pass@1_ci_low", "eval/s/pass@1_ci_high", "eval/s/pass@2", "eval/s/pass@2_ci_low",
+        "eval/s/pass@2_ci_high", "eval/g/accuracy",
+    }  # fmt: skip
+    assert eval_lines(kept) == [
+        ("eval/s/accuracy", "0.500 [0.400, 0.600]"),
+        ("eval/s/pass@2", "0.700 [0.610, 0.790]"),
+        ("eval/g/accuracy", "1.000"),
+    ]

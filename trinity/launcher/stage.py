@@ -416,7 +416,7 @@ def _loops(
     outs = wait_all(calls, hub, monitor)
     if stage.explores and cfg.explorer.eval_on_startup:
         first = next((r for r in monitor.history if r["step"] == offset), {})
-        eval_start = {k: v for k, v in first.items() if k.endswith("/accuracy")}
+        eval_start = accuracies(first)
     train_out = outs[-1] if trainer is not None else {}
     steps = train_out.get("train_steps", outs[0].get("explore_steps", 0) if outs else 0)
     return eval_start, steps, train_out
