@@ -111,8 +111,8 @@ def test_a_stages_summary_keeps_accuracy_pass_at_k_and_their_intervals():
         "eval/s/pass@1_ci_low", "eval/s/pass@1_ci_high", "eval/s/pass@2", "eval/s/pass@2_ci_low",
         "eval/s/pass@2_ci_high", "eval/g/accuracy",
     }  # fmt: skip
-    assert eval_lines(kept) == [
+    assert eval_lines(kept) == [  # by set, accuracy first
+        ("eval/g/accuracy", "1.000"),
         ("eval/s/accuracy", "0.500 [0.400, 0.600]"),
         ("eval/s/pass@2", "0.700 [0.610, 0.790]"),
-        ("eval/g/accuracy", "1.000"),
     ]
