@@ -169,3 +169,13 @@ def test_an_eval_sets_experiences_become_metrics_and_records():
     assert records[2]["prompt"] == "q1" and records[2]["response"] is None
     no_records = evaluation_report("s", tasks, [2, 2, 2], kept, seed=0, detailed=False)
     assert no_records[1] == [] and "eval/s/accuracy/std" not in no_records[0]
+
+
+def test_one_resampling_for_every_metric():
+    # per-task values of pass@1 and avg@4 are equal: so are their intervals; pass@k's bounds
+    # grow with k (the same resampled tasks, each task's pass@k growing with k)
+    tasks = [_task(4, [i % 3 == 0, i % 5 == 0, False, i % 2 == 0]) for i in range(60)]
+    m = taskset_metrics(tasks, seed=11)
+    assert (m["pass@1_ci_low"], m["pass@1_ci_high"]) == (m["avg@4_ci_low"], m["avg@4_ci_high"])
+    assert m["pass@1_ci_low"] <= m["pass@2_ci_low"] <= m["pass@4_ci_low"]
+    assert m["pass@1_ci_high"] <= m["pass@2_ci_high"] <= m["pass@4_ci_high"]

@@ -20,7 +20,10 @@ beside the scores (`failed`). Samples are i.i.d. draws per task, so:
   at most `MAJ_SUBSETS`, else that many drawn with the seed). Only for sets whose samples carry an
   answer (the response text, stripped); a missing slot is an answer that is never correct.
 - The interval of each is a seeded percentile bootstrap over tasks (the task is the unit that is
-  resampled; `BOOTSTRAP_REPS` resamples), so its width shrinks as 1/sqrt(number of tasks).
+  resampled; `BOOTSTRAP_REPS` resamples, the same ones for every metric), so its width shrinks as
+  1/sqrt(number of tasks).
+- With the tie rule, maj@2 equals maj@1 in expectation (p^2 + 2p(1-p)/2 = p for two samples that
+  agree or split), as it does for majority voting in general.
 
 Departs from Trinity-RFT, which reports `mean@n`, `std@n` and bootstrap `best@k`/`worst@k` of each
 metric and counts failed tasks out of the denominator.
@@ -131,7 +134,10 @@ def taskset_metrics(outcomes: Sequence[TaskOutcome], seed: int) -> dict[str, flo
     def add(name: str, per_task: Callable[[TaskOutcome], float]) -> None:
         values = [per_task(o) for o in outcomes]
         out[name] = float(np.mean(values))
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = bootstrap_ci(values, rng)
+        # the same resamples of the tasks for every metric (a fresh generator from `seed`): equal
+        # per-task values get equal intervals, and pass@k's bounds grow with k as pass@k does
+        ci = bootstrap_ci(values, np.random.default_rng(seed))
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = ci
 
     add(f"avg@{n}", lambda o: float(np.mean(_padded(o.scores, n, 0.0))))
     for k in powers_of_two(n):
