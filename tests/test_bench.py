@@ -45,7 +45,8 @@ def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
 
     r = run_trinity(cfg, overrides=["mode=bench"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = json.loads((run_dir / "bench.json").read_text())
+    bench = json.loads((run_dir / "bench.json").read_text())
+    rows = bench["rows"]
     assert [(row["checkpoint"], row["step"]) for row in rows] == [
         (f"{tiny_model_dir} (model.model_path)", 0),  # explorer.eval_on_startup (default true)
         ("global_step_1", 1),
@@ -53,6 +54,20 @@ def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
         ("global_step_3", 3),
     ]
     assert "global_step_3" in r.stdout and "bench.json" in r.stdout  # the printed table
+    assert "bench: 4/4 evaluated" in r.stdout and "ETA 0 s" in r.stdout  # progress lines
+    # the best checkpoint: the highest accuracy, ties to the earliest step (the rule, printed)
+    acc = [row["eval/add_eval/accuracy"] for row in rows]
+    top = rows[acc.index(max(acc))]
+    assert bench["best"]["add_eval"]["checkpoint"] == top["checkpoint"]
+    assert f"best checkpoint for add_eval: {top['checkpoint']} (step {top['step']})" in r.stdout
+    assert "ties: earliest step" in r.stdout
+    # one sample record per task per checkpoint (greedy: n = 1), correct as the reward says
+    samples = [json.loads(x) for x in (run_dir / "bench.samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 8 and {s["step"] for s in samples} == {0, 1, 2, 3}
+    assert all(s["correct"] == (s["reward"] == 1.0) and s["prompt"] for s in samples)
+    for row in rows:  # accuracy is the share of correct samples of the checkpoint
+        mine = [s["correct"] for s in samples if s["step"] == row["step"]]
+        assert row["eval/add_eval/accuracy"] == sum(mine) / 8
     assert (run_dir / "metrics.jsonl").read_text() == trained  # the run's metrics untouched
     # greedy evaluation is deterministic: the base model and the final weights score exactly as
     # the training run's start and final evaluations did
@@ -74,11 +89,35 @@ def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
         ],
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = json.loads((run_dir / "bench.json").read_text())
+    rows = json.loads((run_dir / "bench.json").read_text())["rows"]
     assert [(row["checkpoint"], row["step"]) for row in rows] == [("global_step_3", 3)]
     # no base model evaluated: the summary has no "at start" line, and the checkpoint's after
     summary = json.loads((run_dir / "summary.bench.json").read_text())["stages"][0]
+    kept = (
+        "accuracy",
+        "avg@1_ci_low",
+        "avg@1_ci_high",
+        "pass@1",
+        "pass@1_ci_low",
+        "pass@1_ci_high",
+    )
     assert summary["eval_start"] == {} and summary["eval_end"] == {
-        k: v for k, v in rows[0].items() if k.endswith("/accuracy")
+        f"eval/add_eval/{k}": rows[0][f"eval/add_eval/{k}"] for k in kept
     }
     assert "eval at start" not in r.stdout
+
+    r = run_trinity(
+        cfg,
+        overrides=[
+            "mode=bench",
+            "explorer.bench_checkpoints=every:2",
+            "explorer.eval_on_startup=false",
+        ],
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads((run_dir / "bench.json").read_text())["rows"]
+    # multiples of 2, and the latest
+    assert [(row["checkpoint"], row["step"]) for row in rows] == [
+        ("global_step_2", 2),
+        ("global_step_3", 3),
+    ]

@@ -67,7 +67,7 @@ def test_refusals_name_the_key_and_feature() -> None:
                 "auxiliary_models": [{"model_path": "judge", "reasoning_parser": "qwen3"}],
             },
             "cluster": {"node_num": 1},
-            "monitor": {"monitor_type": ["jsonl", "swanlab"], "detailed_stats": True},
+            "monitor": {"monitor_type": ["jsonl", "swanlab"], "detailed_stats": True},  # built
             "trainer": {"trainer_strategy": "fsdp2"},
         }
     )
@@ -76,10 +76,8 @@ def test_refusals_name_the_key_and_feature() -> None:
         "model.external_model",
         "explorer.rollout_model.reasoning_parser",
         "explorer.auxiliary_models[0].reasoning_parser",
-        "monitor.detailed_stats",
     }  # logprobs 0 and node_num 1 are inert; tensor and sequence parallelism are built
     assert "externally served" in probs["model.external_model"]
-    assert "evaluation metric" in probs["monitor.detailed_stats"]  # swanlab is built
     assert "reasoning parsers" in probs["explorer.auxiliary_models[0].reasoning_parser"]
 
 
@@ -114,14 +112,14 @@ def test_stage_keys_are_checked_in_each_stage() -> None:
             "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
             "stages": [
                 {"stage_name": "a", "algorithm": {"repeat_times": 2}},
-                {"stage_name": "b", "monitor": {"detailed_stats": True}},
+                {"stage_name": "b", "explorer": {"env_vars": {"A": "1"}}},
             ],
         }
     )
     probs = [str(p) for p in not_built_problems(cfg)]
     assert probs == [
-        "stages[1].monitor.detailed_stats: not built yet: std, max and min of each evaluation "
-        "metric (only means are reported); remove the key (or set its default) to run"
+        "stages[1].explorer.env_vars: not built yet: environment variables for workflow "
+        "runners; remove the key (or set its default) to run"
     ]
 
 

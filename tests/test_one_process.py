@@ -160,7 +160,9 @@ def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path
 
     own = ("ray::Explorer", "ray::TrainerRunner", "ray::HFRolloutEngine", "ray::Synchronizer")
     run_dir = tmp_path / "ckpt" / "quickstart" / "add2"
-    for sets in ([], ["mode=bench"]):
+    # the bench names the base model (step 0) beside the stages' checkpoints: the GRPO stage
+    # (the bench's config) does not evaluate on start-up
+    for sets in ([], ["mode=bench", "explorer.bench_checkpoints=[0,4,6]"]):
         r, titles = _run(path, sets, tmp_path / "cache")
         assert r.returncode == 0, r.stdout[-4000:]
         assert not [t for t in titles if t.startswith(own)], titles
@@ -169,8 +171,27 @@ def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(s["name"], s["steps"]) for s in summary["stages"]] == [("sft", 4), ("grpo", 2)]
     assert all(s["eval_end"] for s in summary["stages"])  # each stage's final evaluation ran
-    rows = json.loads((run_dir / "bench.json").read_text())
-    assert [row["step"] for row in rows][-1] == 6  # run-wide: the GRPO stage's last checkpoint
+    bench = json.loads((run_dir / "bench.json").read_text())
+    rows = bench["rows"]
+    # run-wide: the GRPO stage's last checkpoint is step 6
+    assert rows[0]["checkpoint"].endswith(" (model.model_path)")  # tiny://1m with its seed
+    assert [(row["checkpoint"], row["step"]) for row in rows] == [
+        (rows[0]["checkpoint"], 0),
+        ("sft/global_step_4", 4),
+        ("grpo/global_step_2", 6),
+    ]
+    for s in ("add2_heldout", "add2_heldout_sampled"):
+        assert f"best checkpoint for {s}: " in r.stdout and s in bench["best"]
+    # the held-out sets, in the run and in the bench: greedy pass@1 = accuracy; sampled (4
+    # answers each) avg@4 = accuracy, pass@1/2/4 each inside its interval
+    final = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    for rec in (final, rows[-1]):
+        assert rec["eval/add2_heldout/pass@1"] == rec["eval/add2_heldout/accuracy"]
+        sampled = "eval/add2_heldout_sampled/"
+        assert rec[sampled + "avg@4"] == rec[sampled + "accuracy"]
+        for k in ("avg@4", "pass@1", "pass@2", "pass@4"):
+            assert rec[sampled + f"{k}_ci_low"] <= rec[sampled + k] <= rec[sampled + f"{k}_ci_high"]
+        assert rec[sampled + "pass@1"] <= rec[sampled + "pass@2"] <= rec[sampled + "pass@4"]
 
 
 def test_only_a_run_whose_sides_overlap_in_one_process_lends_cores():

@@ -63,7 +63,8 @@ class RolloutArgs(ConfigSection):
     max_tokens: int | None = Field(None, ge=1)
     """Response length limit in tokens; None = model.max_response_tokens."""
     n: int | None = Field(None, ge=1)
-    """Samples per task; None = algorithm.repeat_times."""
+    """Samples per task; None = the set's repeat_times, else algorithm.repeat_times (an eval
+    set: else 1)."""
     logprobs: Annotated[int | None, NotBuilt("top-k logprobs per token", inert=(None, 0))] = Field(
         None, ge=0
     )
@@ -154,7 +155,8 @@ class StorageConfig(ConfigSection):
     default_reward_fn_type: str | None = None
     """Reward function for this set; None = explorer_input.default_reward_fn_type."""
     repeat_times: int | None = Field(None, ge=1)
-    """Samples per task for this set; None = algorithm.repeat_times."""
+    """Samples per task for this set; None = algorithm.repeat_times (an eval set: 1; several
+    give avg@n, pass@k and maj@k, docs/evaluation.md)."""
     capacity: int = Field(10000, ge=1)
     """Maximum number of experiences held (queue / sql storage)."""
     max_read_timeout: float = Field(1800.0, gt=0)
@@ -199,9 +201,6 @@ _TASKSET: dict[str, Any] = {  # a taskset is read from its source, whole, as tas
 }
 _TASKSETS = _TASKSET
 _EVAL_TASKSETS = _TASKSET | {
-    "repeat_times": NotBuilt(
-        "several samples per eval task via repeat_times (rollout_args.n does it)", inert=(None, 1)
-    ),
     "data_selector": NotApplicable("eval sets are run whole, in file order"),
 }
 _EXPERIENCE_BUFFER: dict[str, Any] = {

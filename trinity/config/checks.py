@@ -280,6 +280,17 @@ def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check("explorer.bench_on_latest_checkpoint", "explorer.bench_checkpoints")
+def _one_checkpoint_choice(cfg: TrinityConfig) -> Iterator[Problem]:
+    e = cfg.explorer
+    if e.bench_on_latest_checkpoint and e.bench_checkpoints not in ("all", "latest"):
+        yield Problem(
+            "explorer.bench_checkpoints",
+            f"is {e.bench_checkpoints!r} but explorer.bench_on_latest_checkpoint is true (that is "
+            "'latest'): set one of them",
+        )
+
+
 @_check("cluster.ray_address", "cluster.node_num")
 def _local_instance_is_one_node(cfg: TrinityConfig) -> Iterator[Problem]:
     # with `auto` or an address, the node count is the cluster's: `trinity run` checks it there

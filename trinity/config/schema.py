@@ -332,6 +332,26 @@ class ExplorerConfig(ConfigSection):
     samples of a task in one runner."""
     bench_on_latest_checkpoint: bool = False
     """Mode 'bench': evaluate only the latest checkpoint."""
+    bench_checkpoints: str | list[int] = "all"
+    """Ours. Mode 'bench': which checkpoints to evaluate: 'all', 'latest', 'every:N' (those whose
+    run-wide step is a multiple of N, and the latest), or a list of run-wide steps (0 = the base
+    model, `model.model_path`; the others must have a checkpoint). `bench_on_latest_checkpoint:
+    true` is 'latest' (docs/evaluation.md)."""
+
+    @field_validator("bench_checkpoints")
+    @classmethod
+    def _checkpoint_choice(cls, value: str | list[int]) -> str | list[int]:
+        if isinstance(value, list):
+            if not value or any(s < 0 for s in value):
+                raise ValueError("a list of checkpoints names one or more steps >= 0")
+            return value
+        every = value.removeprefix("every:")
+        if value in ("all", "latest") or (every != value and every.isdigit() and int(every) > 0):
+            return value
+        raise ValueError(
+            f"{value!r}: expected 'all', 'latest', 'every:N' (N > 0) or a list of steps"
+        )
+
     api_port: int = Field(8010, ge=0, le=65535)
     """Mode 'serve': the endpoint's port (0 = any free port, printed at start)."""
     listen_address: str = "127.0.0.1"
@@ -521,10 +541,9 @@ class MonitorConfig(ConfigSection):
     """Write Ray's timeline of every task and actor call to `<run_dir>/timeline.json`
     (`timeline.<part>.json` for one process of a split run) when the run ends; open it in
     chrome://tracing or Perfetto."""
-    detailed_stats: Annotated[
-        bool, NotBuilt("std, max and min of each evaluation metric (only means are reported)")
-    ] = False
-    """Report std/max/min of evaluation metrics besides their mean."""
+    detailed_stats: bool = False
+    """Also report the spread over an eval set's tasks of each per-task mean (accuracy, reward,
+    response length): `eval/<set>/<metric>/std`, `/min`, `/max` (docs/evaluation.md)."""
     cache_dir: Annotated[
         str, NotApplicable("set by Trinity-RFT itself; outputs go to the run folder here")
     ] = ""

@@ -40,6 +40,7 @@ from trinity.explorer.auxiliary import (
 )
 from trinity.explorer.collapse import CollapseWatch
 from trinity.explorer.engine_pools import EnginePools, in_explorer_engines, start_engine_pools
+from trinity.explorer.evaluation import evaluation_report
 from trinity.explorer.in_process import InThread
 from trinity.explorer.ledger import LedgerStats
 from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_prompt_truncated
@@ -134,6 +135,7 @@ class Explorer:
         self.train_sets: list[list[Task]] = []  # each training taskset's
         self.eval_tasksets: dict[str, list[Task]] = {}
         self.last_eval: dict[str, float] = {}
+        self.eval_samples: list[dict[str, Any]] = []
         self._stream: TaskStream | TaskMix | None = (
             None  # the run's tasks, counting what it handed out
         )
@@ -655,29 +657,45 @@ class Explorer:
                 e.info["reward_baseline"] = baseline
 
     async def evaluate(
-        self, step: int, report: bool = True, source: str = "explorer"
+        self, step: int, report: bool = True, source: str = "explorer", keep_samples: bool = False
     ) -> dict[str, float]:
-        """Greedy (unless the eval taskset's rollout_args say otherwise) pass over each eval set."""
-        metrics: dict[str, float] = {}
-        for name, tasks in self.eval_tasksets.items():
-            t0 = time.perf_counter()
-            kept, counts = await self._run_tasks(
-                tasks,
-                self._eval_params,
-                f"eval {name!r}",
-                key=self._sampling_key("eval", step, name),
-                train=False,
+        """One pass over every eval set at once (their tasks in one batch of workflow runs),
+        greedy unless a set's `rollout_args` / `repeat_times` say otherwise (`task_sampling`);
+        each set's metrics from `evaluation.evaluation_report` (avg@n, pass@k, maj@k with
+        intervals; failed samples count as wrong). `keep_samples`: keep a record per sample
+        slot for `take_eval_samples` (mode bench)."""
+        t0 = time.perf_counter()
+        sets = list(self.eval_tasksets.items())
+        tasks = [t for _, ts in sets for t in ts]
+        kept, counts = await self._run_tasks(
+            tasks,
+            self._eval_params,
+            "evaluation",
+            key=self._sampling_key("eval", step),
+            train=False,
+        )
+        if not kept:
+            raise RuntimeError(
+                f"evaluation: the workflows returned no experiences for {len(tasks)} tasks"
             )
-            exps = [e for _, es in kept for e in es]
-            if not exps:
-                raise RuntimeError(f"eval {name!r}: the workflows returned no experiences")
-            metrics[f"eval/{name}/failed_tasks"] = counts["failed_tasks"]
-            m = rollout_metrics(exps, prefix="")
-            acc_key = "accuracy_mean" if "accuracy_mean" in m else "reward_mean"
-            metrics[f"eval/{name}/accuracy"] = m[acc_key]
-            metrics[f"eval/{name}/reward_mean"] = m["reward_mean"]
-            metrics[f"eval/{name}/response_length"] = m["response_length"]
-            metrics[f"timing/eval_{name}"] = time.perf_counter() - t0
+        metrics: dict[str, float] = {"eval/timeouts": counts["timeouts"]}
+        self.eval_samples = []
+        first = 0
+        for name, ts in sets:
+            mine = [(i - first, es) for i, es in kept if first <= i < first + len(ts)]
+            m, samples = evaluation_report(
+                name,
+                ts,
+                [self._eval_params(t).n for t in ts],
+                mine,
+                seed=stable_key(self.cfg.seed, "eval bootstrap", name),
+                detailed=self.cfg.monitor.detailed_stats,
+                decode=self._decode if keep_samples else None,
+            )
+            metrics.update(m)
+            self.eval_samples += samples
+            first += len(ts)
+        metrics["timing/eval"] = time.perf_counter() - t0
         # the weights evaluated (an asynchronous run's step s may evaluate an older version)
         metrics["eval/model_version"] = float(self._version())
         self.last_eval = {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
@@ -685,6 +703,21 @@ class Explorer:
             metrics.update(await self._rest())
             await self.hub.put.remote(source, self.step_offset + step, metrics)
         return metrics
+
+    def take_eval_samples(self) -> list[dict[str, Any]]:
+        """The per-sample records of the last `evaluate(keep_samples=True)` (then forgotten)."""
+        samples, self.eval_samples = self.eval_samples, []
+        return samples
+
+    def _decode(self, e: Experience) -> tuple[str, str]:
+        """An experience's prompt and response text (decoded from its tokens where not kept)."""
+        prompt = e.prompt_text
+        if prompt is None:
+            prompt = self.tokenizer.decode(e.tokens[: e.prompt_length].tolist())
+        response = e.response_text
+        if response is None:
+            response = self.tokenizer.decode(e.tokens[e.prompt_length :].tolist())
+        return prompt, response
 
     async def _write(self, experiences: list[Experience], cursor: Cursor | None) -> None:
         """Write to the buffer (with the cursor after this step); while it is full (nobody
@@ -993,10 +1026,13 @@ def finish_experiences(
 
 def task_sampling(cfg: Any, task: Task, evaluating: bool) -> SamplingParams:
     """How a task is sampled: its taskset's `rollout_args` over `model.*`; training draws
-    `repeat_times` samples at the model's temperature, evaluation one greedy sample."""
+    `repeat_times` samples at the model's temperature; evaluation draws `rollout_args.n` (else
+    the eval set's `repeat_times`, else 1) samples, greedy when one (n identical greedy answers
+    would measure nothing: several are drawn at `model.temperature` unless the set names one)."""
     m, ra = cfg.model, task.rollout_args
     if evaluating:
-        n, temperature = ra.get("n") or 1, _first(ra.get("temperature"), 0.0)
+        n = ra.get("n") or task.repeat_times or 1
+        temperature = _first(ra.get("temperature"), 0.0 if n == 1 else m.temperature)
     else:
         n = ra.get("n") or task.repeat_times or cfg.algorithm.repeat_times
         temperature = _first(ra.get("temperature"), m.temperature)

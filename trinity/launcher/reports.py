@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trinity.common import refs
@@ -10,8 +11,13 @@ from trinity.monitor.monitor import Monitor
 REPORTS_WAIT_S = 5.0  # the longest one `MetricsHub.reports` call waits (the driver calls again)
 
 
+_HEADLINE = re.compile(r"^eval/.+/(accuracy|avg@\d+_ci_(low|high)|pass@\d+(_ci_(low|high))?)$")
+
+
 def accuracies(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k.endswith("/accuracy")}
+    """What a stage's summary keeps of an evaluation: each eval set's `accuracy`, its pass@k
+    and the intervals of both (`avg@n_ci_*` is accuracy's)."""
+    return {k: v for k, v in metrics.items() if _HEADLINE.match(k)}
 
 
 def _merge(reports: list[Any], monitor: Monitor) -> None:

@@ -34,7 +34,7 @@ from trinity.config.problems import ConfigError, Problem
 from trinity.config.run_folder import reads_experiences
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
-from trinity.launcher.bench import bench_points, write_table
+from trinity.launcher.bench import bench_points, progress_line, write_samples, write_table
 from trinity.launcher.placement import (
     colocated_config,
     engine_count,
@@ -416,7 +416,7 @@ def _loops(
     outs = wait_all(calls, hub, monitor)
     if stage.explores and cfg.explorer.eval_on_startup:
         first = next((r for r in monitor.history if r["step"] == offset), {})
-        eval_start = {k: v for k, v in first.items() if k.endswith("/accuracy")}
+        eval_start = accuracies(first)
     train_out = outs[-1] if trainer is not None else {}
     steps = train_out.get("train_steps", outs[0].get("explore_steps", 0) if outs else 0)
     return eval_start, steps, train_out
@@ -467,18 +467,25 @@ def run_bench(stage: StagePlan, model_path: str, ctx: RunContext) -> StageResult
         refs.get(hub.begin_stage.remote(stage.name))
         ctx.progress = Progress(stage.name, 0, None, stage.stage_dir)
         monitor.begin_stage(stage.name, {"bench"}, points[-1].step, first_step=0)
-        rows = []
+        rows, samples, t_eval = [], [], time.perf_counter()
         for i, p in enumerate(points):
             if i > 0 or p.step > 0:  # the engines start with model.model_path loaded
                 refs.get(explorer.load_weights.remote(p.path, p.step))
-            metrics = wait(explorer.evaluate.remote(p.step, source="bench"), hub, monitor)
-            rows.append({"checkpoint": p.label, "step": p.step, **accuracies(metrics)})
+            call = explorer.evaluate.remote(p.step, source="bench", keep_samples=True)
+            metrics = wait(call, hub, monitor)
+            evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            rows.append({"checkpoint": p.label, "step": p.step, **evals})
+            got = refs.get(explorer.take_eval_samples.remote())
+            samples += [{"checkpoint": p.label, "step": p.step, **s} for s in got]
+            done = progress_line(i + 1, len(points), time.perf_counter() - t_eval)
+            monitor.console.print(done, soft_wrap=True)
         monitor.end_stage()
     finally:
         parts.release()
+    sample_path = write_samples(run_dir, samples)
     path, table = write_table(run_dir, rows)
     monitor.console.print(table, markup=False, highlight=False, soft_wrap=True)
-    monitor.console.print(f"bench results: {path}", soft_wrap=True)
+    monitor.console.print(f"bench results: {path}, {sample_path}", soft_wrap=True)
     return StageResult(
         name=stage.name,
         mode="bench",

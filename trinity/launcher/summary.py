@@ -59,12 +59,14 @@ def write_summary(result: RunResult, path: Path, joined: bool) -> None:
 def print_summary(result: RunResult, console: Console, joined: bool = False) -> None:
     console.rule("[bold]summary")
     first = result.stages[0] if result.stages else None
+    shown = [k for s in result.stages for k in (*s.eval_start, *s.eval_end)]
+    width = max([32, *(len(k) for k in shown)])
     if first and first.eval_start:
-        for k, v in first.eval_start.items():
-            console.print(f"eval at start      {k:<32} {v:.3f}")
+        for k, v in eval_lines(first.eval_start):
+            console.print(f"eval at start      {k:<{width}} {v}")
     for s in result.stages:
-        for k, v in s.eval_end.items():
-            console.print(f"eval after {s.name:<8} {k:<32} {v:.3f}")
+        for k, v in eval_lines(s.eval_end):
+            console.print(f"eval after {s.name:<8} {k:<{width}} {v}")
         console.print(f"stage {s.name:<12} {s.mode:<6} {s.steps:>5} steps  {s.seconds:7.1f} s")
         if s.checkpoint:
             console.print(f"  checkpoint: {s.checkpoint}")
@@ -80,6 +82,29 @@ def print_summary(result: RunResult, console: Console, joined: bool = False) -> 
         console.print(f"peak PSS  {result.peak_pss_gb:.2f} GB ({whose}; sampled every 2 s)")
     console.print(f"outputs   {result.run_dir} ({', '.join(result.outputs)})", soft_wrap=True)
     console.print(f"plots     trinity report {result.run_dir}", soft_wrap=True)
+
+
+def eval_lines(evals: dict[str, float]) -> list[tuple[str, str]]:
+    """(key, value with its 95% interval where there is one) of a stage's evaluation:
+    `accuracy` with its avg@n interval, each pass@k with its own; pass@1 (= accuracy) left out."""
+    lines = []
+
+    def order(k: str) -> tuple[str, int]:  # per set: accuracy, then pass@k by k
+        stem, _, last = k.rpartition("/")
+        return stem, int(last.removeprefix("pass@")) if last.startswith("pass@") else 0
+
+    heads = [k for k in evals if "_ci_" not in k and not k.endswith("/pass@1")]
+    for k in sorted(heads, key=order):
+        v = evals[k]
+        stem = k
+        if k.endswith("/accuracy"):  # its interval is avg@n's
+            avg = k.removesuffix("accuracy") + "avg@"
+            stem = next((x.removesuffix("_ci_low") for x in evals if x.startswith(avg)), k)
+        shown = f"{v:.3f}"
+        if f"{stem}_ci_low" in evals and f"{stem}_ci_high" in evals:
+            shown += f" [{evals[f'{stem}_ci_low']:.3f}, {evals[f'{stem}_ci_high']:.3f}]"
+        lines.append((k, shown))
+    return lines
 
 
 @dataclass(frozen=True)
