@@ -21,6 +21,7 @@ SAMPLED = {  # the same tasks as add_eval, 4 samples each at temperature 1
 }
 
 
+@pytest.mark.slow  # a whole bench run (10-25 s on 2 cores)
 def test_eval_repeat_times_reports_pass_at_k_from_its_samples(tmp_path, tiny_model_dir):
     cfg = grpo_config(tmp_path, tiny_model_dir)
     data = yaml.safe_load(cfg.read_text())
