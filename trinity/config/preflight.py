@@ -145,6 +145,10 @@ def _check_one(
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
     if not blocked(skip, "data_processor.experience_pipeline"):
         problems += _operator_problems(cfg)
+    if not blocked(skip, "data_processor.task_pipeline", "explorer.auxiliary_models"):
+        from trinity.data.checks import task_pipeline_problems
+
+        problems += [Problem(p, why) for p, why in task_pipeline_problems(cfg, _served(cfg))]
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     problems += [p for p in _tensor_parallel_problems(cfg) if not blocked(skip, p.path)]
@@ -217,6 +221,8 @@ def _check_one(
             "default_reward_fn_type": inp.default_reward_fn_type,
             "default_seed": cfg.seed,
         }
+        if not is_eval and path == _pipeline_taskset(inp) and cfg.data_processor.task_pipeline:
+            continue  # the task pipeline writes it when the stage starts (its inputs are checked)
         _check_data(path, storage, kwargs, cache, problems, skipped)
     # the same for what the trainer reads: a queue (fed by `mode: explore` processes of the same
     # run) holds nothing now; without a step budget it trains until every explorer has finished,
@@ -321,6 +327,11 @@ def _selector_problems(
         why = "learns from rollouts' pass rates: it orders an explored taskset, not a dataset"
         return [Problem(f"{where}.selector_type", f"{storage.data_selector.selector_type} {why}")]
     return []
+
+
+def _pipeline_taskset(inp: Any) -> str:
+    """The training taskset a task pipeline's output replaces (`Explorer._load_train_tasks`)."""
+    return "buffer.explorer_input." + ("taskset" if inp.taskset is not None else "tasksets[0]")
 
 
 def _operator_problems(cfg: TrinityConfig) -> list[Problem]:

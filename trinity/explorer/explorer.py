@@ -201,16 +201,10 @@ class Explorer:
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
         )
         inp = cfg.buffer.explorer_input
-        if with_train_tasks:
-            for ts in [inp.taskset, *inp.tasksets]:
-                if ts is not None:
-                    self.train_tasks += load_taskset(
-                        ts,
-                        is_eval=False,
-                        default_workflow_type=inp.default_workflow_type,
-                        default_reward_fn_type=inp.default_reward_fn_type,
-                        default_seed=cfg.seed,
-                    )
+        # a task pipeline writes the taskset once the auxiliary models (its judges) are served
+        pipeline_first = with_train_tasks and cfg.data_processor.task_pipeline is not None
+        if with_train_tasks and not pipeline_first:
+            self._load_train_tasks()
         for i, ts in enumerate(inp.eval_tasksets):
             name = ts.name or f"eval{i}"
             self.eval_tasksets[name] = load_taskset(
@@ -237,9 +231,43 @@ class Explorer:
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         if self.aux_engines and self.auxiliary is None:
             self.auxiliary = await self._serve_auxiliary()
+        if pipeline_first:
+            self._load_train_tasks(await self._run_task_pipeline())
         self.startup.mark("explorer_ready")
         self._started_at = started_at
         return {"train_tasks": len(self.train_tasks)}
+
+    def _load_train_tasks(self, pipeline_output: str | None = None) -> None:
+        """The training tasksets' tasks; `pipeline_output`: the task pipeline's file, read as
+        `explorer_input.taskset` (its format and workflow settings kept)."""
+        cfg, inp = self.cfg, self.cfg.buffer.explorer_input
+        first = inp.taskset
+        if pipeline_output is not None:
+            base = first if first is not None else inp.tasksets[0]
+            first = base.model_copy(
+                update={"path": pipeline_output, "storage_type": "file", "subset_name": None}
+            )
+        replaced_first = inp.taskset is None and pipeline_output is not None
+        rest = inp.tasksets[1:] if replaced_first else inp.tasksets
+        for ts in [first, *rest]:
+            if ts is not None:
+                self.train_tasks += load_taskset(
+                    ts,
+                    is_eval=False,
+                    default_workflow_type=inp.default_workflow_type,
+                    default_reward_fn_type=inp.default_reward_fn_type,
+                    default_seed=cfg.seed,
+                )
+
+    async def _run_task_pipeline(self) -> str:
+        """`data_processor.task_pipeline` (trinity/data/task_pipeline.py): its output file."""
+        from trinity.config import resolve
+        from trinity.data.task_pipeline import run_task_pipeline
+
+        out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, self.auxiliary)
+        summary = ", ".join(f"{k.removeprefix('task_pipeline/')}={v:g}" for k, v in metrics.items())
+        print(f"explorer {self._name}: task pipeline wrote {out} ({summary})")
+        return str(out)
 
     def _task_stream(self) -> TaskStream:
         """The selector's order, task by task (steps take `batch_size`, refills take more)."""
