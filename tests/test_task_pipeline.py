@@ -292,3 +292,56 @@ def test_validate_checks_the_task_pipeline(tmp_path, monkeypatch):
     said = problems(config_path=str(bad_recipe))
     assert "'language_id_score_filter' not built natively" in said[f"{at}.config_path"]
     assert DJ_ENV in said[f"{at}.config_path"]
+
+
+# -- the experience pipeline's data_juicer operator ----------------------------------------------
+
+
+def test_data_juicer_experience_operator_scores_then_shaping_reads_the_score(tmp_path, tokenizer):
+    """Trinity-RFT's experience-pipeline example: llm_quality_score_filter in a recipe, then
+    reward_shaping_mapper on `llm_quality_score`."""
+    import torch
+
+    from trinity.common.experience import EID, Experience
+    from trinity.data.pipeline import ExperiencePipeline
+
+    p = recipe(tmp_path, """
+        process:
+          - llm_quality_score_filter:
+              api_or_hf_model: judge
+              min_score: 0.3
+              input_keys: [prompt_text, response_text]
+              field_names: [Question, Response]
+        """)  # fmt: skip
+    shaping = {"reward_shaping_configs": [
+        {"stats_key": "llm_quality_score", "op_type": "ADD", "weight": 1.0}]}  # fmt: skip
+    pipeline = ExperiencePipeline(
+        [("data_juicer", {"config_path": str(p)}), ("reward_shaping_mapper", shaping)]
+    )
+    exps = [
+        Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=1, reward=r, prompt_text=w,
+                   response_text="r", eid=EID(task=i))
+        for i, (w, r) in enumerate([("easy", 1.0), ("hard", 0.0), ("medium", 1.0)])
+    ]  # fmt: skip
+    models, _ = judge_models(tokenizer)
+    asyncio.run(pipeline.prepare(exps, models))
+    kept, m = pipeline.run(list(exps))
+    assert [e.prompt_text for e in kept] == ["hard", "medium"]  # easy: 0.1 < 0.3
+    assert [e.reward for e in kept] == pytest.approx([0.9, 1.5])
+    assert exps[0].info["llm_quality_score"] == pytest.approx(0.1)
+    assert m["experience_pipeline/0_data_juicer/dropped"] == 1
+
+
+def test_validate_refuses_a_data_juicer_recipe_op_not_built(tmp_path, monkeypatch):
+    monkeypatch.delenv(DJ_ENV, raising=False)
+    p = recipe(tmp_path, "process:\n  - language_id_score_filter: {lang: en}\n")
+    cfg = _cfg(
+        data_processor={
+            "experience_pipeline": {
+                "operators": [{"name": "data_juicer", "args": {"config_path": str(p)}}]
+            }
+        }
+    )
+    said = {p.path: p.message for p in preflight(cfg).problems}
+    why = said["data_processor.experience_pipeline.operators[0].args"]
+    assert "'language_id_score_filter' not built natively" in why and DJ_ENV in why

@@ -341,13 +341,9 @@ def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
 
     pipeline = cfg.data_processor.experience_pipeline
     problems: list[Problem] = []
+    served = _served(cfg) if pipeline is not None and pipeline.operators else {}
     for i, op in enumerate(pipeline.operators if pipeline is not None else []):
         where = f"data_processor.experience_pipeline.operators[{i}]"
-        if op.name == "data_juicer":
-            problems.append(
-                Problem(f"{where}.name", "not built yet: the Data-Juicer operator (data_juicer)")
-            )
-            continue
         cls, found = _lookup(EXPERIENCE_OPERATORS, op.name, f"{where}.name")
         found = found or _args_problems(
             f"{where}.args", f"experience operator {op.name!r}", op.args,
@@ -355,11 +351,29 @@ def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
         )  # fmt: skip
         if not found:
             try:
-                build_operator(op.name, dict(op.args)).close()
+                built = build_operator(op.name, dict(op.args))
             except ValueError as e:
                 found = [Problem(f"{where}.args", str(e))]
+            else:
+                found = _model_name_problems(f"{where}.args", built, served)
+                built.close()
         problems += found
     return problems
+
+
+def _model_name_problems(where: str, op: Any, served: dict[int | str, int]) -> list[Problem]:
+    """An LLM operator's `api_or_hf_model` that names no served auxiliary model."""
+    needed = op.models_needed() if hasattr(op, "models_needed") else []
+    return [
+        Problem(
+            where,
+            f"api_or_hf_model {name!r} names no auxiliary model served to the pipeline; add one "
+            f"to explorer.auxiliary_models with name: {name} (served: "
+            f"{', '.join(map(str, served)) or 'none'})",
+        )
+        for name in needed
+        if name not in served
+    ]
 
 
 def _staleness_problems(cfg: TrinityConfig) -> list[Problem]:

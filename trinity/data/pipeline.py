@@ -49,6 +49,12 @@ class ExperiencePipeline:
     def __bool__(self) -> bool:
         return bool(self.ops)
 
+    async def prepare(self, exps: list[Experience], models: Any) -> None:
+        """Each operator's `prepare` (what needs the event loop: an LLM operator's scoring
+        with the served auxiliary `models`), before `run` sees the same experiences."""
+        for _, op in self.ops:
+            await op.prepare(exps, models)
+
     def run(self, exps: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         """The experiences the operators keep (changed in place by mappers), and the metrics:
         per operator its own, the experiences it dropped and its seconds."""

@@ -509,7 +509,7 @@ class Explorer:
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
         groups = StepGroups(self.pipeline, drop_flat=bool(self.max_gen))
-        kept = groups.keep(self._grouped(step, tasks, kept))
+        kept = groups.keep(await self._prepared(self._grouped(step, tasks, kept)))
         limit = self.max_gen or (self.pipeline_batches if self.pipeline else 0)
         while refill is not None and len(kept) < target:
             if limit and len(tasks) >= limit * target:
@@ -527,7 +527,8 @@ class Explorer:
                 first=base,
             )
             extra = [(base + i, exps) for i, exps in extra]
-            kept += groups.keep(self._grouped(step, tasks, extra), refill=True)
+            extra = await self._prepared(self._grouped(step, tasks, extra))
+            kept += groups.keep(extra, refill=True)
             counts = {k: counts[k] + extra_counts[k] for k in counts}
             if counts["failed_tasks"] > budget:
                 raise WorkflowFailed(
@@ -602,6 +603,12 @@ class Explorer:
                 by_task.setdefault(e.info["step_task"], []).append(e.reward)
         indices = [self._positions[id(tasks[i])] for i in by_task]
         return indices, [sum(r) / len(r) for r in by_task.values()]
+
+    async def _prepared(self, groups: list[Any]) -> list[Any]:
+        """`groups`, after the experience operators' `prepare` (an LLM operator's scoring)."""
+        if self.pipeline:
+            await self.pipeline.prepare([e for _, exps in groups for e in exps], self.auxiliary)
+        return groups
 
     def _grouped(self, step: int, tasks: list[Task], groups: list[Any]) -> list[Any]:
         """`groups` ((position in `tasks`, experiences)) with each experience's id naming its
