@@ -136,9 +136,14 @@ class DataJuicerServiceConfig(ConfigSection):
 class ServiceConfig(ConfigSection):
     """Outside services the run talks to."""
 
-    data_juicer: Annotated[DataJuicerServiceConfig | None, NotBuilt("the Data-Juicer service")] = (
-        None
-    )
+    data_juicer: Annotated[
+        DataJuicerServiceConfig | None,
+        NotApplicable(
+            "no Data-Juicer server is used: recipes' ops run natively, or through Data-Juicer's "
+            "dj-process in its own environment (TRINITY_DJ_PROCESS), started per run of the "
+            "recipe with a health check and a timeout (docs/data.md)"
+        ),
+    ] = None
     """The Data-Juicer service; None = not used."""
 
 

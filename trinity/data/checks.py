@@ -27,6 +27,15 @@ def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple
             read_rows(path)
         except TasksetError as e:
             problems.append((f"{at}.inputs[{i}]", str(e)))
+    if tp.output is not None and (extra := tp.output.model_fields_set - {"path", "name"}):
+        problems.append(
+            (
+                f"{at}.output",
+                f"only output.path is used (the jsonl file the explorer reads); "
+                f"{', '.join(sorted(extra))} would be ignored: set them on "
+                "buffer.explorer_input.taskset",
+            )
+        )
     inp = cfg.buffer.explorer_input
     if inp.taskset is None and not inp.tasksets:
         problems.append(

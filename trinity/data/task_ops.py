@@ -124,11 +124,21 @@ QUALITY_PROMPT = (
 )
 
 
+# Data-Juicer's LLM-op settings of the model and its prompt: here the auxiliary model's own
+# settings (explorer.auxiliary_models) apply, so they are accepted and not read
+DJ_MODEL_ARGS = {
+    "is_hf_model", "api_endpoint", "response_path", "system_prompt", "input_template",
+    "field_template", "try_num", "enable_vllm", "model_params", "sampling_params",
+    "dim_required_keys",
+}  # fmt: skip
+
+
 class _LLMScoreFilter(RowOperator):
     """Score each row with an auxiliary model (`api_or_hf_model`: its `name` in
     `explorer.auxiliary_models`), keep the rows scored in [min_score, max_score]. The row's
     fields `input_keys` are shown titled `field_names`. A reply without a score drops the row
-    (counted in `score_failed`)."""
+    (counted in `score_failed`), or with `keep_unscored` (ours, not Data-Juicer's) keeps it
+    with score None."""
 
     stats_key = ""
     prompt = ""
@@ -140,12 +150,21 @@ class _LLMScoreFilter(RowOperator):
         max_score: float = 1.0,
         input_keys: list[str] | None = None,
         field_names: list[str] | None = None,
-        **_dj_only: Any,  # Data-Juicer's api/prompt settings: the auxiliary model has its own
+        keep_unscored: bool = False,
+        **dj_only: Any,
     ) -> None:
+        unknown = set(dj_only) - DJ_MODEL_ARGS
+        if unknown:
+            raise ValueError(
+                f"unknown argument(s) {sorted(unknown)}; built: api_or_hf_model, min_score, "
+                "max_score, input_keys, field_names, keep_unscored (Data-Juicer's "
+                f"{sorted(DJ_MODEL_ARGS)} are read by the auxiliary model's own settings)"
+            )
         if not api_or_hf_model:
             raise ValueError("api_or_hf_model is required: the name of an auxiliary model")
         self.model = str(api_or_hf_model)
         self.min_score, self.max_score = float(min_score), float(max_score)
+        self.keep_unscored = bool(keep_unscored)
         self.input_keys = list(input_keys or ["text"])
         self.field_names = list(field_names or self.input_keys)
         if len(self.field_names) != len(self.input_keys):
@@ -176,6 +195,7 @@ class _LLMScoreFilter(RowOperator):
             r[self.stats_key] = v.score
             if v.score is None:
                 failed += 1
+                kept += [r] if self.keep_unscored else []
                 continue
             scores.append(v.score)
             if self.min_score <= v.score <= self.max_score:
