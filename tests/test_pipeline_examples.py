@@ -80,7 +80,9 @@ def test_the_experience_pipeline_example_runs_its_recipe_natively(tmp_path):
     assert len(steps) == 2
     for x in steps:
         assert x["experience_pipeline/0_data_juicer/dropped"] == 0  # unscored rows kept
-        assert x["experience_pipeline/score_failed"] == 4  # 2 tasks x 2 samples, unscored
+        assert (
+            x["experience_pipeline/0_llm_quality_score_filter/score_failed"] == 4
+        )  # 2 tasks x 2 samples, unscored
 
 
 @pytest.mark.parametrize(

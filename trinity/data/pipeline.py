@@ -33,7 +33,13 @@ from typing import Any
 from trinity.common.experience import Experience, exclude_from_training
 from trinity.data.operators import build_operator
 
-Group = tuple[int, list[Experience]]  # (the task's position in the step, its experiences)
+Group = tuple[int, list[Experience]]
+COUNTS = (
+    "/dropped",
+    "filtered_count",
+    "score_failed",
+    "duplicate_count",
+)  # summed over refills  # (the task's position in the step, its experiences)
 
 
 class ExperiencePipeline:
@@ -129,7 +135,7 @@ class StepGroups:
         means over the experiences each run saw."""
         total = self._seen + seen
         for key, value in metrics.items():
-            if key.startswith("time/") or key.endswith(("/dropped", "filtered_count")):
+            if key.startswith("time/") or key.endswith(COUNTS):
                 self._metrics[key] = self._metrics.get(key, 0.0) + value
             elif total:
                 old = self._metrics.get(key, value)
