@@ -33,13 +33,9 @@ from typing import Any
 from trinity.common.experience import Experience, exclude_from_training
 from trinity.data.operators import build_operator
 
-Group = tuple[int, list[Experience]]
-COUNTS = (
-    "/dropped",
-    "filtered_count",
-    "score_failed",
-    "duplicate_count",
-)  # summed over refills  # (the task's position in the step, its experiences)
+Group = tuple[int, list[Experience]]  # (the task's position in the step, its experiences)
+# metrics that count: summed over a step's refills (the others are means)
+COUNTS = ("/dropped", "filtered_count", "score_failed", "duplicate_count")
 
 
 class ExperiencePipeline:
