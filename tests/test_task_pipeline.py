@@ -20,15 +20,16 @@ from trinity.common.rollout import SamplingParams
 from trinity.config.buffer_schema import StorageConfig
 from trinity.config.preflight import preflight
 from trinity.data.recipes import DJ_ENV, RecipeError, RecipeRunner, read_recipe
-from trinity.data.task_ops import build_row_operator
+from trinity.data.task_ops import OpContext, build_row_operator
 from trinity.data.task_pipeline import ranked, run_task_pipeline
 from trinity.explorer.auxiliary import AuxiliaryModel, AuxiliaryModels
 from trinity.models import load_tokenizer
 from trinity.tasks import load_taskset
 
 
-def run(name: str, rows: list[dict], models=None, **args):
-    return asyncio.run(build_row_operator(name, args).process(rows, models))
+def run(name: str, rows: list[dict], models=None, pass_rates=None, **args):
+    ctx = OpContext(models=models, pass_rates=pass_rates)
+    return asyncio.run(build_row_operator(name, args).process(rows, ctx))
 
 
 def q(*texts: str) -> list[dict]:
@@ -83,6 +84,22 @@ def test_priority_ranks_by_weighted_sum_and_keeps_top_k():
     assert [r["id"] for r in ranked(rows, {}, top_k=2)] == ["a", "b"]
     with pytest.raises(ValueError, match="'usage' needs a 'usage' column"):
         ranked(rows, {"usage": 1.0}, top_k=-1)
+
+
+def test_pass_rate_filter_writes_the_rollout_model_s_pass_rate_and_keeps_the_range():
+    async def pass_rates(rows):  # the explorer's: here, scripted per row
+        return [{"a": 0.0, "b": 0.5, "c": 1.0, "d": None}[r["question"]] for r in rows]
+
+    rows = [{"question": x} for x in "abcd"]
+    kept, m = run("pass_rate_filter", rows, pass_rates=pass_rates, min_pass_rate=0.25,
+                  max_pass_rate=1.0)  # fmt: skip
+    assert [r["question"] for r in kept] == ["b", "c"]
+    assert [r["pass_rate"] for r in rows] == [0.0, 0.5, 1.0, None]
+    assert m == {"filtered_count": 2.0, "failed": 1.0, "pass_rate/mean": 0.5}
+    with pytest.raises(RuntimeError, match="needs the rollout model"):
+        run("pass_rate_filter", rows)
+    with pytest.raises(ValueError, match="min_pass_rate <= max_pass_rate"):
+        run("pass_rate_filter", rows, pass_rates=pass_rates, min_pass_rate=0.8, max_pass_rate=0.2)
 
 
 # -- the LLM-scored filter -----------------------------------------------------------------------
@@ -172,7 +189,7 @@ def test_the_pipeline_writes_a_taskset_the_explorer_reads(tmp_path, tokenizer):
         }
     )
     models, _ = judge_models(tokenizer)
-    out, metrics = asyncio.run(run_task_pipeline(cfg, tmp_path / "run", models))
+    out, metrics = asyncio.run(run_task_pipeline(cfg, tmp_path / "run", OpContext(models)))
     assert out == tmp_path / "run" / "task_pipeline" / "tasks.jsonl"
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert rows == [
@@ -209,7 +226,7 @@ def test_a_recipe_of_native_ops_runs_without_data_juicer(tmp_path, monkeypatch):
           - document_deduplicator: {text_key: question}
         """)  # fmt: skip
     runner = RecipeRunner(read_recipe(p))
-    kept, m = asyncio.run(runner.process(q("ab", "abc", "abc", "abcd"), None))
+    kept, m = asyncio.run(runner.process(q("ab", "abc", "abc", "abcd"), OpContext()))
     assert [r["i"] for r in kept] == [1, 3]
     assert m == {"0_text_length_filter/dropped": 1.0, "0_text_length_filter/filtered_count": 1.0,
                  "1_document_deduplicator/dropped": 1.0,
@@ -252,14 +269,14 @@ def test_a_recipe_not_built_here_runs_through_the_configured_data_juicer(tmp_pat
     p = recipe(tmp_path, "process:\n  - keep_flagged: {}\n")
     rows = [{"i": 0, "flag": True}, {"i": 1, "flag": False}, {"i": 2, "flag": True}]
     monkeypatch.setenv(DJ_ENV, fake_dj(tmp_path))
-    kept, _ = asyncio.run(RecipeRunner(read_recipe(p)).process(rows, None))
+    kept, _ = asyncio.run(RecipeRunner(read_recipe(p)).process(rows, OpContext()))
     assert kept == [rows[0], rows[2]]
     monkeypatch.setenv(DJ_ENV, fake_dj(tmp_path, help_rc=3))
     with pytest.raises(RecipeError, match=r"health check failed .* exited 3"):
-        asyncio.run(RecipeRunner(read_recipe(p)).process(rows, None))
+        asyncio.run(RecipeRunner(read_recipe(p)).process(rows, OpContext()))
     monkeypatch.setenv(DJ_ENV, fake_dj(tmp_path, sleep=5))
     with pytest.raises(RecipeError, match="over its timeout"):
-        asyncio.run(RecipeRunner(read_recipe(p), timeout_s=0.5).process(rows, None))
+        asyncio.run(RecipeRunner(read_recipe(p), timeout_s=0.5).process(rows, OpContext()))
 
 
 # -- validate ---------------------------------------------------------------------------------------

@@ -222,7 +222,9 @@ class DataJuicerOperator(ExperienceOperator):
             for i, e in enumerate(exps)
         ]  # fmt: skip
         before = {i: set(r) for i, r in enumerate(rows)}
-        kept, self._metrics = await self.runner.process(rows, models)
+        from trinity.data.task_ops import OpContext
+
+        kept, self._metrics = await self.runner.process(rows, OpContext(models=models))
         by_index = {r["_exp"]: r for r in kept}
         for i, row in enumerate(rows):  # natively rows are changed in place; else the kept copy
             row = by_index.get(i, row)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from trinity.data.task_ops import ROW_OPERATORS, RowOperator, build_row_operator
+from trinity.data.task_ops import ROW_OPERATORS, OpContext, RowOperator, build_row_operator
 
 DJ_ENV = "TRINITY_DJ_PROCESS"
 HEALTH_TIMEOUT_S = 60.0
@@ -98,13 +98,15 @@ class RecipeRunner:
     def models_needed(self) -> list[str]:
         return [m for _, op in self.native or [] for m in op.models_needed()]
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], dict[str, float]]:
+    async def process(
+        self, rows: list[dict], ctx: OpContext
+    ) -> tuple[list[dict], dict[str, float]]:
         if self.native is None:
             return run_dj_subprocess(self.raw, rows, self.timeout_s), {}
         metrics: dict[str, float] = {}
         for i, (name, op) in enumerate(self.native):
             before = len(rows)
-            rows, own = await op.process(rows, models)
+            rows, own = await op.process(rows, ctx)
             metrics[f"{i}_{name}/dropped"] = float(before - len(rows))
             metrics.update({f"{i}_{name}/{k}": v for k, v in own.items()})
         return rows, metrics

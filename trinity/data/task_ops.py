@@ -11,9 +11,15 @@ with Data-Juicer's names and arguments, so Trinity-RFT's pipeline examples run w
                                 `llm_difficulty_score` / `llm_quality_score` column; rows
                                 outside [min_score, max_score] go
 
-An operator is `await op.process(rows, models) -> (kept, metrics)`: `rows` are dicts (a task's
-columns, or an experience's `prompt_text` / `response_text` view), `models` the served
-`AuxiliaryModels` (None when none are served: an LLM operator then raises naming the model).
+    pass_rate_filter            min_pass_rate, max_pass_rate (ours): the rollout model runs
+                                each row as a task (its workflow, `repeat_times` samples); the
+                                mean reward goes into the `pass_rate` column (what a curriculum's
+                                `feature_keys` read); rows outside the range go
+
+An operator is `await op.process(rows, ctx) -> (kept, metrics)`: `rows` are dicts (a task's
+columns, or an experience's `prompt_text` / `response_text` view), `ctx` an `OpContext`: the
+served `AuxiliaryModels` (None when none are served: an LLM operator then raises naming the
+model) and, in a task pipeline, the explorer's `pass_rates`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import asyncio
 import hashlib
 import re
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trinity.common.registry import Registry
@@ -30,13 +38,22 @@ from trinity.judges.judge import PointwiseJudge
 Metrics = dict[str, float]
 
 
+@dataclass
+class OpContext:
+    """What an operator may call: the served auxiliary models, and (in a task pipeline) the
+    rollout model's pass rate of each row run as a task (None: its workflow failed)."""
+
+    models: Any = None
+    pass_rates: Callable[[list[dict]], Awaitable[list[float | None]]] | None = None
+
+
 class RowOperator:
     """Base: `process` rows; `models_needed` names the auxiliary models it calls."""
 
     def models_needed(self) -> list[str]:
         return []
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], Metrics]:
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
         raise NotImplementedError
 
 
@@ -56,7 +73,7 @@ class TextLengthFilter(RowOperator):
     def __init__(self, min_len: int = 10, max_len: int = sys.maxsize, text_key: str = "text"):
         self.min_len, self.max_len, self.text_key = int(min_len), int(max_len), text_key
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], Metrics]:
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
         kept = []
         for r in rows:
             n = len(_text(r, self.text_key, "text_length_filter"))
@@ -73,7 +90,7 @@ class WordsNumFilter(RowOperator):
     def __init__(self, min_num: int = 10, max_num: int = sys.maxsize, text_key: str = "text"):
         self.min_num, self.max_num, self.text_key = int(min_num), int(max_num), text_key
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], Metrics]:
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
         kept = []
         for r in rows:
             n = len(_text(r, self.text_key, "words_num_filter").split())
@@ -101,7 +118,7 @@ class DocumentDeduplicator(RowOperator):
             text = re.sub(r"[^\w]|_", "", text)
         return hashlib.md5(text.encode("utf-8")).hexdigest()
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], Metrics]:
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
         seen: set[str] = set()
         kept = []
         for r in rows:
@@ -185,8 +202,8 @@ class _LLMScoreFilter(RowOperator):
             parts.append(f"{title}: {row[key]}")
         return "\n".join(parts)
 
-    async def process(self, rows: list[dict], models: Any) -> tuple[list[dict], Metrics]:
-        handle = auxiliary_handle(models, self.model)
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
+        handle = auxiliary_handle(ctx.models, self.model)
         verdicts = await asyncio.gather(
             *(self.judge.score(handle, {"content": self.content(r)}) for r in rows)
         )
@@ -216,6 +233,38 @@ class LLMDifficultyScoreFilter(_LLMScoreFilter):
 class LLMQualityScoreFilter(_LLMScoreFilter):
     stats_key = "llm_quality_score"
     prompt = QUALITY_PROMPT
+
+
+@ROW_OPERATORS.register("pass_rate_filter")
+class PassRateFilter(RowOperator):
+    """Each row's pass rate with the current rollout model (its mean reward over the taskset's
+    `repeat_times` samples) in the `pass_rate` column; keep min_pass_rate <= rate <=
+    max_pass_rate (a row whose workflow failed has None and goes, counted in `failed`)."""
+
+    def __init__(self, min_pass_rate: float = 0.0, max_pass_rate: float = 1.0) -> None:
+        self.low, self.high = float(min_pass_rate), float(max_pass_rate)
+        if not 0.0 <= self.low <= self.high <= 1.0:
+            raise ValueError(
+                f"need 0 <= min_pass_rate <= max_pass_rate <= 1, got {self.low}, {self.high}"
+            )
+
+    async def process(self, rows: list[dict], ctx: OpContext) -> tuple[list[dict], Metrics]:
+        if ctx.pass_rates is None:
+            raise RuntimeError(
+                "pass_rate_filter runs in a task pipeline only (it needs the rollout model)"
+            )
+        rates = await ctx.pass_rates(rows)
+        kept, failed = [], 0
+        for r, rate in zip(rows, rates, strict=True):
+            r["pass_rate"] = rate
+            failed += rate is None
+            if rate is not None and self.low <= rate <= self.high:
+                kept.append(r)
+        valid = [x for x in rates if x is not None]
+        metrics = {"filtered_count": float(len(rows) - len(kept)), "failed": float(failed)}
+        if valid:
+            metrics["pass_rate/mean"] = sum(valid) / len(valid)
+        return kept, metrics
 
 
 def auxiliary_handle(models: Any, name: str) -> Any:

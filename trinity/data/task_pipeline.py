@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity.data.recipes import RecipeRunner, read_recipe
-from trinity.data.task_ops import build_row_operator
+from trinity.data.task_ops import OpContext, build_row_operator
 from trinity.tasks.files import read_rows
 
 ALIASES = {"difficulty": "llm_difficulty_score", "quality": "llm_quality_score"}
@@ -76,8 +76,9 @@ def output_path(cfg: Any, run_dir: str | Path) -> Path:
     return Path(run_dir) / "task_pipeline" / "tasks.jsonl"
 
 
-async def run_task_pipeline(cfg: Any, run_dir: str | Path, models: Any) -> tuple[Path, dict]:
-    """Steps 1-4 of the module doc; the file written and the pipeline's metrics."""
+async def run_task_pipeline(cfg: Any, run_dir: str | Path, ctx: OpContext) -> tuple[Path, dict]:
+    """Steps 1-4 of the module doc; the file written and the pipeline's metrics. `ctx`: the
+    auxiliary models and the rollout model's pass rates (`Explorer._pass_rates`)."""
     tp = cfg.data_processor.task_pipeline
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -86,12 +87,12 @@ async def run_task_pipeline(cfg: Any, run_dir: str | Path, models: Any) -> tuple
     metrics: dict[str, float] = {"task_pipeline/input_rows": float(len(rows))}
     ops = pipeline_ops(tp)
     if tp.config_path:
-        rows, own = await RecipeRunner(ops).process(rows, models)
+        rows, own = await RecipeRunner(ops).process(rows, ctx)
         metrics.update({f"task_pipeline/{k}": v for k, v in own.items()})
     else:
         for i, (name, args) in enumerate(ops):
             before = len(rows)
-            rows, own = await build_row_operator(name, args).process(rows, models)
+            rows, own = await build_row_operator(name, args).process(rows, ctx)
             metrics[f"task_pipeline/{i}_{name}/dropped"] = float(before - len(rows))
             metrics.update({f"task_pipeline/{i}_{name}/{k}": v for k, v in own.items()})
     rows = ranked(rows, dict(tp.priority_weights), tp.top_k)

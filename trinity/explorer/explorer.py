@@ -10,12 +10,14 @@ import asyncio
 import dataclasses
 import importlib
 import itertools
+import json
 import math
 import statistics
 import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -262,12 +264,48 @@ class Explorer:
     async def _run_task_pipeline(self) -> str:
         """`data_processor.task_pipeline` (trinity/data/task_pipeline.py): its output file."""
         from trinity.config import resolve
+        from trinity.data.task_ops import OpContext
         from trinity.data.task_pipeline import run_task_pipeline
 
-        out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, self.auxiliary)
+        ctx = OpContext(models=self.auxiliary, pass_rates=self._pass_rates)
+        out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, ctx)
         summary = ", ".join(f"{k.removeprefix('task_pipeline/')}={v:g}" for k, v in metrics.items())
         print(f"explorer {self._name}: task pipeline wrote {out} ({summary})")
         return str(out)
+
+    async def _pass_rates(self, rows: list[dict]) -> list[float | None]:
+        """Each row run as a task of the training taskset (its format and workflow, its
+        `repeat_times` samples) with the current weights: the mean reward of its samples, None
+        when its workflow failed (`pass_rate_filter`)."""
+        import tempfile
+
+        inp = self.cfg.buffer.explorer_input
+        base = inp.taskset if inp.taskset is not None else inp.tasksets[0]
+        with tempfile.TemporaryDirectory(prefix="trinity-pass-rates-") as tmp:
+            path = Path(tmp) / "rows.jsonl"
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            storage = base.model_copy(
+                update={"path": str(path), "storage_type": "file", "subset_name": None}
+            )
+            tasks = load_taskset(
+                storage,
+                default_workflow_type=inp.default_workflow_type,
+                default_reward_fn_type=inp.default_reward_fn_type,
+                default_seed=self.cfg.seed,
+            )
+        kept, _ = await self._run_tasks(
+            tasks,
+            self._train_params,
+            "task pipeline pass rates",
+            budget=math.inf,  # a failed task has no pass rate; the filter counts it
+            key=self._sampling_key("task_pipeline"),
+            train=False,
+        )
+        rates: list[float | None] = [None] * len(rows)
+        for i, exps in kept:
+            rewards = [e.reward for e in exps if e.reward is not None and not math.isnan(e.reward)]
+            rates[i] = sum(rewards) / len(rewards) if rewards else None
+        return rates
 
     def _task_stream(self) -> TaskStream:
         """The selector's order, task by task (steps take `batch_size`, refills take more)."""
