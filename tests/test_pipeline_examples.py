@@ -49,14 +49,17 @@ def metrics(tmp_path: Path, cfg: dict) -> list[dict]:
 @pytest.mark.slow  # a whole run
 def test_the_task_pipeline_example_runs_and_explores_its_output(tmp_path):
     path, cfg = tiny_copy("grpo_gsm8k_task_pipeline.yaml", tmp_path)
-    [op] = cfg["data_processor"]["task_pipeline"]["operators"]
+    tp = cfg["data_processor"]["task_pipeline"]
+    [op] = tp["operators"]
     op["args"]["keep_unscored"] = True
-    cfg["data_processor"]["task_pipeline"]["top_k"] = 4
+    tp["operators"].append({"name": "pass_rate_filter"})  # ours: the rollout model's pass rate
+    tp["top_k"] = 4
     r = run_trinity(write(path, cfg), timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     out = tmp_path / "ckpt" / cfg["project"] / cfg["name"] / "task_pipeline" / "tasks.jsonl"
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     raw = (ROOT / "tests/data/gsm8k_tiny/train.jsonl").read_text().splitlines()
+    assert all(r["pass_rate"] in (0.0, 0.5, 1.0) for r in rows)  # 2 samples of 0/1 reward
     assert [{"question": r["question"], "answer": r["answer"]} for r in rows] == [
         json.loads(x) for x in raw[:4]
     ]  # no weights: input order, the first top_k

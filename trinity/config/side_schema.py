@@ -50,7 +50,8 @@ class ExperiencePipelineConfig(ConfigSection):
 
     operators: list[OperatorConfig] = Field(default_factory=list)
     """Operators, applied in order: reward_filter, reward_std_filter, invalid_reward_filter,
-    reward_shaping_mapper, pass_rate_calculator (Trinity-RFT's names and args), or a dotted
+    reward_shaping_mapper, pass_rate_calculator, data_juicer (a Data-Juicer recipe:
+    config_path) (Trinity-RFT's names and args), or a dotted
     path to a class of your own. A filter never shortens a step: tasks it drops are replaced by
     the next tasks (`max_num_gen_batches`), samples it drops stay untrained."""
     max_num_gen_batches: int = Field(4, ge=1)
@@ -85,7 +86,8 @@ class TaskPipelineConfig(ConfigSection):
 
     operators: list[OperatorConfig] = Field(default_factory=list)
     """Operators, applied in order: text_length_filter, words_num_filter,
-    document_deduplicator, llm_difficulty_score_filter, llm_quality_score_filter."""
+    document_deduplicator, llm_difficulty_score_filter, llm_quality_score_filter (Data-Juicer's
+    names and args), pass_rate_filter (the rollout model's pass rate)."""
     num_process: Annotated[
         int,
         NotApplicable(

@@ -37,7 +37,7 @@ from trinity.data.task_ops import OpContext, build_row_operator
 from trinity.tasks.files import read_rows
 
 ALIASES = {"difficulty": "llm_difficulty_score", "quality": "llm_quality_score"}
-SCORE_COLUMNS = ("llm_difficulty_score", "llm_quality_score")
+SCORE_COLUMNS = ("llm_difficulty_score", "llm_quality_score", "pass_rate")
 
 
 def pipeline_ops(tp: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -78,7 +78,7 @@ def output_path(cfg: Any, run_dir: str | Path) -> Path:
 
 async def run_task_pipeline(cfg: Any, run_dir: str | Path, ctx: OpContext) -> tuple[Path, dict]:
     """Steps 1-4 of the module doc; the file written and the pipeline's metrics. `ctx`: the
-    auxiliary models and the rollout model's pass rates (`Explorer._pass_rates`)."""
+    auxiliary models and the rollout model's pass rates (`Explorer._row_pass_rates`)."""
     tp = cfg.data_processor.task_pipeline
     t0 = time.perf_counter()
     rows: list[dict] = []

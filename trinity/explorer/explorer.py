@@ -267,13 +267,13 @@ class Explorer:
         from trinity.data.task_ops import OpContext
         from trinity.data.task_pipeline import run_task_pipeline
 
-        ctx = OpContext(models=self.auxiliary, pass_rates=self._pass_rates)
+        ctx = OpContext(models=self.auxiliary, pass_rates=self._row_pass_rates)
         out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, ctx)
         summary = ", ".join(f"{k.removeprefix('task_pipeline/')}={v:g}" for k, v in metrics.items())
         print(f"explorer {self._name}: task pipeline wrote {out} ({summary})")
         return str(out)
 
-    async def _pass_rates(self, rows: list[dict]) -> list[float | None]:
+    async def _row_pass_rates(self, rows: list[dict]) -> list[float | None]:
         """Each row run as a task of the training taskset (its format and workflow, its
         `repeat_times` samples) with the current weights: the mean reward of its samples, None
         when its workflow failed (`pass_rate_filter`)."""
