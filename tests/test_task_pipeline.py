@@ -188,7 +188,7 @@ def test_the_pipeline_writes_a_taskset_the_explorer_reads(tmp_path, tokenizer):
             }
         }
     )
-    models, _ = judge_models(tokenizer)
+    models, engine = judge_models(tokenizer)
     out, metrics = asyncio.run(run_task_pipeline(cfg, tmp_path / "run", OpContext(models)))
     assert out == tmp_path / "run" / "task_pipeline" / "tasks.jsonl"
     rows = [json.loads(x) for x in out.read_text().splitlines()]
@@ -205,6 +205,13 @@ def test_the_pipeline_writes_a_taskset_the_explorer_reads(tmp_path, tokenizer):
     tasks = load_taskset(storage)
     assert [t.prompt for t in tasks] == ["hard one", "medium one"]
     assert tasks[0].raw["llm_difficulty_score"] == 0.9  # a column a curriculum can read
+    # the same settings over the same inputs: the file is reused, the judge not asked again
+    calls = len(engine.calls)
+    again, metrics = asyncio.run(run_task_pipeline(cfg, tmp_path / "run", OpContext(models)))
+    assert again == out and metrics == {"task_pipeline/reused": 1.0} and len(engine.calls) == calls
+    cfg.data_processor.task_pipeline.top_k = 1  # other settings: run again
+    asyncio.run(run_task_pipeline(cfg, tmp_path / "run", OpContext(models)))
+    assert len(engine.calls) > calls and len(out.read_text().splitlines()) == 1
 
 
 # -- recipes and Data-Juicer ------------------------------------------------------------------------
@@ -309,6 +316,11 @@ def test_validate_checks_the_task_pipeline(tmp_path, monkeypatch):
     said = problems(config_path=str(bad_recipe))
     assert "'language_id_score_filter' not built natively" in said[f"{at}.config_path"]
     assert DJ_ENV in said[f"{at}.config_path"]
+    monkeypatch.setenv(DJ_ENV, fake_dj(tmp_path))  # Data-Juicer runs the recipe: accepted
+    assert problems(config_path=str(bad_recipe)) == {}
+    monkeypatch.setenv(DJ_ENV, fake_dj(tmp_path, help_rc=1))  # ... if it answers
+    said = problems(config_path=str(bad_recipe))
+    assert "health check failed" in said[f"{at}.config_path"]
 
 
 # -- the experience pipeline's data_juicer operator ----------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trinity.common.registry import RegistryError
-from trinity.data.recipes import RecipeError, read_recipe, recipe_problems
+from trinity.data.recipes import RecipeError, missing_ops, read_recipe, recipe_problems
 from trinity.data.task_ops import build_row_operator
 
 
@@ -48,13 +48,13 @@ def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple
     ops: list[Any] = []
     if tp.config_path:
         try:
-            found = recipe_problems(read_recipe(tp.config_path), f"{at}.config_path")
+            recipe = read_recipe(tp.config_path)
         except RecipeError as e:
             return [*problems, (f"{at}.config_path", str(e))]
+        found = recipe_problems(recipe, f"{at}.config_path")
         problems += [(f"{at}.config_path", why) for why in found]
-        if not found:
-            ops = [build_row_operator(n, a) for n, a in read_recipe(tp.config_path)]
-            ops = [op for op in ops if op is not None]
+        if not found and not missing_ops(recipe):  # else Data-Juicer runs it all
+            ops = [build_row_operator(n, a) for n, a in recipe]
     for i, op in enumerate([] if tp.config_path else tp.operators):
         where = f"{at}.operators[{i}]"
         try:

@@ -73,6 +73,11 @@ def recipe_problems(ops: list[tuple[str, dict[str, Any]]], where: str) -> list[s
             f"{where}: Data-Juicer op(s) {', '.join(map(repr, missing))} not built natively "
             f"(built: {', '.join(sorted(ROW_OPERATORS))}); to run them {INSTALL_HINT}"
         ]
+    if missing:  # Data-Juicer runs the whole recipe: it must answer
+        try:
+            health_check(dj_command() or "")
+        except RecipeError as e:
+            return [f"{where}: {e}"]
     problems = []
     for name, args in ops if not missing else []:
         try:
@@ -112,14 +117,8 @@ class RecipeRunner:
         return rows, metrics
 
 
-def run_dj_subprocess(
-    ops: list[tuple[str, dict[str, Any]]], rows: list[dict], timeout_s: float
-) -> list[dict]:
-    """`rows` through Data-Juicer's `dj-process` (`TRINITY_DJ_PROCESS`): health check, then the
-    recipe over a jsonl copy of the rows; the rows it exports."""
-    cmd = dj_command()
-    if cmd is None:
-        raise RecipeError(f"Data-Juicer is not configured: {INSTALL_HINT}")
+def health_check(cmd: str) -> None:
+    """`cmd --help` exits 0 within HEALTH_TIMEOUT_S; RecipeError saying what it did otherwise."""
     try:
         health = subprocess.run(
             [cmd, "--help"], capture_output=True, text=True, timeout=HEALTH_TIMEOUT_S
@@ -131,6 +130,17 @@ def run_dj_subprocess(
             f"Data-Juicer health check failed ({cmd} --help exited {health.returncode}): "
             f"{health.stderr.strip()[-500:]}"
         )
+
+
+def run_dj_subprocess(
+    ops: list[tuple[str, dict[str, Any]]], rows: list[dict], timeout_s: float
+) -> list[dict]:
+    """`rows` through Data-Juicer's `dj-process` (`TRINITY_DJ_PROCESS`): health check, then the
+    recipe over a jsonl copy of the rows; the rows it exports."""
+    cmd = dj_command()
+    if cmd is None:
+        raise RecipeError(f"Data-Juicer is not configured: {INSTALL_HINT}")
+    health_check(cmd)
     with tempfile.TemporaryDirectory(prefix="trinity-dj-") as tmp:
         src, out, recipe = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl"), Path(tmp, "recipe.yaml")
         src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

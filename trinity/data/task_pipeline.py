@@ -19,7 +19,9 @@
    highest first (ties keep input order); keep the first `top_k` (-1: all)
 4. keep the `target_fields` columns (empty: all) plus the scores, and write the rows as jsonl to
    `output.path` or `<run folder>/task_pipeline/tasks.jsonl`; the stage's explorer reads that
-   file as `buffer.explorer_input.taskset` (its format and workflow settings stay).
+   file as `buffer.explorer_input.taskset` (its format and workflow settings stay). A file the
+   same settings wrote over the same inputs (`fingerprint`) is reused, not rewritten: a resumed
+   run's cursor counts tasks of the list it explored.
 
 The explorer runs it (`Explorer.prepare`) once its auxiliary models are served, so an LLM
 operator scores with one of them (`api_or_hf_model`: an `explorer.auxiliary_models` name).
@@ -76,10 +78,28 @@ def output_path(cfg: Any, run_dir: str | Path) -> Path:
     return Path(run_dir) / "task_pipeline" / "tasks.jsonl"
 
 
+def fingerprint(tp: Any) -> str:
+    """The pipeline's settings and its inputs' sizes and times: an output written under the
+    same fingerprint is reused (a resumed run explores the tasks its cursor counted)."""
+    inputs = []
+    for path in tp.inputs:
+        p = Path(path)
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        inputs += [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    recipe = Path(tp.config_path).read_text() if tp.config_path else None
+    return json.dumps([tp.model_dump(mode="json"), inputs, recipe], sort_keys=True, default=str)
+
+
 async def run_task_pipeline(cfg: Any, run_dir: str | Path, ctx: OpContext) -> tuple[Path, dict]:
     """Steps 1-4 of the module doc; the file written and the pipeline's metrics. `ctx`: the
-    auxiliary models and the rollout model's pass rates (`Explorer._row_pass_rates`)."""
+    auxiliary models and the rollout model's pass rates (`Explorer._row_pass_rates`). An output
+    the same settings over the same inputs wrote is reused (`task_pipeline/reused` 1)."""
     tp = cfg.data_processor.task_pipeline
+    out = output_path(cfg, run_dir)
+    stamp = out.with_name(out.name + ".fingerprint.json")
+    key = fingerprint(tp)
+    if out.is_file() and stamp.is_file() and stamp.read_text() == key:
+        return out, {"task_pipeline/reused": 1.0}
     t0 = time.perf_counter()
     rows: list[dict] = []
     for path in tp.inputs:
@@ -99,17 +119,9 @@ async def run_task_pipeline(cfg: Any, run_dir: str | Path, ctx: OpContext) -> tu
     if tp.target_fields:
         keep = set(tp.target_fields) | set(SCORE_COLUMNS)
         rows = [{k: v for k, v in r.items() if k in keep} for r in rows]
-    out = output_path(cfg, run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    stamp.write_text(key)
     metrics["task_pipeline/output_rows"] = float(len(rows))
     metrics["time/task_pipeline"] = time.perf_counter() - t0
     return out, metrics
-
-
-def models_needed(tp: Any) -> list[str]:
-    """The auxiliary models the pipeline's LLM operators call (by name)."""
-    ops = pipeline_ops(tp)
-    if tp.config_path:
-        return RecipeRunner(ops).models_needed()
-    return [m for n, a in ops for m in build_row_operator(n, a).models_needed()]
