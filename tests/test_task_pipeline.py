@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import stat
 import sys
@@ -374,3 +375,20 @@ def test_validate_refuses_a_data_juicer_recipe_op_not_built(tmp_path, monkeypatc
     said = {p.path: p.message for p in preflight(cfg).problems}
     why = said["data_processor.experience_pipeline.operators[0].args"]
     assert "'language_id_score_filter' not built natively" in why and DJ_ENV in why
+
+
+@pytest.mark.slow  # a real Data-Juicer: about 35 s; only where one is installed
+@pytest.mark.skipif(
+    not os.environ.get("TRINITY_TEST_DJ_PROCESS"),
+    reason="set TRINITY_TEST_DJ_PROCESS to a real dj-process (make setup-data-juicer)",
+)
+def test_a_real_data_juicer_runs_a_recipe_through_the_subprocess(monkeypatch):
+    monkeypatch.setenv(DJ_ENV, os.environ["TRINITY_TEST_DJ_PROCESS"])
+    rows = [
+        {"text": "ab", "i": 0},  # shorter than 5
+        {"text": "hello world, a longer text", "i": 1},  # 26 > 20 characters
+        {"text": "mail me: a@b.com", "i": 2},  # 16: kept, its e-mail address cleaned
+    ]
+    ops = [("text_length_filter", {"min_len": 5, "max_len": 20}), ("clean_email_mapper", {})]
+    kept, _ = asyncio.run(RecipeRunner(ops, timeout_s=600).process(rows, OpContext()))
+    assert kept == [{"text": "mail me: ", "i": 2}]

@@ -29,8 +29,8 @@ from trinity.data.task_ops import ROW_OPERATORS, OpContext, RowOperator, build_r
 DJ_ENV = "TRINITY_DJ_PROCESS"
 HEALTH_TIMEOUT_S = 60.0
 INSTALL_HINT = (
-    f"install py-data-juicer in an environment of its own (python -m venv /opt/dj && "
-    f"/opt/dj/bin/pip install py-data-juicer) and set {DJ_ENV}=/opt/dj/bin/dj-process"
+    f"install py-data-juicer in an environment of its own (make setup-data-juicer) and set "
+    f"{DJ_ENV} to its dj-process"
 )
 
 
