@@ -30,6 +30,7 @@ operator scores with one of them (`api_or_hf_model`: an `explorer.auxiliary_mode
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,10 @@ async def run_task_pipeline(cfg: Any, run_dir: str | Path, ctx: OpContext) -> tu
         keep = set(tp.target_fields) | set(SCORE_COLUMNS)
         rows = [{k: v for k, v in r.items() if k in keep} for r in rows]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    # whole files only: explorers of one run (mode explore) may write it at once
+    part = out.with_name(f"{out.name}.{os.getpid()}.part")
+    part.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(part, out)
     stamp.write_text(key)
     metrics["task_pipeline/output_rows"] = float(len(rows))
     metrics["time/task_pipeline"] = time.perf_counter() - t0
