@@ -1,6 +1,6 @@
 # The two quick-start commands: `make quickstart` and `make test`; CI runs `make test`, then
 # `make test-slow`, then `make test-vllm` (.ci/run).
-.PHONY: setup setup-vllm quickstart test test-slow test-vllm lint bench
+.PHONY: setup setup-vllm setup-data-juicer quickstart test test-slow test-vllm lint bench
 
 PYTEST = .venv/bin/python -m pytest -q --durations=25
 
@@ -30,6 +30,16 @@ setup-vllm:
 VLLM_TESTS = tests/test_engine_contract.py tests/test_vllm_engine.py
 test-vllm: setup-vllm
 	.venv-vllm/bin/python -m pytest -q --durations=10 -m vllm --timeout=600 $(VLLM_TESTS)
+
+# Data-Juicer in an environment of its own (py-data-juicer pins torch, transformers and vLLM
+# versions of its own: it never enters .venv); recipes with ops not built natively run through
+# it when TRINITY_DJ_PROCESS names its dj-process (docs/data.md). aiohttp: 1.6.1 imports it
+# without depending on it.
+setup-data-juicer:
+	test -x .venv-dj/bin/dj-process || (python3 -m venv .venv-dj && \
+		.venv-dj/bin/pip install -q py-data-juicer==1.6.1 aiohttp)
+	.venv-dj/bin/dj-process --help > /dev/null
+	@echo "export TRINITY_DJ_PROCESS=$(CURDIR)/.venv-dj/bin/dj-process"
 
 bench: setup
 	.venv/bin/python benchmarks/bench_throughput.py

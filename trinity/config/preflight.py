@@ -146,6 +146,10 @@ def _check_one(
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
     if not blocked(skip, "data_processor.experience_pipeline"):
         problems += _operator_problems(cfg)
+    if not blocked(skip, "data_processor.task_pipeline", "explorer.auxiliary_models"):
+        from trinity.data.checks import task_pipeline_problems
+
+        problems += [Problem(p, why) for p, why in task_pipeline_problems(cfg, _served(cfg))]
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     problems += [p for p in _tensor_parallel_problems(cfg) if not blocked(skip, p.path)]
@@ -218,6 +222,8 @@ def _check_one(
             "default_reward_fn_type": inp.default_reward_fn_type,
             "default_seed": cfg.seed,
         }
+        if not is_eval and path == _pipeline_taskset(inp) and cfg.data_processor.task_pipeline:
+            continue  # the task pipeline writes it when the stage starts (its inputs are checked)
         _check_data(path, storage, kwargs, cache, problems, skipped)
     # the same for what the trainer reads: a queue (fed by `mode: explore` processes of the same
     # run) holds nothing now; without a step budget it trains until every explorer has finished,
@@ -326,6 +332,11 @@ def _selector_problems(
     return []
 
 
+def _pipeline_taskset(inp: Any) -> str:
+    """The training taskset a task pipeline's output replaces (`Explorer._load_train_tasks`)."""
+    return "buffer.explorer_input." + ("taskset" if inp.taskset is not None else "tasksets[0]")
+
+
 def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
     """Each experience operator's name and arguments, and that it builds with them (a bad
     value, such as an unknown `op_type`, is refused here, not at the first step)."""
@@ -333,13 +344,9 @@ def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
 
     pipeline = cfg.data_processor.experience_pipeline
     problems: list[Problem] = []
+    served = _served(cfg) if pipeline is not None and pipeline.operators else {}
     for i, op in enumerate(pipeline.operators if pipeline is not None else []):
         where = f"data_processor.experience_pipeline.operators[{i}]"
-        if op.name == "data_juicer":
-            problems.append(
-                Problem(f"{where}.name", "not built yet: the Data-Juicer operator (data_juicer)")
-            )
-            continue
         cls, found = _lookup(EXPERIENCE_OPERATORS, op.name, f"{where}.name")
         found = found or _args_problems(
             f"{where}.args", f"experience operator {op.name!r}", op.args,
@@ -347,11 +354,29 @@ def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
         )  # fmt: skip
         if not found:
             try:
-                build_operator(op.name, dict(op.args)).close()
+                built = build_operator(op.name, dict(op.args))
             except ValueError as e:
                 found = [Problem(f"{where}.args", str(e))]
+            else:
+                found = _model_name_problems(f"{where}.args", built, served)
+                built.close()
         problems += found
     return problems
+
+
+def _model_name_problems(where: str, op: Any, served: dict[int | str, int]) -> list[Problem]:
+    """An LLM operator's `api_or_hf_model` that names no served auxiliary model."""
+    needed = op.models_needed() if hasattr(op, "models_needed") else []
+    return [
+        Problem(
+            where,
+            f"api_or_hf_model {name!r} names no auxiliary model served to the pipeline; add one "
+            f"to explorer.auxiliary_models with name: {name} (served: "
+            f"{', '.join(map(str, served)) or 'none'})",
+        )
+        for name in needed
+        if name not in served
+    ]
 
 
 def _staleness_problems(cfg: TrinityConfig) -> list[Problem]:

@@ -50,7 +50,8 @@ class ExperiencePipelineConfig(ConfigSection):
 
     operators: list[OperatorConfig] = Field(default_factory=list)
     """Operators, applied in order: reward_filter, reward_std_filter, invalid_reward_filter,
-    reward_shaping_mapper, pass_rate_calculator (Trinity-RFT's names and args), or a dotted
+    reward_shaping_mapper, pass_rate_calculator, data_juicer (a Data-Juicer recipe:
+    config_path) (Trinity-RFT's names and args), or a dotted
     path to a class of your own. A filter never shortens a step: tasks it drops are replaced by
     the next tasks (`max_num_gen_batches`), samples it drops stay untrained."""
     max_num_gen_batches: int = Field(4, ge=1)
@@ -80,18 +81,29 @@ class ExperiencePipelineConfig(ConfigSection):
 
 
 class TaskPipelineConfig(ConfigSection):
-    """Operators (Data-Juicer) turning raw datasets into a taskset before exploring."""
+    """Operators (Data-Juicer's names and args) turning raw datasets into a taskset before
+    exploring."""
 
     operators: list[OperatorConfig] = Field(default_factory=list)
-    """Operators, applied in order."""
-    num_process: int = Field(4, ge=1)
+    """Operators, applied in order: text_length_filter, words_num_filter,
+    document_deduplicator, llm_difficulty_score_filter, llm_quality_score_filter (Data-Juicer's
+    names and args), pass_rate_filter (the rollout model's pass rate)."""
+    num_process: Annotated[
+        int,
+        NotApplicable(
+            "the native operators run in the explorer's process; LLM scoring calls go to the "
+            "auxiliary model's engines together"
+        ),
+    ] = Field(4, ge=1)
     """Worker processes."""
     config_path: str | None = None
-    """A Data-Juicer config file; when set, operators are ignored."""
+    """A Data-Juicer recipe (its `process` list); when set, operators are ignored. Ops not
+    built here run through Data-Juicer's dj-process named by TRINITY_DJ_PROCESS."""
     inputs: list[str] = Field(default_factory=list)
     """Raw input files."""
     output: StorageConfig | None = None
-    """Output taskset; None = buffer.explorer_input.taskset."""
+    """Where the output taskset is written (its `path`, jsonl); None = the run folder's
+    task_pipeline/tasks.jsonl."""
     target_fields: list[str] = Field(default_factory=list)
     """Fields carried from the inputs into the taskset."""
     priority_weights: dict[str, float] = Field(default_factory=dict)
@@ -103,10 +115,9 @@ class TaskPipelineConfig(ConfigSection):
 class DataProcessorConfig(ConfigSection):
     """Data pipelines: one for tasks (before exploring), one for experiences (before training)."""
 
-    task_pipeline: Annotated[
-        TaskPipelineConfig | None, NotBuilt("task pipelines (Data-Juicer)")
-    ] = None
-    """Pipeline over raw tasks; None = none."""
+    task_pipeline: TaskPipelineConfig | None = None
+    """Pipeline over raw tasks, run when a stage starts; its output is the explored taskset
+    (trinity/data/task_pipeline.py, docs/data.md); None = none."""
     experience_pipeline: ExperiencePipelineConfig | None = Field(
         default_factory=ExperiencePipelineConfig
     )
@@ -127,9 +138,14 @@ class DataJuicerServiceConfig(ConfigSection):
 class ServiceConfig(ConfigSection):
     """Outside services the run talks to."""
 
-    data_juicer: Annotated[DataJuicerServiceConfig | None, NotBuilt("the Data-Juicer service")] = (
-        None
-    )
+    data_juicer: Annotated[
+        DataJuicerServiceConfig | None,
+        NotApplicable(
+            "no Data-Juicer server is used: recipes' ops run natively, or through Data-Juicer's "
+            "dj-process in its own environment (TRINITY_DJ_PROCESS), started per run of the "
+            "recipe with a health check and a timeout (docs/data.md)"
+        ),
+    ] = None
     """The Data-Juicer service; None = not used."""
 
 

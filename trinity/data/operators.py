@@ -35,6 +35,10 @@ class ExperienceOperator:
     def process(self, exps: list[Experience]) -> tuple[list[Experience], Metrics]:
         raise NotImplementedError
 
+    async def prepare(self, exps: list[Experience], models: Any) -> None:
+        """Before `process`, what needs the event loop (an LLM operator's scoring with the
+        served auxiliary `models`); nothing, for most."""
+
     def close(self) -> None:
         """Release what the operator holds (nothing, for the built-in ones)."""
 
@@ -192,11 +196,54 @@ class PassRateCalculator(ExperienceOperator):
         }
 
 
+@EXPERIENCE_OPERATORS.register("data_juicer")
+class DataJuicerOperator(ExperienceOperator):
+    """A Data-Juicer recipe (`config_path`) over the step's experiences, each seen as a row of
+    its `prompt_text`, `response_text` and `info`: its ops run natively (`task_ops`) or through
+    Data-Juicer (`recipes`). The rows the recipe drops are dropped; the statistics it adds
+    (`llm_quality_score`, ...) land in `info`, where `reward_shaping_mapper` reads them."""
+
+    def __init__(self, config_path: str = "", timeout_s: float = 3600.0, **_dj: Any) -> None:
+        from trinity.data.recipes import RecipeRunner, read_recipe
+
+        if not config_path:
+            raise ValueError("config_path is required: a Data-Juicer recipe")
+        self.runner = RecipeRunner(read_recipe(config_path), timeout_s=float(timeout_s))
+        self._kept: set[int] | None = None
+        self._metrics: Metrics = {}
+
+    def models_needed(self) -> list[str]:
+        return self.runner.models_needed()
+
+    async def prepare(self, exps: list[Experience], models: Any) -> None:
+        rows = [
+            {**e.info, "prompt_text": e.prompt_text or "", "response_text": e.response_text or "",
+             "_exp": i}
+            for i, e in enumerate(exps)
+        ]  # fmt: skip
+        before = {i: set(r) for i, r in enumerate(rows)}
+        from trinity.data.task_ops import OpContext
+
+        kept, self._metrics = await self.runner.process(rows, OpContext(models=models))
+        by_index = {r["_exp"]: r for r in kept}
+        for i, row in enumerate(rows):  # natively rows are changed in place; else the kept copy
+            row = by_index.get(i, row)
+            for key in set(row) - before[i]:
+                exps[i].info[key] = row[key]
+        self._kept = {id(exps[i]) for i in by_index}
+
+    def process(self, exps: list[Experience]) -> tuple[list[Experience], Metrics]:
+        if self._kept is None:
+            raise RuntimeError("data_juicer: process called before prepare (the recipe's run)")
+        kept, self._kept = [e for e in exps if id(e) in self._kept], None
+        return kept, {"filtered_count": float(len(exps) - len(kept)), **self._metrics}
+
+
 def build_operator(name: str, args: dict[str, Any]) -> ExperienceOperator:
     """The operator `name` (a registered name or a dotted path) with its `args`; a bad argument
     raises naming the operator."""
     cls = EXPERIENCE_OPERATORS.get(name)
     try:
         return cls(**args)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"experience operator {name!r}: {e}") from e

@@ -34,6 +34,8 @@ from trinity.common.experience import Experience, exclude_from_training
 from trinity.data.operators import build_operator
 
 Group = tuple[int, list[Experience]]  # (the task's position in the step, its experiences)
+# metrics that count: summed over a step's refills (the others are means)
+COUNTS = ("/dropped", "filtered_count", "score_failed", "duplicate_count")
 
 
 class ExperiencePipeline:
@@ -48,6 +50,12 @@ class ExperiencePipeline:
 
     def __bool__(self) -> bool:
         return bool(self.ops)
+
+    async def prepare(self, exps: list[Experience], models: Any) -> None:
+        """Each operator's `prepare` (what needs the event loop: an LLM operator's scoring
+        with the served auxiliary `models`), before `run` sees the same experiences."""
+        for _, op in self.ops:
+            await op.prepare(exps, models)
 
     def run(self, exps: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         """The experiences the operators keep (changed in place by mappers), and the metrics:
@@ -123,7 +131,7 @@ class StepGroups:
         means over the experiences each run saw."""
         total = self._seen + seen
         for key, value in metrics.items():
-            if key.startswith("time/") or key.endswith(("/dropped", "filtered_count")):
+            if key.startswith("time/") or key.endswith(COUNTS):
                 self._metrics[key] = self._metrics.get(key, 0.0) + value
             elif total:
                 old = self._metrics.get(key, value)

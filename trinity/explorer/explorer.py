@@ -10,12 +10,14 @@ import asyncio
 import dataclasses
 import importlib
 import itertools
+import json
 import math
 import statistics
 import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -212,19 +214,10 @@ class Explorer:
             self.model_path, custom_chat_template=cfg.model.custom_chat_template
         )
         inp = cfg.buffer.explorer_input
-        if with_train_tasks:
-            self.train_sets = [
-                load_taskset(
-                    ts,
-                    is_eval=False,
-                    default_workflow_type=inp.default_workflow_type,
-                    default_reward_fn_type=inp.default_reward_fn_type,
-                    default_seed=cfg.seed,
-                )
-                for ts in [inp.taskset, *inp.tasksets]
-                if ts is not None
-            ]
-            self.train_tasks = [t for tasks in self.train_sets for t in tasks]
+        # a task pipeline writes the taskset once the auxiliary models (its judges) are served
+        pipeline_first = with_train_tasks and cfg.data_processor.task_pipeline is not None
+        if with_train_tasks and not pipeline_first:
+            self._load_train_tasks()
         for i, ts in enumerate(inp.eval_tasksets):
             name = ts.name or f"eval{i}"
             self.eval_tasksets[name] = load_taskset(
@@ -251,12 +244,82 @@ class Explorer:
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         if self.aux_engines and self.auxiliary is None:
             self.auxiliary = await self._serve_auxiliary()
+        if pipeline_first:
+            self._load_train_tasks(await self._run_task_pipeline())
         self.startup.mark("explorer_ready")
         self._started_at = started_at
         sizes = {"train_tasks": len(self.train_tasks)}
         if len(self.train_sets) > 1:  # a mix's length is not the sets' size times the epochs
             sizes["explore_tasks"] = self._task_stream().length()
         return sizes
+
+    def _load_train_tasks(self, pipeline_output: str | None = None) -> None:
+        """The training tasksets' tasks, each set's (`train_sets`) and all (`train_tasks`);
+        `pipeline_output`: the task pipeline's file, read in place of the first training
+        taskset (its format, workflow and selector kept)."""
+        cfg, inp = self.cfg, self.cfg.buffer.explorer_input
+        configs = [inp.taskset] if inp.taskset is not None else list(inp.tasksets)
+        if pipeline_output is not None:
+            configs[0] = configs[0].model_copy(
+                update={"path": pipeline_output, "storage_type": "file", "subset_name": None}
+            )
+        self.train_sets = [
+            load_taskset(
+                ts,
+                is_eval=False,
+                default_workflow_type=inp.default_workflow_type,
+                default_reward_fn_type=inp.default_reward_fn_type,
+                default_seed=cfg.seed,
+            )
+            for ts in configs
+        ]
+        self.train_tasks = [t for tasks in self.train_sets for t in tasks]
+
+    async def _run_task_pipeline(self) -> str:
+        """`data_processor.task_pipeline` (trinity/data/task_pipeline.py): its output file."""
+        from trinity.config import resolve
+        from trinity.data.task_ops import OpContext
+        from trinity.data.task_pipeline import run_task_pipeline
+
+        ctx = OpContext(models=self.auxiliary, pass_rates=self._row_pass_rates)
+        out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, ctx)
+        summary = ", ".join(f"{k.removeprefix('task_pipeline/')}={v:g}" for k, v in metrics.items())
+        print(f"explorer {self._name}: task pipeline wrote {out} ({summary})")
+        return str(out)
+
+    async def _row_pass_rates(self, rows: list[dict]) -> list[float | None]:
+        """Each row run as a task of the training taskset (its format and workflow, its
+        `repeat_times` samples) with the current weights: the mean reward of its samples, None
+        when its workflow failed (`pass_rate_filter`)."""
+        import tempfile
+
+        inp = self.cfg.buffer.explorer_input
+        base = inp.taskset if inp.taskset is not None else inp.tasksets[0]
+        with tempfile.TemporaryDirectory(prefix="trinity-pass-rates-") as tmp:
+            path = Path(tmp) / "rows.jsonl"
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            storage = base.model_copy(
+                update={"path": str(path), "storage_type": "file", "subset_name": None}
+            )
+            tasks = load_taskset(
+                storage,
+                default_workflow_type=inp.default_workflow_type,
+                default_reward_fn_type=inp.default_reward_fn_type,
+                default_seed=self.cfg.seed,
+            )
+        kept, _ = await self._run_tasks(
+            tasks,
+            self._train_params,
+            "task pipeline pass rates",
+            budget=math.inf,  # a failed task has no pass rate; the filter counts it
+            key=self._sampling_key("task_pipeline"),
+            train=False,
+        )
+        rates: list[float | None] = [None] * len(rows)
+        for i, exps in kept:
+            rewards = [e.reward for e in exps if e.reward is not None and not math.isnan(e.reward)]
+            rates[i] = sum(rewards) / len(rewards) if rewards else None
+        return rates
 
     def _task_stream(self) -> TaskStream | TaskMix:
         """The selector's order, task by task (steps take `batch_size`, refills take more);
@@ -508,7 +571,7 @@ class Explorer:
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
         groups = StepGroups(self.pipeline, drop_flat=bool(self.max_gen))
-        kept = groups.keep(self._grouped(step, tasks, kept))
+        kept = groups.keep(await self._prepared(self._grouped(step, tasks, kept)))
         limit = self.max_gen or (self.pipeline_batches if self.pipeline else 0)
         while refill is not None and len(kept) < target:
             if limit and len(tasks) >= limit * target:
@@ -526,7 +589,8 @@ class Explorer:
                 first=base,
             )
             extra = [(base + i, exps) for i, exps in extra]
-            kept += groups.keep(self._grouped(step, tasks, extra), refill=True)
+            extra = await self._prepared(self._grouped(step, tasks, extra))
+            kept += groups.keep(extra, refill=True)
             counts = {k: counts[k] + extra_counts[k] for k in counts}
             if counts["failed_tasks"] > budget:
                 raise WorkflowFailed(
@@ -624,6 +688,12 @@ class Explorer:
                 by_task.setdefault(e.info["step_task"], []).append(e.reward)
         indices = [self._positions[id(tasks[i])] for i in by_task]
         return indices, [sum(r) / len(r) for r in by_task.values()]
+
+    async def _prepared(self, groups: list[Any]) -> list[Any]:
+        """`groups`, after the experience operators' `prepare` (an LLM operator's scoring)."""
+        if self.pipeline:
+            await self.pipeline.prepare([e for _, exps in groups for e in exps], self.auxiliary)
+        return groups
 
     def _grouped(self, step: int, tasks: list[Task], groups: list[Any]) -> list[Any]:
         """`groups` ((position in `tasks`, experiences)) with each experience's id naming its

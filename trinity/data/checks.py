@@ -1,0 +1,82 @@
+"""What `validate` checks of `data_processor.task_pipeline` (called by `config.preflight`): its
+inputs read, its operators (or recipe) build with their arguments, and each LLM operator's
+`api_or_hf_model` names an auxiliary model the explorer serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trinity.common.registry import RegistryError
+from trinity.data.recipes import RecipeError, missing_ops, read_recipe, recipe_problems
+from trinity.data.task_ops import build_row_operator
+
+
+def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple[str, str]]:
+    """(key path, problem) pairs; empty when the pipeline can run."""
+    from trinity.tasks.files import TasksetError, read_rows
+
+    tp = cfg.data_processor.task_pipeline
+    if tp is None:
+        return []
+    at = "data_processor.task_pipeline"
+    problems: list[tuple[str, str]] = []
+    if not tp.inputs:
+        problems.append((f"{at}.inputs", "a task pipeline needs its raw input files"))
+    for i, path in enumerate(tp.inputs):
+        try:
+            read_rows(path)
+        except TasksetError as e:
+            problems.append((f"{at}.inputs[{i}]", str(e)))
+    if tp.output is not None and (extra := tp.output.model_fields_set - {"path", "name"}):
+        problems.append(
+            (
+                f"{at}.output",
+                f"only output.path is used (the jsonl file the explorer reads); "
+                f"{', '.join(sorted(extra))} would be ignored: set them on "
+                "buffer.explorer_input.taskset",
+            )
+        )
+    inp = cfg.buffer.explorer_input
+    if inp.taskset is None and not inp.tasksets:
+        problems.append(
+            (
+                "buffer.explorer_input.taskset",
+                "the task pipeline's output is read as the training taskset: set one (its "
+                "format and workflow settings apply to the pipeline's rows)",
+            )
+        )
+    ops: list[Any] = []
+    if tp.config_path:
+        try:
+            recipe = read_recipe(tp.config_path)
+        except RecipeError as e:
+            return [*problems, (f"{at}.config_path", str(e))]
+        found = recipe_problems(recipe, f"{at}.config_path")
+        problems += [(f"{at}.config_path", why) for why in found]
+        if not found and not missing_ops(recipe):  # else Data-Juicer runs it all
+            ops = [build_row_operator(n, a) for n, a in recipe]
+    for i, op in enumerate([] if tp.config_path else tp.operators):
+        where = f"{at}.operators[{i}]"
+        try:
+            ops.append(build_row_operator(op.name, dict(op.args)))
+        except RegistryError as e:
+            problems.append(
+                (
+                    f"{where}.name",
+                    f"{e} (a Data-Juicer op not built here runs through a recipe: config_path)",
+                )
+            )
+        except ValueError as e:
+            problems.append((f"{where}.args", str(e)))
+    for op in ops:
+        for name in op.models_needed():
+            if name not in served:
+                problems.append(
+                    (
+                        f"{at}.operators",
+                        f"api_or_hf_model {name!r} names no auxiliary model served to the "
+                        "pipeline; add one to explorer.auxiliary_models with "
+                        f"name: {name} (served: {sorted(map(str, served)) or 'none'})",
+                    )
+                )
+    return problems
