@@ -8,6 +8,7 @@ import torch
 
 from trinity.buffer.storage import ExperienceStorage, storage_class
 from trinity.common.rollout import RolloutEngine, engine_class
+from trinity.sync.fingerprint import split
 from trinity.sync.method import SyncMethod, state_nbytes, sync_method
 
 
@@ -17,10 +18,11 @@ def test_registries_resolve_config_names_and_list_valid_ones_on_a_miss():
 
     assert engine_class("transformers") is HFRolloutEngine
     assert storage_class("queue") is QueueStorage
-    assert type(sync_method("checkpoint")).__name__ == "CheckpointSync"
+    checkpoint = sync_method("checkpoint")  # fingerprinted (sync.fingerprint) around its method
+    assert type(checkpoint.method).__name__ == "CheckpointSync" and checkpoint.name == "checkpoint"
     with pytest.raises(KeyError, match="Valid names: transformers, vllm"):
         engine_class("vllm_typo")
-    with pytest.raises(KeyError, match="Valid names: queue"):
+    with pytest.raises(KeyError, match="Valid names: file, queue, sql"):
         storage_class("sqll")
     with pytest.raises(KeyError, match=r"Did you mean 'memory'.*Valid names: checkpoint, memory"):
         sync_method("memroy")
@@ -48,7 +50,8 @@ def test_checkpoint_method_round_trip_and_discard(tmp_path):
     state["tied"] = state["a"]  # shared storage (tied embeddings): safetensors needs a copy
     m = sync_method("checkpoint")
     payload = m.send(state, 3, tmp_path / "sync")
-    assert payload == [str(tmp_path / "sync" / "weights_v3.safetensors")]
+    own, stamp = split(payload)  # the method's payload, then the weights' fingerprint
+    assert own == [str(tmp_path / "sync" / "weights_v3.safetensors")] and stamp.version == 3
     got = m.receive(payload)
     assert set(got) == {"a", "b", "tied"}
     torch.testing.assert_close(got["tied"], state["a"])
