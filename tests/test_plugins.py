@@ -304,6 +304,7 @@ def ray_head(env: dict[str, str]) -> Iterator[str]:
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.mark.slow  # a whole run of the tutorial (about 25 s on 2 cores)
 def test_the_custom_loss_tutorial_trains_with_its_plugin(tmp_path, tiny_model_dir):
     """The tutorial's plugin file and config lines, two GRPO steps on the tiny model, on a cluster
     started by `ray start` without the plugin (its workers never see the driver's environment):
