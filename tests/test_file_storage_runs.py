@@ -76,8 +76,11 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     lines = file.read_text().splitlines()
     assert len(lines) == STEPS * PER_STEP
     assert {Experience.from_dict(json.loads(x)).model_version for x in lines} == {0}  # no trainer
-    # 2. the train-only run, killed after its checkpoint at step 2 (save_interval 2)
-    train_args = ("mode=train", "trainer.save_interval=2")
+    # 2. the train-only run, killed after its checkpoint at step 2 (save_interval 2); half an
+    # explore step per train step, so 12 steps: the kill lands mid-run even when the metrics
+    # file trails the trainer by several steps (a loaded machine)
+    half = PER_STEP // 2
+    train_args = ("mode=train", "trainer.save_interval=2", f"buffer.train_batch_size={half}")
     trainer = start(cfg, cluster, *train_args)
     wait_for_step(run_dir / "metrics.trainer.jsonl", "train/loss", 3, [trainer], 300)
     assert trainer.poll() is None, "the train run ended before the kill"
@@ -86,7 +89,7 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     kill_run_actors(cluster, "trinity:topo/file_split")  # the buffer's process too: only the
     assert named_actors(cluster, "trinity:topo/file_split") == []  # file and sidecar are left
     (left,) = store_counts(str(file)).values()
-    assert left["trained"] % (2 * PER_STEP) == 0 < left["trained"]  # acked at checkpoints only
+    assert left["trained"] % (2 * half) == 0 < left["trained"]  # acked at checkpoints only
     assert left["trained"] + left["pending"] + left["leased"] == STEPS * PER_STEP, left
     assert left["trained"] < STEPS * PER_STEP and left["trained_twice"] == 0, left
     # 3. started again: from its newest checkpoint, the leases it had not acked handed out again
@@ -94,6 +97,6 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     outs = finish({"train": again}, bound_s=300)
     assert "joining the live run" not in outs["train"], outs["train"][-3000:]
     steps = trained_steps(run_dir, ".trainer")
-    assert sorted(set(steps)) == list(range(1, STEPS + 1)), steps
+    assert sorted(set(steps)) == list(range(1, 2 * STEPS + 1)), steps
     assert_clean(counts(cfg), trained=STEPS * PER_STEP)  # none lost, none trained twice
     assert len(file.read_text().splitlines()) == STEPS * PER_STEP  # the file only grew by writes
