@@ -737,6 +737,10 @@ class Explorer:
         t0 = time.perf_counter()
         sets = list(self.eval_tasksets.items())
         tasks = [t for _, ts in sets for t in ts]
+        if not tasks:  # no eval sets (eval_interval set, eval_tasksets emptied): nothing to run
+            if report:
+                await self._rest()
+            return {}
         kept, counts = await self._run_tasks(
             tasks,
             self._eval_params,
