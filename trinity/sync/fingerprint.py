@@ -8,7 +8,9 @@ publishes and appends the hashes to the payload; its engine half strips them, re
 tensors the method's own way, and hashes them again. A tensor that differs (a transport that
 dropped, reordered or corrupted bytes, a name that went missing) fails the sync with both
 hashes and the tensor names: the engine never samples with weights nobody trained. Payloads
-without a fingerprint (a checkpoint loaded by path) are received unchecked.
+without a fingerprint (a checkpoint loaded by path) are received unchecked, and a live method
+(`shared`: the engines map the trainer's own tensors, which change in place, a resume restoring
+its checkpoint into them) carries none: there is no transport to check.
 
 A tensor's hash (`tensor_hash`) is blake2b over its shape, dtype and values: every value of a
 tensor up to `SAMPLED_ABOVE` elements, and above that `SAMPLED_ABOVE` values at a fixed stride
@@ -112,6 +114,8 @@ class Fingerprinted:
         return getattr(self.method, attr)
 
     def send(self, state: dict[str, torch.Tensor], version: int, sync_dir: Path) -> list[Any]:
+        if self.method.live:  # the engines map the trainer's own tensors: they change in place
+            return self.method.send(state, version, sync_dir)  # (a resume restores into them)
         stamp = fingerprint(state, version)  # before the method may hand the tensors over
         return [*self.method.send(state, version, sync_dir), stamp]
 
