@@ -153,6 +153,7 @@ def assert_same_updates(st, exps, single, m1, g1, extra_keys=()) -> None:
                 assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
 
 
+@pytest.mark.slow  # two sharded runs and a reload (about 20 s on 2 cores)
 def test_a_sharded_checkpoint_resumes_bit_exactly_and_loads_at_another_world_size(
     tmp_path, tiny_model_dir
 ):
