@@ -553,6 +553,13 @@ class MonitorConfig(ConfigSection):
     samples are distinct for `collapse_patience` explore steps in a row; 0 = no warning."""
     collapse_patience: int = Field(3, ge=1)
     """Ours: consecutive low-diversity explore steps before the collapse warning."""
+    stall_timeout: float | None = Field(None, ge=0)
+    """Ours: seconds without progress anywhere in the run before the stall doctor reports which
+    part waits on which and dumps every process's stacks (docs/monitoring.md). Unset:
+    automatic, 10 minutes or 10 times the slowest step seen, whichever is longer; 0: off."""
+    on_stall: Literal["warn", "fail"] = "warn"
+    """Ours: after a stall report, `warn` keeps waiting (and reports again after another
+    timeout without progress); `fail` ends the run with exit 1."""
 
     @field_validator("monitor_type", mode="wrap")
     @classmethod

@@ -25,6 +25,7 @@ import ray
 from trinity.algorithm.algorithms import lookup_algorithm, record_flag
 from trinity.algorithm.sample_strategy import max_staleness
 from trinity.buffer.storage import BufferClosed, Cursor
+from trinity.common import heartbeat
 from trinity.common.experience import EID, Experience
 from trinity.common.keys import stable_key
 from trinity.common.remote_errors import cause_of
@@ -103,6 +104,7 @@ class Explorer:
         self.startup = StartupMarks("explorer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
+        heartbeat.start(resolve(config).run_dir)  # what it waits on, for the stall doctor
         self.sync_method = resolve(config).sync_method  # the stage's weight transport, derived once
         self.engine_share = engine_share
         self.run_shares = run_shares
@@ -232,6 +234,7 @@ class Explorer:
         for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
             self.startup.mark(phase, max(m[phase] for m in marks))
         self.client = BatchingClient(self.engines)
+        self.client.service = self._beat
         if self.turns is not None:  # colocated: built awake, they sleep until their first turn
             self.client.turn = EnginesTurn(self.turns, self.engines)
             await self.client.turn.rest(always=True)
@@ -416,6 +419,7 @@ class Explorer:
                 if metrics is None:
                     break  # the tasks ran out
                 written = step
+                heartbeat.step(self._beat)
                 self.startup.mark("first_rollout")
                 metrics.update(self.startup.as_metrics(self._started_at))  # first step only
                 await self.hub.put.remote("explorer", self.step_offset + step, metrics)
@@ -541,6 +545,11 @@ class Explorer:
     @property
     def _name(self) -> str:
         return self.cfg.explorer.name
+
+    @property
+    def _beat(self) -> str:
+        """This explorer's name in the heartbeat registry (`common.heartbeat`)."""
+        return heartbeat.service_name("explorer", self._name)
 
     def _version(self) -> int:
         return self.client.model_version if self.client is not None else 0
@@ -805,16 +814,18 @@ class Explorer:
         )
 
     async def _waiting(self, ref: Any, what: Any, notice_s: float = 30.0) -> Any:
-        """The result of the actor call `ref`; every `notice_s` s it takes, print `what()`
-        (why this explorer waits) with the time waited so far."""
+        """The result of the actor call `ref`, a wait on the trainer (for weights, or for
+        room in the buffer): every `notice_s` s it takes, print `what()` (why this explorer
+        waits) with the time waited so far."""
         future = asyncio.wrap_future(ref.future())
         waited = 0.0
-        while True:
-            done, _ = await asyncio.wait([future], timeout=notice_s)
-            if done:
-                return done.pop().result()
-            waited += notice_s
-            print(f"explorer {self._name!r}: {what()} ({waited:.0f} s so far)", flush=True)
+        with heartbeat.waiting(self._beat, "trainer", what()):
+            while True:
+                done, _ = await asyncio.wait([future], timeout=notice_s)
+                if done:
+                    return done.pop().result()
+                waited += notice_s
+                print(f"explorer {self._name!r}: {what()} ({waited:.0f} s so far)", flush=True)
 
     def _capacity(self) -> int:
         eb = self.cfg.buffer.trainer_input.experience_buffer
@@ -1014,6 +1025,7 @@ class Explorer:
         errors = []
         m = self.cfg.model
         cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
+        heartbeat.CURRENT.set(self._beat)  # this task's context: its workflow's waits are ours
         for attempt in range(ecfg.max_retry_times + 1):
             if attempt > 0:
                 counts["retries"] += 1
@@ -1043,6 +1055,7 @@ class Explorer:
             try:
                 workflow = workflow_cls(**task.workflow_args)
                 exps = await asyncio.wait_for(workflow.run(task, handle), ecfg.max_timeout)
+                heartbeat.progress(self._beat)
                 counts["prompt_truncated"] += finish_experiences(self.cfg, exps, handle, train)
                 for k, v in handle.ledger_stats().metrics().items():
                     counts[k] += v

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from trinity.common import heartbeat
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
 from trinity.common.lazy import lazy_module
@@ -82,25 +83,31 @@ class BatchingClient:
         self._recovering: dict[int, asyncio.Task] = {}
         # colocation: the engines take the device before a call and sleep after a step
         self.turn: EnginesTurn | None = None
+        self.service = "explorer"  # whose waits on the engines these are (`common.heartbeat`)
 
     async def _on_engine(
         self,
         i: int,
         call: Callable[[Any], Any],
         served_with: Callable[[Any, Any], Awaitable[int]] | None = None,
+        what: str = "a call",
+        on: str | None = None,
     ) -> Any:
         """`await call(engine i)`, recovering from crashes of engine i (see the module doc).
 
         `served_with(engine, result)`: the weights version the result came from. An answer from
         older weights than the engines were given means the engine was restarted between calls
         (Ray hands calls to the new process without an error): it is recovered and asked again.
+        `what` the call is and what it waits `on` (default: `engine i`), for the stall doctor.
         """
         if self.turn is not None:
             await self.turn.hold()
         for _ in range(_MAX_RECOVERIES_PER_CALL):
             engine = self.engines[i]
             try:
-                result = await call(engine)
+                with heartbeat.waiting(self.service, on or f"engine {i}", what):
+                    result = await call(engine)
+                heartbeat.progress(self.service)
                 if served_with is None or self._weights is None:
                     return result
                 if await served_with(engine, result) >= self._weights[2]:
@@ -227,9 +234,10 @@ class BatchingClient:
             return min(versions)
 
         watched = [r.watch is not None for r in shard]
+        what = f"generate for {len(prompts)} prompts"
         if not any(watched):
             return await self._on_engine(
-                i, lambda e: e.generate.remote(prompts, params, keys), served_with
+                i, lambda e: e.generate.remote(prompts, params, keys), served_with, what
             )
 
         async def streamed(engine: Any) -> list[list[Sample] | BadPrompt]:
@@ -247,13 +255,15 @@ class BatchingClient:
                     shard[p].watch(item.model_version, tokens)  # type: ignore[misc]
             return result
 
-        return await self._on_engine(i, streamed, served_with)
+        return await self._on_engine(i, streamed, served_with, what)
 
     async def logprobs(self, tokens: list[int]) -> list[float]:
         async def served_with(engine: Any, result: list[float]) -> int:
             return await engine.weights_version.remote()
 
-        return await self._on_engine(0, lambda e: e.logprobs.remote(tokens), served_with)
+        return await self._on_engine(
+            0, lambda e: e.logprobs.remote(tokens), served_with, f"logprobs of {len(tokens)} tokens"
+        )
 
     async def update_weights(self, method: str, payload: list[Any], version: int) -> None:
         """Every engine loads the weights `payload` stands for (sync method `method`).
@@ -277,7 +287,9 @@ class BatchingClient:
                 first = False
                 return engine.update_weights.remote(method, payload, version, peers)
 
-            await self._on_engine(i, send)
+            await self._on_engine(
+                i, send, what=f"engine {i} loading weights v{version} ({method})", on="synchronizer"
+            )
 
         await asyncio.gather(*(load(i) for i in range(n)))
         self._weights = (method, payload, version)

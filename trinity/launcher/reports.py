@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from trinity.common import refs
 from trinity.monitor.monitor import Monitor
 
 REPORTS_WAIT_S = 5.0  # the longest one `MetricsHub.reports` call waits (the driver calls again)
+CHECK_S = 2.0  # how often the driver lets the stall doctor look (`monitor.stall`)
 
 
 _HEADLINE = re.compile(r"^eval/.+/(accuracy|avg@\d+_ci_(low|high)|pass@\d+(_ci_(low|high))?)$")
@@ -38,9 +40,16 @@ def wait_all(calls: list[Any], hub: Any, monitor: Monitor) -> list[Any]:
     The first failure is raised at once, after what the other actors reported is kept."""
     pending = list(calls)
     news = hub.reports.remote(REPORTS_WAIT_S)
+    doctor, checked = monitor.doctor, time.monotonic()
     try:
         while pending:
-            done, _ = refs.wait([*pending, news], num_returns=1)
+            # bounded: the doctor looks even when nothing comes back (the hub's loop stuck too)
+            done, _ = refs.wait([*pending, news], num_returns=1, timeout=CHECK_S)
+            if doctor is not None and time.monotonic() - checked >= CHECK_S:
+                checked = time.monotonic()
+                doctor.check()  # a stall: reported; raises with monitor.on_stall: fail
+            if not done:
+                continue
             if done[0] == news:
                 _merge(refs.get(news), monitor)
                 news = hub.reports.remote(REPORTS_WAIT_S)

@@ -56,6 +56,7 @@ from trinity.launcher.summary import (
 from trinity.monitor.backends import RunInfo, monitor_types
 from trinity.monitor.hub import MetricsHub
 from trinity.monitor.monitor import Monitor
+from trinity.monitor.stall import StallDoctor
 from trinity.trainer.checkpoint import latest_resumable
 
 __all__ = ["RunResult", "StageResult", "init_ray", "lends_cores", "run", "run_namespace"]
@@ -108,6 +109,12 @@ def run(
     mon = config.monitor
     types = monitor_types(mon.monitor_type)
     monitor = Monitor(run_dir, types, console, part=part, info=info, monitor_args=mon.monitor_args)
+    monitor.doctor = StallDoctor(
+        run_dir,
+        mon.stall_timeout,
+        mon.on_stall,
+        lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True),
+    )
     # the run's small services share one process (common.service_host): the hub now, each
     # stage's synchronizer and buffer when no other process of the run shares them; in the
     # one-process layout the explorer and the trainer join them there, and the host imports

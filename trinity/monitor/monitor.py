@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -43,6 +43,9 @@ from rich.progress import (
 )
 
 from trinity.monitor.backends import RunInfo, build, monitor_types
+
+if TYPE_CHECKING:
+    from trinity.monitor.stall import StallDoctor
 
 
 class Monitor:
@@ -67,6 +70,7 @@ class Monitor:
         unknown name.
         """
         self.run_dir = run_dir
+        self.doctor: StallDoctor | None = None  # watches the run's waits (`monitor.stall`)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = run_dir / (f"metrics.{part}.jsonl" if part else "metrics.jsonl")
         self.journal_path = self.jsonl_path.with_suffix(".journal.jsonl")

@@ -12,7 +12,7 @@ import ray
 
 from trinity.buffer.replay import replay_metrics
 from trinity.buffer.storage import BufferClosed
-from trinity.common import refs
+from trinity.common import heartbeat, refs
 from trinity.common.compute import compute_lane
 from trinity.common.core_shares import CorePart, core_shares, follow_hooks
 from trinity.common.remote_errors import cause_of
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from trinity.trainer.ranks import ShardedTrainer
     from trinity.trainer.sft_data import DatasetSource
     from trinity.trainer.trainer import Trainer
+
+
+TRAINER = "trainer"  # its name in the heartbeat registry (`common.heartbeat`)
 
 
 class TrainerRunner:
@@ -58,6 +61,7 @@ class TrainerRunner:
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
         self.resolved = resolve(config)  # the stage's derived numbers, once
+        heartbeat.start(self.resolved.run_dir)  # what it waits on, for the stall doctor
         self.num_threads = num_threads
         self.rank_share, self.nodes = rank_share, nodes
         self.model_path = model_path
@@ -211,6 +215,7 @@ class TrainerRunner:
                     break
                 wait = time.perf_counter() - t0
                 # 2.
+                heartbeat.progress(TRAINER)
                 step += 1
                 versions = [e.model_version for e in exps]
                 with self._device_turn() as turn:
@@ -236,6 +241,7 @@ class TrainerRunner:
                     refs.get(self.hub.put.remote("trainer", self.step_offset + step, metrics))
                     if save_every > 0 and step % save_every == 0:
                         last_saved = self._checkpoint(step)
+                heartbeat.step(TRAINER)
             budget_reached = total_steps is not None and step >= total_steps
         except BaseException as e:
             refs.get(self.synchronizer.fail.remote(f"{type(e).__name__}: {e}"))
@@ -318,9 +324,10 @@ class TrainerRunner:
             left = deadline - time.monotonic()
             wait = min(1.0 if self._on_request else notice_s, max(1.0, left))
             try:
-                lease = refs.get(
-                    self.buffer.read.remote(n, wait, linger=linger, reader=self._reader)
-                )
+                with heartbeat.waiting(TRAINER, "explorer", f"{n} experiences from the buffer"):
+                    lease = refs.get(
+                        self.buffer.read.remote(n, wait, linger=linger, reader=self._reader)
+                    )
                 self.unacked.append(lease.id)
                 return lease.experiences
             except BufferClosed:
@@ -360,10 +367,12 @@ class TrainerRunner:
         `sync/full_bytes` beside `sync/bytes`: what the full weights would have moved."""
         assert self.trainer is not None
         t0 = time.perf_counter()
-        nbytes, payload = self.lane.run(
-            self.trainer.publish, self.resolved.sync_method, step, self.stage_dir / "sync"
-        )
-        refs.get(self.synchronizer.publish.remote(step, payload))
+        method = self.resolved.sync_method
+        with heartbeat.waiting(TRAINER, "synchronizer", f"publishing weights v{step} ({method})"):
+            nbytes, payload = self.lane.run(
+                self.trainer.publish, method, step, self.stage_dir / "sync"
+            )
+            refs.get(self.synchronizer.publish.remote(step, payload))
         out = {
             "sync/publish_s": time.perf_counter() - t0,
             "sync/bytes": float(nbytes),

@@ -34,6 +34,7 @@ from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, last_token
 from trinity.algorithm.kl_controller import AdaptiveKLController
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.algorithm.shaping import overlong_penalty
+from trinity.common import heartbeat
 from trinity.common.experience import Experience
 from trinity.common.memory import GB, IdleTrim, PeakRss, release_free_heap, set_mmap_threshold
 from trinity.common.timer import Timers
@@ -563,6 +564,7 @@ class Trainer:
             metrics.update({f"train/{k}": v for k, v in kl_m.items()})
         loss.backward()
         metrics["train/loss"] = float(loss.detach())
+        heartbeat.progress("trainer")  # a micro-batch done: a long step still moves
         return metrics
 
     def _aggregator(self, mask: torch.Tensor, rows: int) -> Aggregator:

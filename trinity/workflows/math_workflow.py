@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from trinity.common import heartbeat
 from trinity.common.experience import EID, Experience, ExperienceKind
 from trinity.common.lazy import lazy_module
 from trinity.common.rollout import Sample
@@ -42,9 +43,10 @@ class MathWorkflow(Workflow):
         reward_args = self.reward_args(task, reward_fn)
         # scored in a thread, so slow reward code does not hold up other tasks' requests (their
         # samples are keyed, so the batching this timing decides does not change them)
-        scores = await asyncio.to_thread(
-            lambda: [reward_fn(r, task.truth, task.raw, **reward_args) for r in responses]
-        )
+        with heartbeat.waiting_here(f"reward_fn {reward_name!r}", f"task {task.index}"):
+            scores = await asyncio.to_thread(
+                lambda: [reward_fn(r, task.truth, task.raw, **reward_args) for r in responses]
+            )
         return [
             single_turn_experience(
                 task,
