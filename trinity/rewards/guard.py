@@ -22,7 +22,8 @@ numpy's default), `reward_calls`, `reward_timeouts`, `reward_errors`, `reward_na
 
 In the explorer's process (`sandbox: none`) a sync fn runs on a thread of its own per call, so a
 call that hangs holds only that thread, never the event loop or a shared executor; an async fn
-is awaited with the timeout. In the sandbox (`sandbox.py`) the call runs in a worker process that
+is awaited with the timeout on the explorer's loop (one that blocks without awaiting holds the
+loop: write it as a sync fn, or sandbox it). In the sandbox (`sandbox.py`) the call runs in a worker process that
 a timeout kills.
 """
 
