@@ -26,7 +26,7 @@ from typing import Any
 import openai
 
 from trinity.common.experience import Experience
-from trinity.rewards import REWARD_FN
+from trinity.rewards.guard import score_responses_sync
 from trinity.workflows import WORKFLOW, SyncWorkflow
 from trinity.workflows.agent_tools import AgentTool, resolve_tools
 from trinity.workflows.base import SyncModelHandle
@@ -85,7 +85,7 @@ class OpenAIToolAgent(SyncWorkflow):
         """1. one session (an OpenAI client) per episode, `model.defaults.n` of them
         2. the agent runs each episode, in threads of its own (its client blocks)
         3. the final answers scored; each session's trajectory is an experience"""
-        reward_fn = REWARD_FN.get(task.reward_fn_type or self.default_reward_fn_type)
+        reward_name = task.reward_fn_type or self.default_reward_fn_type
         messages = task.to_messages()
         if self.system_prompt is not None or messages[0]["role"] != "system":
             messages = [m for m in messages if m["role"] != "system"]
@@ -112,8 +112,9 @@ class OpenAIToolAgent(SyncWorkflow):
             outcomes = list(pool.map(episode, sessions))
         # 3.
         out = []
-        for session, (answer, calls) in zip(sessions, outcomes, strict=True):
-            components = reward_fn(answer, task.truth, task.raw, **task.reward_fn_args)
+        # each call bounded by the taskset's reward_fn_args limits (trinity/rewards/guard.py)
+        scores = score_responses_sync(task, reward_name, [answer for answer, _ in outcomes])
+        for session, (answer, calls), components in zip(sessions, outcomes, scores, strict=True):
             exps = session.extract_experiences(float(sum(components.values())))
             for e in exps:
                 e.metrics = {**components, "tool_calls": float(calls)}

@@ -149,7 +149,10 @@ class StorageConfig(ConfigSection):
     workflow_args: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments passed to the workflow."""
     reward_fn_args: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments passed to the reward function."""
+    """Extra keyword arguments passed to the reward function, except `timeout` (seconds per
+    call), `sandbox` ('none' | 'subprocess'), `cpu_seconds`, `memory_mb` and `sandbox_workers`,
+    which bound each call instead (docs/configuration.md, "Reward functions that cannot freeze
+    training")."""
     default_workflow_type: str | None = None
     """Workflow for tasks of this set; None = explorer_input.default_workflow_type."""
     default_reward_fn_type: str | None = None

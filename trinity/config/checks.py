@@ -548,6 +548,16 @@ def _readable_tasksets_have_paths(cfg: TrinityConfig) -> Iterator[Problem]:
             )
 
 
+@_check("buffer.explorer_input")
+def _reward_limits_valid(cfg: TrinityConfig) -> Iterator[Problem]:
+    """The keys of `reward_fn_args` that bound each reward call (`rewards/limits.py`)."""
+    from trinity.rewards.limits import limit_problems
+
+    for path, storage, _ in cfg.buffer.explorer_input.storages():
+        for key, why in limit_problems(storage.reward_fn_args):
+            yield Problem(f"{path}.reward_fn_args.{key}", why)
+
+
 @_check("buffer.total_steps", "trainer.total_steps")
 def _one_total_steps(cfg: TrinityConfig) -> Iterator[Problem]:
     a, b = cfg.buffer.total_steps, cfg.trainer.total_steps

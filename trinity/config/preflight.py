@@ -314,6 +314,33 @@ def _args_problems(
     ]
 
 
+def _reward_fn_args(
+    path: str, callee: str, args: dict[str, Any], accepted: Callable[[], set[str] | None]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """`reward_fn_args` without the keys that bound each call (`rewards/limits.py`: their
+    values are the config check's), and a problem for each such key set for a fn that takes an
+    argument of that name itself (the key cannot reach it)."""
+    from trinity.rewards.limits import LIMIT_KEYS
+
+    limits = sorted(set(args or {}) & set(LIMIT_KEYS))
+    if not limits:
+        return args, []
+    try:
+        names = accepted() or set()
+    except (TypeError, ValueError):  # not callable: `_args_problems` says so
+        names = set()
+    problems = [
+        Problem(
+            f"{path}.{key}",
+            f"bounds each call of {callee} (trinity/rewards/limits.py), which also takes an "
+            f"argument {key!r} of its own that this key cannot reach; rename that argument",
+        )
+        for key in limits
+        if key in names
+    ]
+    return {k: v for k, v in args.items() if k not in LIMIT_KEYS}, problems
+
+
 def _selector_problems(
     path: str, storage: StorageConfig, seed: int, explored: bool = True
 ) -> list[Problem]:
@@ -496,6 +523,11 @@ def _storage_name_problems(
         problems.extend(said if own else [])
         if found is not None:
             args, accepted = getattr(storage, f"{key}_args"), partial(keyword_names, found, n_fixed)
+            if key == "reward_fn":  # the call's limits (timeout, sandbox, ...) are not the fn's
+                args, said = _reward_fn_args(
+                    f"{path}.{key}_args", f"{what} {name!r}", args, accepted
+                )
+                problems.extend(said)
             said = _args_problems(f"{path}.{key}_args", f"{what} {name!r}", args, accepted)
             values = getattr(found, "arg_problems", None)  # a workflow's own check of its values
             if not said and values is not None:

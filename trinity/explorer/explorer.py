@@ -50,6 +50,7 @@ from trinity.explorer.model_client import BatchingClient, TaskModelHandle, mask_
 from trinity.explorer.rollout_stats import rollout_metrics
 from trinity.explorer.tool_call_policy import apply_configured_policy
 from trinity.models import load_tokenizer, resolve_model_path
+from trinity.rewards.guard import RewardLog, reward_log
 from trinity.sync.fingerprint import split as split_fingerprint
 from trinity.sync.method import sync_method
 from trinity.sync.schedule import (
@@ -576,7 +577,9 @@ class Explorer:
         """
         t0 = time.perf_counter()
         key = self._sampling_key("train", step)
-        kept, counts = await self._run_tasks(tasks, self._train_params, key=key)
+        rewards = RewardLog()  # the step's reward fn calls: times, failures with task ids
+        with reward_log(rewards):
+            kept, counts = await self._run_tasks(tasks, self._train_params, key=key)
         target = len(tasks)
         budget = self.cfg.explorer.max_failure_fraction * target
         groups = StepGroups(self.pipeline, drop_flat=bool(self.max_gen))
@@ -590,13 +593,14 @@ class Explorer:
                 break  # the data ran out: a short last step
             base = len(tasks)
             tasks = tasks + more
-            extra, extra_counts = await self._run_tasks(
-                more,
-                self._train_params,
-                budget=math.inf,  # counted against the step's budget
-                key=key,
-                first=base,
-            )
+            with reward_log(rewards):
+                extra, extra_counts = await self._run_tasks(
+                    more,
+                    self._train_params,
+                    budget=math.inf,  # counted against the step's budget
+                    key=key,
+                    first=base,
+                )
             extra = [(base + i, exps) for i, exps in extra]
             extra = await self._prepared(self._grouped(step, tasks, extra))
             kept += groups.keep(extra, refill=True)
@@ -655,7 +659,10 @@ class Explorer:
             "rollout/engine_restarts": float(self.client.restarts),  # over the run so far
             "timing/explore_step": elapsed,
             **self._per_taskset(tasks, kept, sampled),
+            **rewards.metrics("rollout/"),  # reward time p50/p99, failures and their task ids
         }
+        if (failures := rewards.summary()) is not None:
+            print(f"explorer {self._name}: explore step {step}: {failures}", flush=True)
         watched, warning = self._collapse.observe(report, step)
         report.update(watched)
         if warning is not None:
@@ -750,18 +757,21 @@ class Explorer:
             if report:
                 await self._rest()
             return {}
-        kept, counts = await self._run_tasks(
-            tasks,
-            self._eval_params,
-            "evaluation",
-            key=self._sampling_key("eval", step),
-            train=False,
-        )
+        with reward_log() as rewards:
+            kept, counts = await self._run_tasks(
+                tasks,
+                self._eval_params,
+                "evaluation",
+                key=self._sampling_key("eval", step),
+                train=False,
+            )
+        if (failures := rewards.summary()) is not None:
+            print(f"explorer {self._name}: evaluation at step {step}: {failures}", flush=True)
         if not kept:
             raise RuntimeError(
                 f"evaluation: the workflows returned no experiences for {len(tasks)} tasks"
             )
-        metrics: dict[str, float] = {"eval/timeouts": counts["timeouts"]}
+        metrics: dict[str, Any] = {"eval/timeouts": counts["timeouts"], **rewards.metrics("eval/")}
         self.eval_samples = []
         first = 0
         for name, ts in sets:

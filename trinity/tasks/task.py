@@ -6,6 +6,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from trinity.rewards.limits import RewardLimits
+
 
 @dataclass
 class Task:
@@ -25,7 +27,8 @@ class Task:
     workflow_type: str | None = None
     reward_fn_type: str | None = None
     workflow_args: dict[str, Any] = field(default_factory=dict)
-    reward_fn_args: dict[str, Any] = field(default_factory=dict)
+    reward_fn_args: dict[str, Any] = field(default_factory=dict)  # the fn's own keywords
+    reward_limits: RewardLimits = field(default_factory=RewardLimits)  # timeout, sandbox, ...
     rollout_args: dict[str, Any] = field(default_factory=dict)  # only the entries that are set
     repeat_times: int | None = None
     reply_prefix: str | None = None  # text the assistant reply is forced to start with

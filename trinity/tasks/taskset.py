@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from trinity.rewards.limits import split_reward_args
 from trinity.tasks.files import TasksetError, read_located_rows
 from trinity.tasks.sql_rows import read_sql_rows
 from trinity.tasks.synthetic import generate
@@ -66,6 +67,8 @@ def load_taskset(
     fmt = storage.format
     workflow_type = storage.default_workflow_type or default_workflow_type
     reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
+    # the fn's own keywords, and the bounds on each call (timeout, sandbox: rewards/limits.py)
+    reward_args, reward_limits = split_reward_args(storage.reward_fn_args)
     need_truth = require_response or _reward_needs_truth(reward_fn_type)
     need_fields = _reward_task_fields(reward_fn_type)
     if storage.storage_type == "file":
@@ -116,7 +119,8 @@ def load_taskset(
                 workflow_type=workflow_type,
                 reward_fn_type=reward_fn_type,
                 workflow_args=dict(storage.workflow_args or {}),
-                reward_fn_args=dict(storage.reward_fn_args or {}),
+                reward_fn_args=dict(reward_args),
+                reward_limits=reward_limits,
                 rollout_args=dict(rollout_args),
                 repeat_times=storage.repeat_times,
                 reply_prefix=getattr(fmt, "reply_prefix", None),

@@ -48,7 +48,7 @@ import importlib.metadata
 from typing import Any
 
 from trinity.common.experience import Experience
-from trinity.rewards import REWARD_FN
+from trinity.rewards.guard import score_responses
 from trinity.workflows.agent_tools import AgentTool, resolve_tools
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow, built_arg_problems
 
@@ -103,10 +103,10 @@ class AgentScopeReActWorkflow(Workflow):
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
         """1. one session per episode (`model.defaults.n` of them), each with its own agent
         2. run the episodes concurrently: the agent replies to the task's prompt
-        3. score each final answer with the task's reward fn (in a thread)
+        3. score each final answer with the task's reward fn (bounded: rewards/guard.py)
         4. each session's trajectories as experiences, rewarded and with the episode's metrics
         """
-        reward_fn = REWARD_FN.get(task.reward_fn_type or self.default_reward_fn_type)
+        reward_name = task.reward_fn_type or self.default_reward_fn_type
         system, inputs = _prompt(task)
         system = self.system_prompt if self.system_prompt is not None else system
         # 1. and 2. (an episode that fails cancels the others: the try fails as a whole)
@@ -118,11 +118,7 @@ class AgentScopeReActWorkflow(Workflow):
             ]
         episodes = [t.result() for t in running]
         # 3.
-        scores = await asyncio.to_thread(
-            lambda: [
-                reward_fn(ep.answer, task.truth, task.raw, **task.reward_fn_args) for ep in episodes
-            ]
-        )
+        scores = await score_responses(task, reward_name, [ep.answer for ep in episodes])
         # 4.
         out: list[Experience] = []
         for session, ep, components in zip(sessions, episodes, scores, strict=True):

@@ -60,7 +60,7 @@ from trinity.judges.judge import (
     template_fields,
     template_problems,
 )
-from trinity.rewards import REWARD_FN
+from trinity.rewards.guard import score_responses
 from trinity.workflows.base import (
     WORKFLOW,
     ModelHandle,
@@ -172,14 +172,12 @@ class _JudgeWorkflow(Workflow):
         }
 
     async def gold(self, task: Any, responses: list[str]) -> list[dict[str, float]]:
-        """The gold reward fn's components per response (in a thread); [] without one."""
+        """The gold reward fn's components per response (bounded: rewards/guard.py); [] without
+        one."""
         name = task.reward_fn_type or self.default_reward_fn_type
         if name is None:
             return [{} for _ in responses]
-        fn = REWARD_FN.get(name)
-        return await asyncio.to_thread(
-            lambda: [fn(r, task.truth, task.raw, **task.reward_fn_args) for r in responses]
-        )
+        return await score_responses(task, name, responses)
 
     def _experiences(
         self,

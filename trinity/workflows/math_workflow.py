@@ -9,14 +9,13 @@ component is also kept in `Experience.metrics` so the monitor reports it separat
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
-from trinity.common import heartbeat
 from trinity.common.experience import EID, Experience, ExperienceKind
 from trinity.common.lazy import lazy_module
 from trinity.common.rollout import Sample
 from trinity.rewards import REWARD_FN
+from trinity.rewards.guard import score_responses
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
 
 if TYPE_CHECKING:
@@ -41,12 +40,10 @@ class MathWorkflow(Workflow):
         samples = await self.sample(task, model)
         responses = [model.decode(s.response_ids) for s in samples]
         reward_args = self.reward_args(task, reward_fn)
-        # scored in a thread, so slow reward code does not hold up other tasks' requests (their
-        # samples are keyed, so the batching this timing decides does not change them)
-        with heartbeat.waiting_here(f"reward_fn {reward_name!r}", f"task {task.index}"):
-            scores = await asyncio.to_thread(
-                lambda: [reward_fn(r, task.truth, task.raw, **reward_args) for r in responses]
-            )
+        # scored off the event loop, so slow reward code does not hold up other tasks' requests
+        # (their samples are keyed, so the batching this timing decides does not change them),
+        # each call bounded by the taskset's limits; a failed call fails the try (guard.py)
+        scores = await score_responses(task, reward_name, responses, reward_args)
         return [
             single_turn_experience(
                 task,

@@ -18,7 +18,7 @@ import asyncio
 from typing import Any
 
 from trinity.common.experience import Experience
-from trinity.rewards import REWARD_FN
+from trinity.rewards.guard import score_responses
 from trinity.workflows.base import WORKFLOW, ModelHandle, Workflow
 
 DEFAULT_FEEDBACK = "That is not right. Try again."
@@ -41,14 +41,14 @@ class SelfCorrectionWorkflow(Workflow):
 
     async def run(self, task: Any, model: ModelHandle) -> list[Experience]:
         """1. first answers: one call, n samples (the task's repeat_times)
-        2. per turn: score every open episode (in a thread), then continue the wrong ones,
+        2. per turn: score every open episode (off the event loop), then continue the wrong ones,
            concurrently, in sample order (their sampling keys follow the call order)
         3. one MULTI_TURN experience per episode, rewarded by its last answer's score
         """
-        reward_fn = REWARD_FN.get(task.reward_fn_type or self.default_reward_fn_type)
+        reward_name = task.reward_fn_type or self.default_reward_fn_type
 
-        def score(texts: list[str]) -> list[dict[str, float]]:
-            return [reward_fn(t, task.truth, task.raw, **task.reward_fn_args) for t in texts]
+        async def score(texts: list[str]) -> list[dict[str, float]]:
+            return await score_responses(task, reward_name, texts)  # bounded (rewards/guard.py)
 
         # 1.
         first = task.to_messages()
@@ -56,7 +56,7 @@ class SelfCorrectionWorkflow(Workflow):
         episodes = [
             {"messages": [*first, self._reply(model, s)], "last": s, "turns": 1} for s in samples
         ]
-        scores = await asyncio.to_thread(score, [model.decode(s.response_ids) for s in samples])
+        scores = await score([model.decode(s.response_ids) for s in samples])
         first_accuracy = [float(sc.get("accuracy", 0.0)) for sc in scores]
         # 2.
         for _ in range(1, self.max_turns):
@@ -72,9 +72,7 @@ class SelfCorrectionWorkflow(Workflow):
                 episodes[i]["messages"].append(self._reply(model, s))
                 episodes[i]["last"] = s
                 episodes[i]["turns"] += 1
-            rescored = await asyncio.to_thread(
-                score, [model.decode(episodes[i]["last"].response_ids) for i in wrong]
-            )
+            rescored = await score([model.decode(episodes[i]["last"].response_ids) for i in wrong])
             for i, sc in zip(wrong, rescored, strict=True):
                 scores[i] = sc
         # 3.
