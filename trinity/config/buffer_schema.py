@@ -43,8 +43,11 @@ class FormatConfig(ConfigSection):
     """Column holding the dispreferred response (DPO)."""
     system_prompt: str | None = None
     """System message prepended to every prompt; None = no system message."""
-    reply_prefix: Annotated[str | None, NotBuilt("forcing the reply to start with a prefix")] = None
-    """Text the assistant reply is forced to start with; None = nothing."""
+    reply_prefix: str | None = None
+    """Text the assistant reply is forced to start with (e.g. `<think>`), right after the chat
+    template's generation prompt: its tokens are prompt tokens (not trained) and the reward fn
+    scores what is sampled after it, as in Trinity-RFT; the single-turn workflows apply it
+    (`takes_reply_prefix`). None = nothing."""
     image_key: Annotated[str | None, NotBuilt("multi-modal data (images)")] = None
     """Column holding images (multi-modal models); None = no images."""
     video_key: Annotated[str | None, NotBuilt("multi-modal data (videos)")] = None
@@ -214,6 +217,7 @@ _EXPERIENCE_BUFFER: dict[str, Any] = {
             "default_workflow_type",
             "default_reward_fn_type",
             "repeat_times",
+            "format.reply_prefix",
         )
     },
 }

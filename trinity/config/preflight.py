@@ -516,6 +516,16 @@ def _storage_name_problems(
                 "clients: set it to true",
             )
         )
+    applies = getattr(workflow, "takes_reply_prefix", False)
+    if storage.format.reply_prefix and workflow is not None and not applies:
+        problems.append(
+            Problem(
+                f"{path}.format.reply_prefix",
+                f"workflow {own or inherited!r} does not apply a reply prefix (the single-turn "
+                "workflows do: math_workflow, math_boxed_workflow, the judge workflows); "
+                "remove the key",
+            )
+        )
     own = storage.default_reward_fn_type
     name = own or inp.default_reward_fn_type or getattr(workflow, "default_reward_fn_type", None)
     check("reward_fn", "reward fn", own, name, 3)

@@ -38,7 +38,7 @@ from typing import Any
 
 from trinity.common.keys import stable_key
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
-from trinity.explorer.bridging import render_ids
+from trinity.explorer.bridging import encode, render_ids, split_reply_prefix
 from trinity.explorer.call_args import TemplateError, sampling_params
 from trinity.explorer.model_calls import ModelCalls
 
@@ -204,12 +204,15 @@ class AuxiliaryHandle(ModelCalls):
         `sampling`: SamplingParams fields, plus `stop` and `seed` (as `ModelHandle.chat`).
         `refuse_over_long`: the rollout handle's argument; an auxiliary model always refuses an
         over-long prompt (`check_prompt`)."""
+        rest, prefix = split_reply_prefix(messages)  # a reply prefix: its ids end the prompt
         try:
             ids = render_ids(
-                self.tokenizer, messages, tools=tools, template_kwargs=self._model.template_kwargs
+                self.tokenizer, rest, tools=tools, template_kwargs=self._model.template_kwargs
             )
         except Exception as e:  # the template's own error, whatever its kind
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
+        if prefix is not None:
+            ids += encode(self.tokenizer, prefix)
         return await self._sample(ids, sampling)
 
     async def generate(

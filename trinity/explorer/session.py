@@ -27,13 +27,21 @@ by the ledger with their reason when their prompt does not extend held tokens.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trinity.common.rollout import Sample
-from trinity.explorer.bridging import BRIDGE, Bridge, BridgeError, render_ids
+from trinity.explorer.bridging import (
+    BRIDGE,
+    Bridge,
+    BridgeError,
+    encode,
+    render_ids,
+    split_reply_prefix,
+)
 from trinity.explorer.ledger import CallRecord, Intent, SessionLedger, fingerprint
 
 _THINK_TAGS = re.compile(r"</?think>")
@@ -103,6 +111,7 @@ class Prepared:
     how: str
     intent: Intent = field(default_factory=Intent)
     claim: str | None = None  # the record it continues, held until `release`
+    prefix: str | None = None  # a reply prefix whose ids end `prompt_ids` (`split_reply_prefix`)
 
 
 class ChatSession:
@@ -163,8 +172,18 @@ class ChatSession:
            matching reply: the whole list rendered, as drift
         3. no continuation: the whole list rendered; an edit of an earlier conversation (same
            first non-system message) is drift, anything else a fresh prompt
+
+        A list ending with a reply prefix (`bridging.split_reply_prefix`) is prepared without
+        it, and the prefix's ids end the prompt.
         """
-        msgs = [dict(m) for m in messages]
+        rest, prefix = split_reply_prefix(messages)
+        prepared = self._prepare([dict(m) for m in rest], tools)
+        if prefix is None:
+            return prepared
+        ids = prepared.prompt_ids + encode(self.tokenizer, prefix)
+        return dataclasses.replace(prepared, prompt_ids=ids, prefix=prefix)
+
+    def _prepare(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Prepared:
         # 1.
         calls = self._continued_calls(msgs, tools)
         if calls:
@@ -292,6 +311,9 @@ class ChatSession:
                 reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s)
                 for s, r in zip(samples, records, strict=True)
             ]
+            if prepared.prefix is not None:  # a next turn's reply may repeat it with its prefix
+                messages = split_reply_prefix(messages)[0]
+                keys = [ks | {_reply_key(prepared.prefix) + k for k in ks} for ks in keys]
             self._calls.append(_Call(*self._kept(messages, tools), records, keys))
         return records
 
