@@ -83,6 +83,10 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     problems, skipped = (merge_stages([(at, r[i]) for at, r in reports]) for i in (0, 1))
     report = PreflightReport(not_built_problems(cfg) + problems, not_applicable_notes(cfg), skipped)
     stages, last = dict(valid_stages(cfg)), len(cfg.stages) - 1
+    if cfg.explorer.env_vars and cfg.cluster.one_process is not False:
+        from trinity.explorer.workflow_env import ONE_PROCESS_NOTE
+
+        report.notes.append(ONE_PROCESS_NOTE)
     # 6. the monitor backends: installed, and their arguments (one monitor serves every stage)
     if not blocked(skip, "monitor"):
         found, notes = monitor_problems(cfg.monitor)
@@ -144,6 +148,11 @@ def _check_one(
             from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
 
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
+        where = f"explorer.{at}.reasoning_parser"
+        if pool.reasoning_parser and not blocked(skip, where):
+            from trinity.common.reasoning import REASONING_PARSER
+
+            problems += _lookup(REASONING_PARSER, pool.reasoning_parser, where)[1]
     if not blocked(skip, "data_processor.experience_pipeline"):
         problems += _operator_problems(cfg)
     if not blocked(skip, "data_processor.task_pipeline", "explorer.auxiliary_models"):

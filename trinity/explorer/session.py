@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trinity.common.reasoning import ReasoningParser
 from trinity.common.rollout import Sample
 from trinity.explorer.bridging import (
     BRIDGE,
@@ -42,7 +43,7 @@ from trinity.explorer.bridging import (
     render_ids,
     split_reply_prefix,
 )
-from trinity.explorer.ledger import CallRecord, Intent, SessionLedger, fingerprint
+from trinity.explorer.ledger import NOT_SAMPLED, CallRecord, Intent, SessionLedger, fingerprint
 
 _THINK_TAGS = re.compile(r"</?think>")
 _SPACE = re.compile(r"\s+")
@@ -119,6 +120,9 @@ class ChatSession:
 
     `bridging`: a `BRIDGE` name, or None to use `template_check.choose_bridging`'s verdict for
     the tokenizer's template (probed once per process and template, on the first continuation).
+    `reasoning`: a reasoning parser (`common/reasoning.py`): each sample's reply is split into
+    `info["reasoning_content"]` and `info["content"]`, and a later assistant message holding
+    the answer alone is that reply too.
     """
 
     def __init__(
@@ -127,8 +131,10 @@ class ChatSession:
         ledger: SessionLedger,
         template_kwargs: Mapping[str, Any] | None = None,
         bridging: str | None = None,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.reasoning = reasoning
         self.ledger = ledger
         self.template_kwargs = dict(template_kwargs or {})
         self._bridging = bridging
@@ -306,16 +312,31 @@ class ChatSession:
         )
         for s, r in zip(samples, records, strict=True):
             s.info["call_id"] = r.call_id
+        answers = [self._split(s) for s in samples]
         if messages is not None and records:
             keys = [
-                reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s)
-                for s, r in zip(samples, records, strict=True)
+                reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s) | answer
+                for s, r, answer in zip(samples, records, answers, strict=True)
             ]
             if prepared.prefix is not None:  # a next turn's reply may repeat it with its prefix
                 messages = split_reply_prefix(messages)[0]
                 keys = [ks | {_reply_key(prepared.prefix) + k for k in ks} for ks in keys]
             self._calls.append(_Call(*self._kept(messages, tools), records, keys))
         return records
+
+    def _split(self, sample: Sample) -> set[str]:
+        """With a reasoning parser: `sample`'s returned reply split into its info's
+        `reasoning_content` and `content`, and the answer's key (empty without one)."""
+        if self.reasoning is None or sample.finish_reason in NOT_SAMPLED:
+            return set()
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        stop = sample.info.get("stop")
+        if stop and stop in text:  # returned without the stop string that ended it
+            text = text[: text.find(stop)]
+        split = self.reasoning(text)
+        sample.info["reasoning_content"] = split.reasoning
+        sample.info["content"] = split.content
+        return {_reply_key(split.content)} if split.content and split.content.strip() else set()
 
     def _kept(
         self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None
