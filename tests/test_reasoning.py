@@ -90,6 +90,19 @@ def test_workflow_chat_samples_carry_the_split_and_keep_every_sampled_token():
     assert first.response_ids[0] == think  # token-in/token-out: the think block is sampled
 
 
+def test_an_auxiliary_model_s_chat_samples_carry_its_own_parser_s_split():
+    from trinity.explorer.auxiliary import AuxiliaryHandle, AuxiliaryModel
+
+    tok = chat_templates.chatml()
+    engine = FakeEngine(tok, split_rate=0.0)
+    model = AuxiliaryModel(
+        0, None, "judge", engine, tok, SamplingParams(n=1), {}, None, 0, reasoning=deepseek_r1
+    )
+    engine.plan = [("check the sum", "length")]  # cut while thinking: all reasoning (R1)
+    (s,) = asyncio.run(AuxiliaryHandle(model, None, None).chat([{"role": "user", "content": "q"}]))
+    assert (s.info["reasoning_content"], s.info["content"]) == ("check the sum", None)
+
+
 # -- the endpoint --------------------------------------------------------------------------------
 
 

@@ -73,6 +73,14 @@ def qwen3(text: str) -> Reasoning:
     return Reasoning(reasoning, content or None)
 
 
+def note_split(parser: ReasoningParser, text: str, info: dict) -> Reasoning:
+    """`text` (a returned reply) split by `parser`, kept in a sample's `info` as
+    `reasoning_content` and `content`."""
+    split = parser(text)
+    info["reasoning_content"], info["content"] = split.reasoning, split.content
+    return split
+
+
 def reasoning_parser(name: str | None) -> ReasoningParser | None:
     """The parser `name` names (None: no parser); a registry error listing the names on a miss."""
     return None if name is None else REASONING_PARSER.get(name)

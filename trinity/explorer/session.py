@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trinity.common.reasoning import ReasoningParser
+from trinity.common.reasoning import ReasoningParser, note_split
 from trinity.common.rollout import Sample
 from trinity.explorer.bridging import (
     BRIDGE,
@@ -333,9 +333,7 @@ class ChatSession:
         stop = sample.info.get("stop")
         if stop and stop in text:  # returned without the stop string that ended it
             text = text[: text.find(stop)]
-        split = self.reasoning(text)
-        sample.info["reasoning_content"] = split.reasoning
-        sample.info["content"] = split.content
+        split = note_split(self.reasoning, text, sample.info)
         return {_reply_key(split.content)} if split.content and split.content.strip() else set()
 
     def _kept(
