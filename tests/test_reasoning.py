@@ -15,6 +15,7 @@ import pytest
 
 from tests import chat_templates
 from tests.fake_engine import FakeEngine
+from tests.test_agentscope import ByTurn, assert_exact, call, needs_agentscope
 from tests.test_endpoint import ScriptedEngine
 from trinity.common.reasoning import REASONING_PARSER, Reasoning, deepseek_r1, qwen3
 from trinity.common.registry import RegistryError
@@ -220,3 +221,47 @@ def test_raw_body_has_reasoning_content_null_when_the_reply_has_none(tiny_model_
         }
     finally:
         served.close()
+
+
+# -- an AgentScope agent on the endpoint -----------------------------------------------------------
+
+
+@needs_agentscope
+def test_an_agentscope_react_episode_under_deepseek_r1_trains_exactly_the_sampled_tokens():
+    """The agent gets each reply's reasoning apart (`reasoning_content`, AgentScope's thinking
+    block) and the answer with its tool call; what it sends back continues the sampled tokens,
+    think blocks included, with no drift (Trinity-RFT's agentscope_react examples set
+    `reasoning_parser: deepseek_r1`)."""
+    from trinity.endpoint.server import SessionPublisher, WorkflowSessions
+    from trinity.tasks.task import Task
+    from trinity.workflows import WORKFLOW
+
+    tok = chat_templates.chatml()  # drops history's <think> blocks when it renders a conversation
+    replies = [f"<think>17 and 25</think>Adding.{call('17+25')}", "<think>so 42</think>\\boxed{42}"]
+    engine = ByTurn(tok, replies, "<|im_start|>assistant")
+    workflow = WORKFLOW.get("agentscope_react_workflow")(max_iters=3)
+    task = Task(index=0, raw={"question": "What is 17+25?"}, prompt="What is 17+25?", truth="42")
+
+    async def main():
+        sessions = WorkflowSessions("policy", len(tok), 64, engine)
+        app = build_app(sessions, tool_call_parser="hermes", reasoning_parser="deepseek_r1")
+        server = EndpointServer(app)
+        publisher = SessionPublisher(sessions, await server.start())
+        try:
+            params = SamplingParams(n=1, max_tokens=48)
+            handle = TaskModelHandle(
+                engine, tok, params, key=7, publish=publisher, reasoning_parser="deepseek_r1"
+            )
+            return handle, await workflow.run(task, handle)
+        finally:
+            publisher.close()
+            await server.stop()
+
+    handle, exps = asyncio.run(main())
+    assert_exact(exps, engine.calls)
+    (e,) = exps
+    assert e.reward == 1.0 and e.response_text == "\\boxed{42}"  # the answer, think block apart
+    sampled = tok.decode(e.response_tokens.tolist())
+    assert "<think>17 and 25</think>" in sampled and "<think>so 42</think>" in sampled
+    stats = handle.ledger_stats()
+    assert (stats.calls, stats.segments, stats.drift, stats.bridged) == (2, 1, 0, 1)
