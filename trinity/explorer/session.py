@@ -14,7 +14,9 @@ whose messages are a prefix of the new list, followed by an assistant message th
 that call's sampled replies and by no other assistant message. The reply is matched by text
 (whitespace and `<think>` tags aside) or by tool-call ids a server registered with
 `bind_reply`; equal replies go to a record still at its trajectory's tip and not continued by a
-call in flight, in sample order. The new prompt is then that reply's held tokens plus the delta
+call in flight, in sample order. With a reasoning parser (`common/reasoning.py`) a reply's answer
+alone (its reasoning dropped by the client) matches it too; a reply forced to start with a
+prefix (`bridging.split_reply_prefix`) matches with or without that prefix. The new prompt is then that reply's held tokens plus the delta
 of the messages after it (`bridging.Bridge`); a first call, or a fresh prompt, is rendered whole
 exactly as `apply_chat_template` does (single-turn workflows see no change).
 
