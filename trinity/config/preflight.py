@@ -26,7 +26,7 @@ base config and every stage (problems located under `stages[i].`):
 
     report = preflight(cfg)
     report.problems  # list[Problem]; any = exit 2 with nothing started
-    report.notes     # "not applicable here" lines
+    report.notes     # notes: keys not applicable here, how some act here
     report.skipped   # one line per dataset whose bad rows will be skipped
 """
 
