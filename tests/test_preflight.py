@@ -235,8 +235,7 @@ def test_not_applicable_notes_printed_by_both_verbs(verb, tmp_path, no_ray):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert (
-        "notes:\n  explorer.rollout_model.gpu_memory_utilization: "
-        "not applicable here (vLLM"
+        "notes:\n  explorer.rollout_model.gpu_memory_utilization: not applicable here (vLLM"
     ) in result.output
 
 
