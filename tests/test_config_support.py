@@ -63,9 +63,9 @@ def test_refusals_name_the_key_and_feature() -> None:
             "model": {"external_model": {"url": "http://x"}, "logprobs": 0},
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
-                # served to workflows; its own not-built keys are refused where they are
                 "auxiliary_models": [{"model_path": "judge", "reasoning_parser": "qwen3"}],
             },
+            "data_processor": {"experience_pipeline": {"input_save_path": "x.jsonl"}},
             "cluster": {"node_num": 1},
             "monitor": {"monitor_type": ["jsonl", "swanlab"], "detailed_stats": True},  # built
             "trainer": {"trainer_strategy": "fsdp2"},
@@ -74,11 +74,10 @@ def test_refusals_name_the_key_and_feature() -> None:
     probs = {p.path: p.message for p in not_built_problems(cfg)}
     assert set(probs) == {
         "model.external_model",
-        "explorer.rollout_model.reasoning_parser",
-        "explorer.auxiliary_models[0].reasoning_parser",
-    }  # logprobs 0 and node_num 1 are inert; tensor and sequence parallelism are built
+        "data_processor.experience_pipeline.input_save_path",
+    }  # logprobs 0 and node_num 1 are inert; tensor parallelism and reasoning parsers are built
     assert "externally served" in probs["model.external_model"]
-    assert "reasoning parsers" in probs["explorer.auxiliary_models[0].reasoning_parser"]
+    assert "pipeline's input" in probs["data_processor.experience_pipeline.input_save_path"]
 
 
 def test_not_applicable_keys_are_noted_when_set_with_reason() -> None:
@@ -112,14 +111,18 @@ def test_stage_keys_are_checked_in_each_stage() -> None:
             "buffer": {"explorer_input": {"taskset": {"path": "t"}}},
             "stages": [
                 {"stage_name": "a", "algorithm": {"repeat_times": 2}},
-                {"stage_name": "b", "explorer": {"env_vars": {"A": "1"}}},
+                {
+                    "stage_name": "b",
+                    "data_processor": {"experience_pipeline": {"input_save_path": "x.jsonl"}},
+                },
             ],
         }
     )
     probs = [str(p) for p in not_built_problems(cfg)]
     assert probs == [
-        "stages[1].explorer.env_vars: not built yet: environment variables for workflow "
-        "runners; remove the key (or set its default) to run"
+        "stages[1].data_processor.experience_pipeline.input_save_path: not built yet: saving "
+        "the experience pipeline's input to a file or table; remove the key (or set its "
+        "default) to run"
     ]
 
 
@@ -130,7 +133,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.external_model", "explorer.auxiliary_models[*].reasoning_parser"} <= listed
+    assert {"model.external_model", "data_processor.experience_pipeline.input_save_path"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:

@@ -235,8 +235,7 @@ def test_not_applicable_notes_printed_by_both_verbs(verb, tmp_path, no_ray):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert (
-        "not applicable here:\n  explorer.rollout_model.gpu_memory_utilization: "
-        "not applicable here (vLLM"
+        "notes:\n  explorer.rollout_model.gpu_memory_utilization: not applicable here (vLLM"
     ) in result.output
 
 
@@ -353,7 +352,7 @@ def test_staged_config_with_problems_everywhere_is_one_report(tmp_path, no_ray):
         "algorithm: {algorithm_type: grpoo}\n"
         "stages:\n"
         "  - {stage_name: a, algorithm: {repeat_times: 0}}\n"
-        "  - {stage_name: b, explorer: {env_vars: {A: '1'}}}\n"
+        "  - {stage_name: b, data_processor: {experience_pipeline: {input_save_path: x.jsonl}}}\n"
     )
     r = CliRunner().invoke(app, ["validate", "--config", str(cfg)])
     assert r.exit_code == 2 and "Traceback" not in r.output
@@ -363,7 +362,7 @@ def test_staged_config_with_problems_everywhere_is_one_report(tmp_path, no_ray):
         "algorithm.algorithm_type",
         "buffer.explorer_input.taskset",
         "stages[0].algorithm.repeat_times",
-        "stages[1].explorer.env_vars",
+        "stages[1].data_processor.experience_pipeline.input_save_path",
     ]
 
 

@@ -107,7 +107,7 @@ def _check(config: Path, overrides: list[str] | None, plugin_dirs: list[Path] | 
         known = {(p.path, p.message) for p in problems}
         report.problems = [p for p in report.problems if (p.path, p.message) not in known]
     if report.notes:
-        err.print("not applicable here:")
+        err.print("notes:")  # keys not applicable here, and how some keys act here
         for note in report.notes:
             err.print(f"  {note}", markup=False, soft_wrap=True)
     if report.skipped:

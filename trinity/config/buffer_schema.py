@@ -22,6 +22,15 @@ EXPERIENCE_FILE_SUFFIXES = (".jsonl",)
 """What an experience file (`storage_type: file`, `buffer/file_storage.py`) may be named."""
 
 
+MULTIMODAL_NOT_BUILT = (
+    "the rollout engine, the Experience and its storages, and the trainer's logprob passes "
+    "carry token ids only: a vision-language model's pixel values and M-RoPE positions would "
+    "have to pass through all of them (docs/data.md, 'Multi-modal data')"
+)
+"""Why images and videos (`image_key`, `video_key`, Trinity-RFT's `simple_mm_workflow`) are
+refused here."""
+
+
 class FormatConfig(ConfigSection):
     """Which columns of a dataset row hold the prompt, the answer and the preference pair."""
 
@@ -43,11 +52,18 @@ class FormatConfig(ConfigSection):
     """Column holding the dispreferred response (DPO)."""
     system_prompt: str | None = None
     """System message prepended to every prompt; None = no system message."""
-    reply_prefix: Annotated[str | None, NotBuilt("forcing the reply to start with a prefix")] = None
-    """Text the assistant reply is forced to start with; None = nothing."""
-    image_key: Annotated[str | None, NotBuilt("multi-modal data (images)")] = None
+    reply_prefix: str | None = None
+    """Text the assistant reply is forced to start with (e.g. `<think>`), right after the chat
+    template's generation prompt: its tokens are prompt tokens (not trained) and the reward fn
+    scores what is sampled after it, as in Trinity-RFT; the single-turn workflows apply it
+    (`takes_reply_prefix`). None = nothing."""
+    image_key: Annotated[
+        str | None, NotBuilt(f"multi-modal data (images): {MULTIMODAL_NOT_BUILT}")
+    ] = None
     """Column holding images (multi-modal models); None = no images."""
-    video_key: Annotated[str | None, NotBuilt("multi-modal data (videos)")] = None
+    video_key: Annotated[
+        str | None, NotBuilt(f"multi-modal data (videos): {MULTIMODAL_NOT_BUILT}")
+    ] = None
     """Column holding videos (multi-modal models); None = no videos."""
 
 
@@ -217,6 +233,7 @@ _EXPERIENCE_BUFFER: dict[str, Any] = {
             "default_workflow_type",
             "default_reward_fn_type",
             "repeat_times",
+            "format.reply_prefix",
         )
     },
 }

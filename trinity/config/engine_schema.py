@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from trinity.config.base import ConfigSection, Dtype, NotApplicable, NotBuilt
+from trinity.config.base import ConfigSection, Dtype, NotApplicable
 
 
 def serves_with_vllm(pool: Any) -> bool:
@@ -119,8 +119,12 @@ class InferenceModelConfig(ConfigSection):
     tool_call_parser: str | None = None
     """OpenAI API: parser of tool calls in the output (`trinity.endpoint.tool_calls`: hermes,
     qwen, json, or a dotted path); None = hermes."""
-    reasoning_parser: Annotated[str | None, NotBuilt("reasoning parsers")] = None
-    """OpenAI API: parser of the reasoning part, e.g. 'deepseek_r1'."""
+    reasoning_parser: str | None = None
+    """Parser of a reply's `<think>` reasoning (`trinity.common.reasoning`, vLLM's names:
+    deepseek_r1, qwen3, or a dotted path): the endpoint's chat messages carry it as
+    `reasoning_content` apart from `content`, a workflow's chat samples as
+    `info["reasoning_content"]` / `info["content"]`, and a later turn that repeats the answer
+    alone still continues the sampled tokens; the tokens are never changed. None = no split."""
     max_model_len: int | None = Field(None, ge=1)
     """Prompt + response tokens; None = model.max_model_len."""
     max_prompt_tokens: int | None = Field(None, ge=1)

@@ -26,7 +26,7 @@ base config and every stage (problems located under `stages[i].`):
 
     report = preflight(cfg)
     report.problems  # list[Problem]; any = exit 2 with nothing started
-    report.notes     # "not applicable here" lines
+    report.notes     # notes: keys not applicable here, how some act here
     report.skipped   # one line per dataset whose bad rows will be skipped
 """
 
@@ -83,6 +83,10 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
     problems, skipped = (merge_stages([(at, r[i]) for at, r in reports]) for i in (0, 1))
     report = PreflightReport(not_built_problems(cfg) + problems, not_applicable_notes(cfg), skipped)
     stages, last = dict(valid_stages(cfg)), len(cfg.stages) - 1
+    if cfg.explorer.env_vars and cfg.cluster.one_process is not False:
+        from trinity.explorer.workflow_env import ONE_PROCESS_NOTE
+
+        report.notes.append(ONE_PROCESS_NOTE)
     # 6. the monitor backends: installed, and their arguments (one monitor serves every stage)
     if not blocked(skip, "monitor"):
         found, notes = monitor_problems(cfg.monitor)
@@ -144,6 +148,11 @@ def _check_one(
             from trinity.endpoint.tool_calls import TOOL_CALL_PARSER
 
             problems += _lookup(TOOL_CALL_PARSER, pool.tool_call_parser, where)[1]
+        where = f"explorer.{at}.reasoning_parser"
+        if pool.reasoning_parser and not blocked(skip, where):
+            from trinity.common.reasoning import REASONING_PARSER
+
+            problems += _lookup(REASONING_PARSER, pool.reasoning_parser, where)[1]
     if not blocked(skip, "data_processor.experience_pipeline"):
         problems += _operator_problems(cfg)
     if not blocked(skip, "data_processor.task_pipeline", "explorer.auxiliary_models"):
@@ -546,6 +555,16 @@ def _storage_name_problems(
                 "explorer.rollout_model.enable_openai_api",
                 f"workflow {own or inherited!r} of {path} talks to the model through OpenAI "
                 "clients: set it to true",
+            )
+        )
+    applies = getattr(workflow, "takes_reply_prefix", False)
+    if storage.format.reply_prefix and workflow is not None and not applies:
+        problems.append(
+            Problem(
+                f"{path}.format.reply_prefix",
+                f"workflow {own or inherited!r} does not apply a reply prefix (the single-turn "
+                "workflows do: math_workflow, math_boxed_workflow, the judge workflows); "
+                "remove the key",
             )
         )
     own = storage.default_reward_fn_type

@@ -318,10 +318,10 @@ class ExplorerConfig(ConfigSection):
     (`model.auxiliary(0)`, `model.auxiliary("judge")`); their calls are not trained. Each
     replica counts as an engine in the core shares. Under an algorithm whose teacher is
     auxiliary_models[0] (on_policy_distill) that one is the trainer's and is not served."""
-    env_vars: Annotated[dict[str, str], NotBuilt("environment variables for workflow runners")] = (
-        Field(default_factory=dict)
-    )
-    """Environment variables set in workflow runners."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set where workflows run: the explorer's process, through its Ray
+    runtime_env (the engines, the trainer and the services do not get them); in the one-process
+    layout the run's one process, from the explorer's start (`explorer/workflow_env.py`)."""
     max_repeat_times_per_runner: Annotated[
         int | None,
         NotApplicable(

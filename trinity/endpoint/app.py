@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from trinity.common.reasoning import REASONING_PARSER
 from trinity.common.rollout import BadPrompt, PromptTooLong, Sample
 from trinity.endpoint.bodies import (
     chat_choice,
@@ -76,6 +77,7 @@ def build_app(
     source: SessionSource,
     api_key: str | None = None,
     tool_call_parser: str = "hermes",
+    reasoning_parser: str | None = None,
     book: FeedbackBook | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_in_flight: int = MAX_IN_FLIGHT,
@@ -84,9 +86,13 @@ def build_app(
     `book`: serve mode's sessions and rewards; adds POST /feedback and /commit.
     `max_body_bytes`: a larger request body is refused with 413 before it is read whole.
     `max_in_flight`: model calls sampling at once; one more is a 429 (with `Retry-After`), so
-    a flood of clients queues in their retries, not in this process's memory."""
+    a flood of clients queues in their retries, not in this process's memory.
+    `reasoning_parser`: a `REASONING_PARSER` name; chat messages then carry the reply's
+    `reasoning_content` apart from its `content` (`common/reasoning.py`), and a streamed chat
+    call is answered whole first, as one with tools is."""
     in_flight = [0]
     parse_tools = TOOL_CALL_PARSER.get(tool_call_parser)
+    reason = REASONING_PARSER.get(reasoning_parser) if reasoning_parser else None
     app = FastAPI(title="trinity OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
@@ -281,7 +287,8 @@ def build_app(
         tools = req.template_tools()
         messages = [m.for_template() for m in req.messages]
         args = sampling(req, req.limit())
-        if req.stream and not req.parses_calls():  # tool calls are parsed from whole replies
+        # tool calls and reasoning are parsed from whole replies
+        if req.stream and not req.parses_calls() and reason is None:
             heard = Heard(req.n)
             call = handle.chat(messages, tools=tools, refuse_over_long=True, watch=heard, **args)
             return await live(request, sid, "chat", req, handle, heard, call)
@@ -289,7 +296,7 @@ def build_app(
             request, handle.chat(messages, tools=tools, refuse_over_long=True, **args)
         )
         choices = [
-            chat_choice(i, s, handle, parse_tools if req.parses_calls() else None)
+            chat_choice(i, s, handle, parse_tools if req.parses_calls() else None, reason)
             for i, s in enumerate(samples)
         ]
         version = min(s.model_version for s in samples)

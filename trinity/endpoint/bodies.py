@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+from trinity.common.reasoning import ReasoningParser
 from trinity.common.rollout import Sample
 from trinity.endpoint.tool_calls import ParsedCalls
 from trinity.explorer.model_client import TaskModelHandle
@@ -29,8 +30,17 @@ def finish_of(s: Sample) -> str:
     return "length" if s.finish_reason == "length" else "stop"
 
 
-def chat_choice(i: int, s: Sample, handle: TaskModelHandle, parse: Any) -> Choice:
+def chat_choice(
+    i: int, s: Sample, handle: TaskModelHandle, parse: Any, reason: ReasoningParser | None = None
+) -> Choice:
+    """Choice `i`: with `reason` (a reasoning parser), the reply's reasoning goes to the
+    message's `reasoning_content` and the tool-call parser `parse` reads the answer alone, as
+    in vLLM; the sampled tokens are unchanged either way."""
     text = reply_text(s, handle)
+    reasoning = None
+    if reason is not None:
+        split = reason(text)
+        reasoning, text = split.reasoning, split.content or ""
     parsed: ParsedCalls = parse(text) if parse else ParsedCalls("none", text)
     if parse is not None:
         s.info["tool_call_status"] = parsed.status
@@ -39,6 +49,10 @@ def chat_choice(i: int, s: Sample, handle: TaskModelHandle, parse: Any) -> Choic
         if "call_id" in s.info:  # the ledger keeps it for the experience
             handle.note_tool_calls(s.info["call_id"], parsed.status, parsed.error or "")
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if reason is not None:
+        message["reasoning_content"] = reasoning
+        if not parsed.content:  # all reasoning: no answer (vLLM's None)
+            message["content"] = None
     finish = finish_of(s)
     if parsed.status == "ok":
         message["tool_calls"] = [c.to_openai() for c in parsed.calls]

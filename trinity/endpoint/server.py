@@ -39,8 +39,11 @@ class EngineSessions:
         defaults: SamplingParams,
         model_name: str,
         max_prompt_tokens: int | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
+        """`reasoning_parser`: each session's (`TaskModelHandle`'s), a `REASONING_PARSER` name."""
         self.client, self.tokenizer, self.defaults = client, tokenizer, defaults
+        self.reasoning_parser = reasoning_parser
         self.model_name = model_name
         self.vocab_size = len(tokenizer)
         self.max_tokens = defaults.max_tokens
@@ -60,6 +63,7 @@ class EngineSessions:
                 self.tokenizer,
                 self.defaults,
                 max_prompt_tokens=self.max_prompt_tokens,
+                reasoning_parser=self.reasoning_parser,
             )
         return self.sessions[session_id]
 
@@ -244,5 +248,9 @@ def rollout_model_endpoint(
     m, rm = cfg.model, cfg.explorer.rollout_model
     budget = m.max_response_tokens if m.max_response_tokens is not None else 64
     sessions = WorkflowSessions(m.model_path, len(tokenizer), budget, client)
-    app = build_app(sessions, tool_call_parser=rm.tool_call_parser or "hermes")
+    app = build_app(
+        sessions,
+        tool_call_parser=rm.tool_call_parser or "hermes",
+        reasoning_parser=rm.reasoning_parser,
+    )
     return sessions, EndpointServer(app)

@@ -11,9 +11,11 @@ prefill and the first decode step, and the event loop all sessions share only ap
   in the last delta.
 - With `logprobs`, each chunk carries the tokens heard since the choice's previous chunk, the
   finish chunk the rest: joined, they are the non-streamed logprobs, token for token.
-- A call whose replies are parsed for tool calls, or a completion of several prompts, is
-  answered when it is done, then streamed from its samples (`chat_chunks`,
-  `completion_chunks`): a tool call's arguments are only known whole.
+- A call whose replies are parsed for tool calls or reasoning (`reasoning_parser`), or a
+  completion of several prompts, is answered when it is done, then streamed from its samples
+  (`chat_chunks`, `completion_chunks`): a tool call's arguments are only known whole. A split
+  reply streams its `reasoning_content` in one delta, then its content in one (with every
+  token's logprobs).
 """
 
 from __future__ import annotations
@@ -214,11 +216,17 @@ async def chat_chunks(
     for c in choices:
         yield chunk(c.index, {"role": "assistant", "content": ""})
         content = c.message["content"] or ""
+        reasoning = c.message.get("reasoning_content")
+        if reasoning is not None:  # split from the reply: the reasoning, then the rest whole
+            yield chunk(c.index, {"reasoning_content": reasoning})
         if "tool_calls" in c.message:
             if content:
                 yield chunk(c.index, {"content": content})
             calls = [{"index": j, **call} for j, call in enumerate(c.message["tool_calls"])]
             yield chunk(c.index, {"tool_calls": calls}, lp=lp_of(c.sample))
+        elif "reasoning_content" in c.message:
+            if content or logprobs:
+                yield chunk(c.index, {"content": content}, lp=lp_of(c.sample))
         else:
             for text, lo, hi in pieces(c.sample, content, handle):
                 yield chunk(c.index, {"content": text}, lp=lp_of(c.sample, lo, hi))

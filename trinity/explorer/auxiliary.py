@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trinity.common.keys import stable_key
+from trinity.common.reasoning import ReasoningParser, note_split, reasoning_parser
 from trinity.common.rollout import PromptTooLong, Sample, SamplingParams
-from trinity.explorer.bridging import render_ids
+from trinity.explorer.bridging import encode, render_ids, split_reply_prefix
 from trinity.explorer.call_args import TemplateError, sampling_params
 from trinity.explorer.model_calls import ModelCalls
 
@@ -87,6 +88,7 @@ class AuxiliaryModel:
     max_prompt_tokens: int | None
     seed: int
     openai_api: bool = False  # configured: enable_openai_api
+    reasoning: ReasoningParser | None = None  # its reasoning_parser: splits its chat replies
     url: str | None = None  # its endpoint's base URL, ".../v1", once served
     sessions: Any = None  # its endpoint's `WorkflowSessions`: the running tries' handles
 
@@ -113,6 +115,7 @@ def auxiliary_model(cfg: Any, index: int, client: Any, tokenizer: Any) -> Auxili
         max_prompt_tokens=max_prompt,
         seed=seeds.auxiliary_seed(cfg, index),
         openai_api=aux.enable_openai_api,
+        reasoning=reasoning_parser(aux.reasoning_parser),
     )
 
 
@@ -204,13 +207,25 @@ class AuxiliaryHandle(ModelCalls):
         `sampling`: SamplingParams fields, plus `stop` and `seed` (as `ModelHandle.chat`).
         `refuse_over_long`: the rollout handle's argument; an auxiliary model always refuses an
         over-long prompt (`check_prompt`)."""
+        rest, prefix = split_reply_prefix(messages)  # a reply prefix: its ids end the prompt
         try:
             ids = render_ids(
-                self.tokenizer, messages, tools=tools, template_kwargs=self._model.template_kwargs
+                self.tokenizer, rest, tools=tools, template_kwargs=self._model.template_kwargs
             )
         except Exception as e:  # the template's own error, whatever its kind
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
-        return await self._sample(ids, sampling)
+        if prefix is not None:
+            ids += encode(self.tokenizer, prefix)
+        samples = await self._sample(ids, sampling)
+        if self._model.reasoning is not None:  # info: reasoning_content, content
+            for s in samples:
+                text, stop = self.decode(s.response_ids), s.info.get("stop")
+                note_split(
+                    self._model.reasoning,
+                    text[: text.find(stop)] if stop and stop in text else text,
+                    s.info,
+                )
+        return samples
 
     async def generate(
         self, prompt: str | list[int], refuse_over_long: bool = True, **sampling: Any

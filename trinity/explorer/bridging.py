@@ -70,6 +70,28 @@ class Bridge(Protocol):
 BRIDGE: Registry[type] = Registry("bridging")
 
 
+def split_reply_prefix(
+    messages: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], str | None]:
+    """(the messages before a reply prefix, the prefix's text) of a message list that ends with
+    an assistant message marked `"prefix": True` (`format.reply_prefix`; the form of DeepSeek's
+    and Mistral's chat prefix completion); (the messages, None) for any other list.
+
+    A reply prefix is rendered as the rest's prompt (with its generation prompt) followed by the
+    prefix's own tokens, `encode(prefix)`: the reply is forced to start with it after the chat
+    template's generation prompt, and its tokens are prompt tokens (never trained). Trinity-RFT
+    renders the same list with `continue_final_message` and tokenises the text whole: the same
+    ids wherever the generation prompt ends on a token boundary (every ChatML and Llama
+    template), without the template's rendering of a finished assistant turn (Qwen3 puts an
+    empty think block into one)."""
+    if messages and messages[-1].get("role") == "assistant" and messages[-1].get("prefix") is True:
+        content = messages[-1].get("content")
+        if not isinstance(content, str) or not content:
+            raise ValueError(f"a reply prefix message needs a text content, got {content!r}")
+        return list(messages[:-1]), content
+    return list(messages), None
+
+
 def render_text(
     tokenizer: Any,
     messages: list[dict[str, Any]],

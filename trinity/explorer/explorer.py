@@ -36,6 +36,7 @@ from trinity.common.turns import EnginesTurn
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, engines_in_explorer, resolve
 from trinity.data.pipeline import ExperiencePipeline, StepGroups
+from trinity.explorer import workflow_env
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
     auxiliary_model,
@@ -102,6 +103,7 @@ class Explorer:
         # the modules above name torch lazily (`common.lazy`): the driver imports this one
         # to start the actor; the actor imports torch here, before its `imports` mark
         importlib.import_module("torch")
+        workflow_env.apply(config)  # explorer.env_vars, for the workflows run here
         self.startup = StartupMarks("explorer")  # its process start, its imports done
         self._started_at: float | None = None  # the driver's start: marks count from it
         self.cfg = config
@@ -188,7 +190,11 @@ class Explorer:
                     aux.model_path, len(tokenizer), model.defaults.max_tokens, model.client
                 )
                 server = EndpointServer(
-                    build_app(model.sessions, tool_call_parser=aux.tool_call_parser or "hermes")
+                    build_app(
+                        model.sessions,
+                        tool_call_parser=aux.tool_call_parser or "hermes",
+                        reasoning_parser=aux.reasoning_parser,
+                    )
                 )
                 model.url = await server.start()
                 self.aux_endpoints.append(server)
@@ -1061,6 +1067,7 @@ class Explorer:
                 max_prompt_tokens=cut_to,
                 auxiliary=auxiliary,
                 publish=publisher,
+                reasoning_parser=ecfg.rollout_model.reasoning_parser,
             )
             try:
                 workflow = workflow_cls(**task.workflow_args)

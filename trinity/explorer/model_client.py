@@ -27,6 +27,7 @@ from trinity.common import heartbeat
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
 from trinity.common.lazy import lazy_module
+from trinity.common.reasoning import REASONING_PARSER
 from trinity.common.rollout import (
     BadPrompt,
     Peers,
@@ -340,6 +341,7 @@ class TaskModelHandle(ModelCalls):
         episodes: Iterator[int] | None = None,
         auxiliary: tuple[AuxiliaryModels, Mapping[int, AuxiliaryHandle]] | None = None,
         publish: Callable[[TaskModelHandle], tuple[str, str]] | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         """`endpoint`: (the base URL of this handle's session on the explorer's OpenAI-compatible
         endpoint, the model name it serves), when `enable_openai_api` is on. `publish`: instead
@@ -347,7 +349,9 @@ class TaskModelHandle(ModelCalls):
         (base URL, model name) (`endpoint.server.SessionPublisher`); this handle and every
         `session()` opened from it are published, so each session has an OpenAI client.
         `auxiliary`: the served auxiliary models and this try's handles of them
-        (`explorer/auxiliary.py`)."""
+        (`explorer/auxiliary.py`). `reasoning_parser`: a `REASONING_PARSER` name
+        (`common/reasoning.py`): each chat sample's `info` gets its reply's
+        `reasoning_content` and `content`."""
         self._auxiliary = auxiliary
         self._endpoint = endpoint
         self._publish = publish
@@ -362,7 +366,14 @@ class TaskModelHandle(ModelCalls):
         self._bridging = bridging
         self._episodes = episodes if episodes is not None else itertools.count()
         self.ledger = SessionLedger(name, self._episodes)
-        self._chat = ChatSession(tokenizer, self.ledger, self.chat_template_kwargs, bridging)
+        self.reasoning_parser = reasoning_parser
+        self._chat = ChatSession(
+            tokenizer,
+            self.ledger,
+            self.chat_template_kwargs,
+            bridging,
+            reasoning=REASONING_PARSER.get(reasoning_parser) if reasoning_parser else None,
+        )
         self._sessions: list[TaskModelHandle] = []
         if endpoint is None and publish is not None:
             self._endpoint = publish(self)
@@ -505,6 +516,7 @@ class TaskModelHandle(ModelCalls):
             episodes=self._episodes,
             auxiliary=self._auxiliary,  # the try's auxiliary handles: keys go on, not restart
             publish=self._publish,
+            reasoning_parser=self.reasoning_parser,
         )
         child.truncated_prompts = self.truncated_prompts  # one list for the explorer to read
         self._sessions.append(child)

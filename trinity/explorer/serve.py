@@ -77,7 +77,14 @@ class ServeMode:
             max_tokens=m.max_response_tokens if m.max_response_tokens is not None else 64,
         )
         cut_to = m.max_prompt_tokens if m.enable_prompt_truncation else None
-        self.sessions = EngineSessions(ex.client, ex.tokenizer, defaults, m.model_path, cut_to)
+        self.sessions = EngineSessions(
+            ex.client,
+            ex.tokenizer,
+            defaults,
+            m.model_path,
+            cut_to,
+            reasoning_parser=ecfg.rollout_model.reasoning_parser,
+        )
         log = SessionLog(Path(resolve(self.cfg).run_dir) / "serve" / f"{self.name}.db")
         self.book = FeedbackBook(
             window_s=ecfg.feedback_window, log=log, freeze=self.freeze, written_through=self.step
@@ -99,6 +106,7 @@ class ServeMode:
             self.sessions,
             api_key=ecfg.api_key,
             tool_call_parser=ecfg.rollout_model.tool_call_parser or "hermes",
+            reasoning_parser=ecfg.rollout_model.reasoning_parser,
             book=self.book,
         )
         self.endpoint = EndpointServer(app, host=ecfg.listen_address, port=ecfg.api_port)

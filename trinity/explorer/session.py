@@ -14,7 +14,9 @@ whose messages are a prefix of the new list, followed by an assistant message th
 that call's sampled replies and by no other assistant message. The reply is matched by text
 (whitespace and `<think>` tags aside) or by tool-call ids a server registered with
 `bind_reply`; equal replies go to a record still at its trajectory's tip and not continued by a
-call in flight, in sample order. The new prompt is then that reply's held tokens plus the delta
+call in flight, in sample order. With a reasoning parser (`common/reasoning.py`) a reply's answer
+alone (its reasoning dropped by the client) matches it too; a reply forced to start with a
+prefix (`bridging.split_reply_prefix`) matches with or without that prefix. The new prompt is then that reply's held tokens plus the delta
 of the messages after it (`bridging.Bridge`); a first call, or a fresh prompt, is rendered whole
 exactly as `apply_chat_template` does (single-turn workflows see no change).
 
@@ -27,14 +29,23 @@ by the ledger with their reason when their prompt does not extend held tokens.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trinity.common.reasoning import ReasoningParser, note_split
 from trinity.common.rollout import Sample
-from trinity.explorer.bridging import BRIDGE, Bridge, BridgeError, render_ids
-from trinity.explorer.ledger import CallRecord, Intent, SessionLedger, fingerprint
+from trinity.explorer.bridging import (
+    BRIDGE,
+    Bridge,
+    BridgeError,
+    encode,
+    render_ids,
+    split_reply_prefix,
+)
+from trinity.explorer.ledger import NOT_SAMPLED, CallRecord, Intent, SessionLedger, fingerprint
 
 _THINK_TAGS = re.compile(r"</?think>")
 _SPACE = re.compile(r"\s+")
@@ -103,6 +114,7 @@ class Prepared:
     how: str
     intent: Intent = field(default_factory=Intent)
     claim: str | None = None  # the record it continues, held until `release`
+    prefix: str | None = None  # a reply prefix whose ids end `prompt_ids` (`split_reply_prefix`)
 
 
 class ChatSession:
@@ -110,6 +122,9 @@ class ChatSession:
 
     `bridging`: a `BRIDGE` name, or None to use `template_check.choose_bridging`'s verdict for
     the tokenizer's template (probed once per process and template, on the first continuation).
+    `reasoning`: a reasoning parser (`common/reasoning.py`): each sample's reply is split into
+    `info["reasoning_content"]` and `info["content"]`, and a later assistant message holding
+    the answer alone is that reply too.
     """
 
     def __init__(
@@ -118,8 +133,10 @@ class ChatSession:
         ledger: SessionLedger,
         template_kwargs: Mapping[str, Any] | None = None,
         bridging: str | None = None,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.reasoning = reasoning
         self.ledger = ledger
         self.template_kwargs = dict(template_kwargs or {})
         self._bridging = bridging
@@ -163,8 +180,18 @@ class ChatSession:
            matching reply: the whole list rendered, as drift
         3. no continuation: the whole list rendered; an edit of an earlier conversation (same
            first non-system message) is drift, anything else a fresh prompt
+
+        A list ending with a reply prefix (`bridging.split_reply_prefix`) is prepared without
+        it, and the prefix's ids end the prompt.
         """
-        msgs = [dict(m) for m in messages]
+        rest, prefix = split_reply_prefix(messages)
+        prepared = self._prepare([dict(m) for m in rest], tools)
+        if prefix is None:
+            return prepared
+        ids = prepared.prompt_ids + encode(self.tokenizer, prefix)
+        return dataclasses.replace(prepared, prompt_ids=ids, prefix=prefix)
+
+    def _prepare(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Prepared:
         # 1.
         calls = self._continued_calls(msgs, tools)
         if calls:
@@ -287,13 +314,29 @@ class ChatSession:
         )
         for s, r in zip(samples, records, strict=True):
             s.info["call_id"] = r.call_id
+        answers = [self._split(s) for s in samples]
         if messages is not None and records:
             keys = [
-                reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s)
-                for s, r in zip(samples, records, strict=True)
+                reply_keys(self.tokenizer, r) | _returned_keys(self.tokenizer, s) | answer
+                for s, r, answer in zip(samples, records, answers, strict=True)
             ]
+            if prepared.prefix is not None:  # a next turn's reply may repeat it with its prefix
+                messages = split_reply_prefix(messages)[0]
+                keys = [ks | {_reply_key(prepared.prefix) + k for k in ks} for ks in keys]
             self._calls.append(_Call(*self._kept(messages, tools), records, keys))
         return records
+
+    def _split(self, sample: Sample) -> set[str]:
+        """With a reasoning parser: `sample`'s returned reply split into its info's
+        `reasoning_content` and `content`, and the answer's key (empty without one)."""
+        if self.reasoning is None or sample.finish_reason in NOT_SAMPLED:
+            return set()
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        stop = sample.info.get("stop")
+        if stop and stop in text:  # returned without the stop string that ended it
+            text = text[: text.find(stop)]
+        split = note_split(self.reasoning, text, sample.info)
+        return {_reply_key(split.content)} if split.content and split.content.strip() else set()
 
     def _kept(
         self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None

@@ -26,6 +26,7 @@ from trinity.common.keys import stable_key
 from trinity.common.rollout import engine_class, pool_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
+from trinity.explorer import workflow_env
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
     auxiliary_limits,
@@ -63,6 +64,7 @@ def pick_task(cfg: Any, index: int, evaluating: bool) -> Task:
 
 def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
     """The task's experiences, sampled by one in-process engine; and the tokenizer."""
+    workflow_env.apply(cfg)  # explorer.env_vars: the workflow runs in this process
     rm = cfg.explorer.rollout_model
     engine_cls = engine_class(resolve(cfg).engine_type)
     engine = engine_cls(
@@ -116,6 +118,7 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
                 max_prompt_tokens=m.max_prompt_tokens if m.enable_prompt_truncation else None,
                 auxiliary=auxiliary,
                 publish=publisher,
+                reasoning_parser=rm.reasoning_parser,
             )
             workflow = WORKFLOW.get(task.workflow_type or "")(**task.workflow_args)
             exps = await workflow.run(task, handle)

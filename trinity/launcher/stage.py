@@ -32,6 +32,7 @@ from trinity.common.turns import DeviceTurns
 from trinity.config import resolve
 from trinity.config.problems import ConfigError, Problem
 from trinity.config.run_folder import reads_experiences
+from trinity.explorer import workflow_env
 from trinity.explorer.engine_pools import explorer_reservation, start_engine_pools
 from trinity.explorer.explorer import Explorer
 from trinity.launcher.bench import bench_points, progress_line, write_samples, write_table
@@ -80,11 +81,12 @@ class StageParts:
 
     def start(
         self, cls: type, role: str, *args: Any, share: bool = False, service: bool = False,
-        compute: bool = False, **resources: float,
+        compute: bool = False, **resources: Any,
     ) -> Any:  # fmt: skip
         """An actor of its own, a named actor shared with the run's other processes (`share`),
         or an object of the run's ServiceHost (`service`; `compute` in the one-process layout),
-        whose `resources` are then those of the host."""
+        whose `resources` (Ray actor options: cores, GPUs, a runtime_env) are then those of the
+        host."""
         name = f"{self.stage.name}/{role}"
         hosted_here = (service and self.ctx.host is not None) or (
             compute and self.stage.one_process
@@ -313,7 +315,7 @@ def _start_parts(
         explorer = parts.start(
             Explorer, f"explorer/{cfg.explorer.name}", cfg, model_path, buffer, sync, ctx.hub,
             offset, plan.engine, ctx.nodes, shares, pools, turns,
-            compute=True, **explorer_reservation(cfg, plan.engine),
+            compute=True, **explorer_reservation(cfg, plan.engine), **workflow_env.actor_options(cfg),
         )  # fmt: skip
     trainer = None
     if stage.trains:
@@ -460,7 +462,12 @@ def run_bench(stage: StagePlan, model_path: str, ctx: RunContext) -> StageResult
     parts = StageParts(stage, ctx)
     role = f"explorer/{cfg.explorer.name}"
     explorer = parts.start(
-        Explorer, role, *args, compute=True, **explorer_reservation(cfg, plan.engine)
+        Explorer,
+        role,
+        *args,
+        compute=True,
+        **explorer_reservation(cfg, plan.engine),
+        **workflow_env.actor_options(cfg),
     )
     try:
         refs.get(explorer.prepare.remote(with_train_tasks=False))

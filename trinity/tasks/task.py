@@ -42,3 +42,13 @@ class Task:
         if self.prompt is None:
             raise ValueError(f"task {self.index} of {self.taskset_name!r} has no prompt")
         return [{"role": "user", "content": self.prompt}]
+
+    def prompt_messages(self) -> list[dict[str, Any]]:
+        """The messages a single-turn workflow samples its replies to: `to_messages()`, then,
+        with `format.reply_prefix`, an assistant message marked `"prefix": True` that the reply
+        is forced to start with (`explorer.bridging.split_reply_prefix`: its tokens are prompt
+        tokens, and the sampled reply is what follows it, as in Trinity-RFT)."""
+        messages = self.to_messages()
+        if self.reply_prefix:
+            messages.append({"role": "assistant", "content": self.reply_prefix, "prefix": True})
+        return messages

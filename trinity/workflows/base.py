@@ -108,7 +108,13 @@ class ModelHandle(_Sampling, Protocol):
 
 
 class Workflow:
-    """Base class: store the workflow args; subclasses implement `async run`."""
+    """Base class: store the workflow args; subclasses implement `async run`.
+
+    `takes_reply_prefix`: the workflow samples `task.prompt_messages()`, which end with the
+    taskset's `format.reply_prefix` (pre-flight refuses a reply prefix for a workflow without
+    it, which would not apply it)."""
+
+    takes_reply_prefix: bool = False
 
     def __init__(self, **workflow_args: Any) -> None:
         self.args = workflow_args

@@ -82,6 +82,7 @@ class _JudgeWorkflow(Workflow):
 
     default_reward_fn_type: ClassVar[str | None] = None  # gold reward (metrics only)
     required_field: ClassVar[str] = "response"
+    takes_reply_prefix: ClassVar[bool] = True  # the policy samples `task.prompt_messages()`
 
     def __init__(
         self,
@@ -212,7 +213,7 @@ class JudgeWorkflow(_JudgeWorkflow):
         # 1.
         fields = self.fields(task)
         judge = model.auxiliary(self.judge_key)
-        samples = await model.chat(task.to_messages())
+        samples = await model.chat(task.prompt_messages())
         responses = [model.decode(s.response_ids) for s in samples]
         # 2.
         verdicts, gold = await asyncio.gather(
@@ -277,7 +278,7 @@ class GroupJudgeWorkflow(_JudgeWorkflow):
         # 1.
         fields = self.fields(task)
         judge = model.auxiliary(self.judge_key)
-        samples = await model.chat(task.to_messages())
+        samples = await model.chat(task.prompt_messages())
         responses = [model.decode(s.response_ids) for s in samples]
         # 2.
         order = self.order_for(task, responses)

@@ -11,8 +11,9 @@
 - tasks whose taskset names no reward fn are scored by `math_boxed_reward`, and `with_think` and
   `format_score_coef` are passed to the reward fn when it takes them (the taskset's
   `reward_fn_args` win);
-- `use_base: true` prompts a base model with plain text (`System: ...` / `User:` / `Assistant:`)
-  through `generate` instead of the chat template.
+- `use_base: true` prompts a base model with plain text (`System: ...` / `User:` / `Assistant:`,
+  then `format.reply_prefix` if set: Trinity-RFT leaves the prefix out of this prompt) through
+  `generate` instead of the chat template.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class MathBoxedWorkflow(MathWorkflow):
         self.use_base = use_base
 
     def messages(self, task: Any) -> list[dict[str, Any]]:
-        """The task's messages, the default system prompt first when it has none."""
-        messages = task.to_messages()
+        """The task's messages (a reply prefix last), the default system prompt first when it
+        has none."""
+        messages = task.prompt_messages()
         if not messages or messages[0]["role"] != "system":
             prompt = SYSTEM_PROMPT_THINK if self.args["with_think"] else SYSTEM_PROMPT
             messages.insert(0, {"role": "system", "content": prompt})
@@ -57,9 +59,11 @@ class MathBoxedWorkflow(MathWorkflow):
         messages = self.messages(task)
         if not self.use_base:
             return await model.chat(messages)
+        prefix = task.reply_prefix or ""  # the plain prompt ends with it
+        messages = [m for m in messages if not m.get("prefix")]
         system = "".join(m["content"] for m in messages if m["role"] == "system")
         user = "\n".join(m["content"] for m in messages if m["role"] != "system")
-        return await model.generate(f"System:{system}\nUser:\n{user}\nAssistant:\n")
+        return await model.generate(f"System:{system}\nUser:\n{user}\nAssistant:\n{prefix}")
 
     def reward_args(self, task: Any, reward_fn: Any) -> dict[str, Any]:
         accepted = keyword_names(reward_fn, 3)

@@ -5,6 +5,10 @@
 
 The reward is the sum of the reward fn's named components (e.g. accuracy + format); each
 component is also kept in `Experience.metrics` so the monitor reports it separately.
+
+With `format.reply_prefix` (e.g. `"<think>"`) every reply is forced to start with that text: its
+tokens end the prompt (never trained), and the reward fn scores what was sampled after it, as in
+Trinity-RFT (`Task.prompt_messages`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ DEFAULT_REWARD_FN = "math_reward"
 @WORKFLOW.register("math_workflow")
 class MathWorkflow(Workflow):
     default_reward_fn_type = DEFAULT_REWARD_FN  # scores tasks whose taskset names no reward fn
+    takes_reply_prefix = True  # samples `task.prompt_messages()` (format.reply_prefix)
 
     def __init__(self) -> None:
         """No workflow_args: pre-flight refuses any key under `workflow_args`."""
@@ -59,8 +64,9 @@ class MathWorkflow(Workflow):
         ]
 
     async def sample(self, task: Any, model: ModelHandle) -> list[Sample]:
-        """The task's samples: one chat call on its messages (and its row's tools, if any)."""
-        return await model.chat(task.to_messages(), tools=task.tools)
+        """The task's samples: one chat call on its messages (and its row's tools, if any),
+        the reply forced to start with `format.reply_prefix` when one is set."""
+        return await model.chat(task.prompt_messages(), tools=task.tools)
 
     def reward_args(self, task: Any, reward_fn: Any) -> dict[str, Any]:
         """Keyword arguments of the reward fn: the taskset's `reward_fn_args`."""
