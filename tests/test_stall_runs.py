@@ -20,7 +20,7 @@ synchronizer: {{sync_method: checkpoint, sync_interval: 1}}
 """
 
 CAUSES = {
-    "reward": r"cause: reward_fn 'sleepy_reward' has not answered for \d+ s \(task add#\d+\)",
+    "reward": r"cause: reward_fn 'sleepy_reward' has not answered for \d+ s \(task add(_eval)?#\d+\)",
     "engine": r"cause: engine 0 has not answered for \d+ s \(generate for \d+ prompts\)",
     "trainer": r"cause: trainer has not progressed for \d+ s and waits on no other part",
     "sync": r"cause: synchronizer has not answered for \d+ s \(engine 0 loading weights v1 "

@@ -53,6 +53,8 @@ from trinity.sync.synchronizer import SynchronizerActor
 from trinity.trainer.checkpoint import checkpoint_step, latest_resumable, trained_leases
 from trinity.trainer.runner import TrainerRunner
 
+REMOVE_WAIT_S = 30.0  # the longest a stage's end waits for its hosted parts to stop
+
 
 @dataclass
 class RunContext:
@@ -127,9 +129,18 @@ class StageParts:
             )
         for pools in self.pools:  # tensor-parallel engines' placement groups
             pools.release()
-        # a dead host took its services with it (and the stage's own error is the one to raise)
+        # a dead host took its services with it (and the stage's own error is the one to raise);
+        # a part stuck for good (a stalled run: a hung engine thread its shutdown joins) is left
+        removals = [self.ctx.host.remove.remote(n) for n in self.in_host]
         with contextlib.suppress(ray.exceptions.RayActorError):
-            refs.get([self.ctx.host.remove.remote(n) for n in self.in_host])
+            try:
+                refs.get(removals, timeout=REMOVE_WAIT_S)
+            except TimeoutError:
+                self.ctx.monitor.console.print(
+                    f"[yellow]stage {self.stage.name}: its parts did not stop within "
+                    f"{REMOVE_WAIT_S:.0f} s (one is stuck); leaving them[/]",
+                    soft_wrap=True,
+                )
         for a in self.attached:  # the last process of the run to let go ends a shared actor
             if refs.get(a.detach.remote(self.stage.role)) == 0:
                 ray.kill(a)
