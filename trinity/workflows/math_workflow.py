@@ -103,4 +103,17 @@ def single_turn_experience(
         response_text=response,
         info={"task_index": task.index, "truth": task.truth},
         metrics=metrics,
+        **top_logprobs(sample),
     )
+
+
+def top_logprobs(sample: Sample) -> dict[str, Any]:
+    """The Experience fields of a sample's top-k logprobs (`rollout_args.logprobs`): none
+    without them."""
+    if sample.top_ids is None or sample.top_logprobs is None:
+        return {}
+    k = len(sample.top_ids[0]) if sample.top_ids else 0
+    return {
+        "topk_ids": torch.tensor(sample.top_ids, dtype=torch.long).reshape(-1, k),
+        "topk_logprobs": torch.tensor(sample.top_logprobs, dtype=torch.float32).reshape(-1, k),
+    }
