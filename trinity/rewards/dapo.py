@@ -113,7 +113,9 @@ def math_dapo_reward(
     cache_length: int | None = None,
     response_length: int | None = None,
 ) -> dict[str, float]:
-    """{"accuracy": the naive DAPO score, "format_score": the overlong penalty (0.0 unless
+    """DAPO's math reward: the naive-DAPO accuracy and the soft overlong penalty.
+
+    Returns {"accuracy": `naive_dapo_score`, "format_score": the overlong penalty (0.0 unless
     `enable_overlong_penalty`)}. `response_length`: the response's tokens, passed by the workflow
     (not a `reward_fn_args` key)."""
     truth = require_truth("math_dapo_reward", truth)
@@ -156,7 +158,9 @@ def math_boxed_reward_naive_dapo(
     with_think: bool = False,
     format_score_coef: float = 0.1,
 ) -> dict[str, float]:
-    """{"accuracy": the naive DAPO score, "format_score": 0.0}. `with_think` and
+    """The naive-DAPO accuracy of a boxed answer, with no format score.
+
+    Returns {"accuracy": `naive_dapo_score`, "format_score": 0.0}. `with_think` and
     `format_score_coef` are accepted (math_boxed_workflow passes them, as Trinity-RFT's) and
     ignored, as there."""
     truth = require_truth("math_boxed_reward_naive_dapo", truth)

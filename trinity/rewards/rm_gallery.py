@@ -51,8 +51,10 @@ _MODELS: dict[tuple[str, str], Any] = {}  # (name, repr(args)) → the reward ob
 def rm_gallery_reward(
     response: str, truth: str | None, task_raw: dict[str, Any], **args: Any
 ) -> dict[str, float]:
-    """RM-Gallery's reward `args["reward_name"]` built with the other `args`, on the response
-    (module docstring)."""
+    """A reward from RM-Gallery's registry (needs the rm-gallery package).
+
+    The reward `args["reward_name"]`, built with the other `args`, scores the response (module
+    docstring)."""
     if not installed():
         raise ImportError(WHY_NOT)
     if problems := _arg_problems(args):
