@@ -127,6 +127,10 @@ def test_clipb_by_hand() -> None:
     # all S equal: σ_S = 0, every token kept
     flat = stats_input([1.0, 0.0], [0, 0], [[1.0, 1.0], [1.0, 1.0]])
     assert ADVANTAGE_FN.get("clipb")(flat)[2].keep.all()
+    # a batch with no positive or negative token (equal rewards: A = 0) reports 0 dropped of none
+    even = stats_input([1.0, 1.0], [0, 0], [[0.0, -10.0], [0.0, 0.0]])
+    m = ADVANTAGE_FN.get("clipb")(even, mu=0.1)[2].metrics
+    assert (m["frac_clipped"], m["frac_clipped_pos"], m["frac_clipped_neg"]) == (0.0, 0.0, 0.0)
 
 
 def test_clipb_matches_a_token_loop() -> None:

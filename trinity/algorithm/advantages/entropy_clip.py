@@ -48,11 +48,12 @@ def _masked_moments(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _clip_metrics(adv: Tensor, mask: Tensor, keep: Tensor) -> dict[str, float]:
-    """The fraction of trained tokens dropped: all, and among positive / negative advantages."""
+    """The fraction of trained tokens dropped: all, and among positive / negative advantages
+    (0.0 where there are none; Trinity-RFT reports 1.0 for an empty set)."""
 
     def frac(sel: Tensor) -> float:
-        total = sel.sum().clamp_min(1)
-        return float(1.0 - (sel & keep).sum() / total)
+        total = int(sel.sum())
+        return float((sel & ~keep).sum() / total) if total else 0.0
 
     return {
         "frac_clipped": frac(mask),
