@@ -721,7 +721,27 @@ def _sequence_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
         heads = attention_heads(path) if path and path.strip() else None
         if heads is not None and (why := heads_problem(*heads, sp)):
             found.append(Problem(KEY, f"{why} ({where} {path})"))
+    name = cfg.algorithm.advantage_fn or (spec.advantage_fn if spec is not None else None)
+    if name and _reads_token_stats(name):
+        found.append(
+            Problem(
+                KEY,
+                f"{sp}: advantage_fn {name!r} reads the trainer's token statistics (entropy, "
+                "NEC), which are not computed with sequence parallelism here; set it to 1",
+            )
+        )
     return found
+
+
+def _reads_token_stats(advantage_fn: str) -> bool:
+    """Whether the advantage fn of this name is marked `@needs_token_stats` (an unknown name is
+    the algorithm check's problem)."""
+    from trinity.algorithm.advantage import ADVANTAGE_FN
+
+    try:
+        return bool(getattr(ADVANTAGE_FN.get(advantage_fn), "token_stats", False))
+    except LookupError:
+        return False
 
 
 # --- data ---------------------------------------------------------------------------------------

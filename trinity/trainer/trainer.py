@@ -342,8 +342,8 @@ class Trainer:
                 else:
                     batch.advantages, batch.returns = adv, ret
                 if dropped:  # a TokenFilter: its dropped tokens leave training
-                    (kept,) = scatter_rows(batch, ~batch.expert_mask, ~dropped[0].keep)
-                    batch.response_mask = batch.response_mask & ~kept.bool()
+                    (drop,) = scatter_rows(batch, ~batch.expert_mask, ~dropped[0].keep)
+                    batch.response_mask = batch.response_mask & ~drop
                     metrics.update(
                         {f"train/advantage/{k}": v for k, v in dropped[0].metrics.items()}
                     )
