@@ -398,3 +398,28 @@ def test_the_rec_record_resolves_with_trinity_rfts_example_args() -> None:
     assert r.use_reference
     assert r.advantage_fn_args == {"epsilon": 1e-6, "std_normalize": False}
     assert value_problems(r) == []
+
+
+def test_rec_under_a_correction_is_its_weight_times_the_loss() -> None:
+    """With importance weights w in the advantages (`algorithm.rollout_correction`), every
+    per-token term is w times the uncorrected one: ℓ(A·w, is_weights=w) = w·ℓ(A)."""
+    w = torch.tensor([[0.5, 2.0, 0.0, 1.5]])
+    for args in (
+        {"weight": "advantage", "temp": 2.0},
+        {"regularizer": "k2", "regularizer_coef": 0.5},
+        {"regularizer": "forward-kl", "regularizer_coef": 0.5, "clip_mode": "one-side"},
+    ):
+        lp = torch.tensor([[math.log(r) for r in R]])
+        mask = torch.ones(1, 4, dtype=torch.bool)
+        plain = PolicyLossInput(lp, torch.zeros(1, 4), torch.tensor([A]), mask)
+        fixed = PolicyLossInput(lp, torch.zeros(1, 4), torch.tensor([A]) * w, mask, is_weights=w)
+        agg = Aggregator("token-sum")
+        per = [
+            POLICY_LOSS_FN.get("rec")(
+                dataclasses.replace(plain, action_mask=torch.arange(4)[None] == t),
+                agg=agg, **args,
+            )[0]
+            for t in range(4)
+        ]  # fmt: skip
+        want = sum(float(w[0, t]) * float(per[t]) for t in range(4))
+        close(POLICY_LOSS_FN.get("rec")(fixed, agg=agg, **args)[0], want)

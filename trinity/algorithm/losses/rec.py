@@ -91,7 +91,10 @@ def rec_policy_loss(
              | two-side or (A_t ≥ 0 and r_t ≤ 1-ε'_lo) or (A_t ≤ 0 and r_t ≥ 1+ε'_hi) (ring)
         loss = agg(ℓ, m)   (gspo-one-side: seq-mean-token-mean, whatever loss_agg_mode says)
 
-    Trinity-RFT averages REC per token (token-mean) in every other clip mode, whatever
+    With an off-policy correction (weights w already in A) the regulariser is weighed by w and
+    the advantage weight takes exp(A/w / temp), so the whole per-token loss is w·ℓ (the
+    `PolicyLossInput` contract). Trinity-RFT averages REC per token (token-mean) in every other
+    clip mode, whatever
     `loss_agg_mode` says; here they follow `loss_agg_mode`, whose default in the `rec` record is
     token-mean. Its `gspo_importance_sampling` weight exists only with `gspo-one-side` there;
     here s_i is computed for every mode. The primes' defaults (0.4, 0.4) are Trinity-RFT's
@@ -139,13 +142,15 @@ def rec_policy_loss(
         adv = adv * ratio
     elif weight == "gspo_importance_sampling":
         adv = adv * seq_ratio
-    elif weight == "advantage":
-        adv = adv * torch.exp(adv / temp)
+    elif weight == "advantage":  # exp of the uncorrected A: the loss stays w·ℓ(A) (inputs.py)
+        w = inp.is_weights
+        raw = adv if w is None else torch.where(w > 0, adv / w.clamp(min=1e-30), 0.0)
+        adv = adv * torch.exp(raw / temp)
     per_token = -adv * logprob * keep
     if regularizer == "forward-kl":
-        per_token = per_token - regularizer_coef * logprob
+        per_token = per_token - inp.weigh(regularizer_coef * logprob)
     elif regularizer == "k2":
-        per_token = per_token + regularizer_coef * (logprob - old_logprob) ** 2
+        per_token = per_token + inp.weigh(regularizer_coef * (logprob - old_logprob) ** 2)
     if clip_mode == "gspo-one-side":
         agg = dataclasses.replace(agg, mode="seq-mean-token-mean")
     loss = agg(per_token, mask)
