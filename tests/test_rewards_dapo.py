@@ -89,6 +89,7 @@ def test_math_workflow_passes_the_response_length() -> None:
         reward_fn_args={"enable_overlong_penalty": True, "penalty_factor": 1.0,
                         "max_response_length": 20, "cache_length": 4},
         to_messages=lambda: [{"role": "user", "content": "q"}],
+        prompt_messages=lambda: [{"role": "user", "content": "q"}],
     )  # fmt: skip
     exps = asyncio.run(WORKFLOW.get("math_workflow")().run(task, Model()))
     # 10 tokens: no penalty; 18 tokens: -(18 - 16)/4 = -0.5
