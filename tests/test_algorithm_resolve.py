@@ -22,7 +22,7 @@ from trinity.algorithm import (
     AlgorithmSpec,
     resolve_algorithm,
 )
-from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput
+from trinity.algorithm.inputs import AdvantageInput, PolicyLossInput, TokenFilter
 from trinity.algorithm.sample_strategy import SampleContext
 from trinity.common.experience import EID
 from trinity.common.registry import RegistryError
@@ -153,9 +153,12 @@ def test_every_piece_follows_its_kinds_signature() -> None:
         inp = AdvantageInput.from_outcomes(
             torch.rand(b), torch.tensor([0, 0, 1, 1]), mask,
             values=torch.rand(b, t), logprob=lp.detach(), ref_logprob=ref, baselines=torch.rand(b),
+            entropy=torch.rand(b, t), nec=torch.rand(b, t),
         )  # fmt: skip
-        adv, ret = ADVANTAGE_FN.get(name)(inp)
+        adv, ret, *rest = ADVANTAGE_FN.get(name)(inp)
         assert adv.shape == ret.shape == (b, t)
+        # a third element only from a fn that drops tokens: a TokenFilter of the same shape
+        assert rest == [] or (isinstance(rest[0], TokenFilter) and rest[0].keep.shape == (b, t))
     for name in POLICY_LOSS_FN:
         inp = PolicyLossInput(
             lp, lp.detach(), torch.randn(b, t), mask, -torch.rand(b, t), ref,

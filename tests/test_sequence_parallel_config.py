@@ -114,3 +114,15 @@ def test_heads_that_do_not_split_are_refused_at_preflight(tmp_path, model) -> No
     )
     cfg["model"]["model_path"] = "tiny://1m?seed=0"  # 4 heads over 2: splits
     assert KEY not in {p.path for p in preflight(validate_config(cfg)).problems}
+
+
+def test_an_advantage_reading_token_stats_is_refused_with_sequence_parallelism() -> None:
+    """clipb reads the trainer's per-token entropy, which the sequence-parallel pass does not
+    compute: pre-flight says so at the key (the trainer would raise at its first step)."""
+    raw = config(trainer_strategy="fsdp2", world_size=2, ulysses_sequence_parallel_size=2)
+    raw["algorithm"]["advantage_fn"] = "clipb"
+    messages = [p.message for p in preflight(validate_config(raw)).problems if p.path == KEY]
+    assert any("reads the trainer's token statistics" in m for m in messages), messages
+    raw["algorithm"]["advantage_fn"] = "grpo"
+    messages = [p.message for p in preflight(validate_config(raw)).problems if p.path == KEY]
+    assert not any("token statistics" in m for m in messages)

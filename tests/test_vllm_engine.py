@@ -70,6 +70,28 @@ def test_scoring_takes_what_vllm_could_continue_and_refuses_more(engine):
 
 
 @pytest.mark.vllm
+def test_top_k_alternatives_are_the_models_own(engine, tied_dir):
+    """`SamplingParams.logprobs` = k: vLLM's k alternatives per token are the top-k of
+    log_softmax of the model's own logits (transformers, a plain forward pass), ranked."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tied_dir).eval()
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=5, logprobs=3)
+    for s in engine.generate([[5, 6, 7], [9, 10]], params, keys=[1, 2])[0]:
+        assert len(s.top_ids) == len(s.top_logprobs) == len(s.response_ids)
+        with torch.no_grad():
+            ids = torch.tensor([s.prompt_ids + s.response_ids])
+            logits = model(ids).logits[0, len(s.prompt_ids) - 1 : -1].double()
+        ref_lp, ref_ids = torch.topk(torch.log_softmax(logits, -1), 3, dim=-1)
+        torch.testing.assert_close(torch.tensor(s.top_logprobs).double(), ref_lp, atol=2e-3, rtol=0)
+        gaps = (ref_lp[:, :-1] - ref_lp[:, 1:]).min(dim=-1).values > 2e-3
+        assert torch.tensor(s.top_ids)[gaps].tolist() == ref_ids[gaps].tolist()
+    plain = engine.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=2))[0][0]
+    assert plain.top_ids is None
+
+
+@pytest.mark.vllm
 def test_the_shared_method_is_refused_before_anything_is_received(engine):
     with pytest.raises(ValueError, match="vLLM loads weights into its own layout"):
         engine.update_weights("shared", ["not a payload"], 1)

@@ -53,6 +53,9 @@ ADVANTAGE_FN: Registry = Registry(
         "on_policy_distill": "trinity.algorithm.advantages.distill",
         "gae": "trinity.algorithm.advantages.gae",
         "ppo": "trinity.algorithm.advantages.gae",
+        "clipb": "trinity.algorithm.advantages.entropy_clip",
+        "clipv": "trinity.algorithm.advantages.entropy_clip",
+        "rec": "trinity.algorithm.advantages.rec",
     },
 )
 

@@ -135,6 +135,12 @@ GRPO = _group_relative("grpo", "ppo", "k3", policy_loss_fn_args={"clip_range": 0
 GSPO = _group_relative("gspo", "gspo", "k2", "seq-mean-token-mean")
 CISPO = _group_relative("cispo", "cispo", "k2", "token-mean")
 SAPO = _group_relative("sapo", "sapo", "k2", "seq-mean-token-mean")
+# REC (arXiv:2509.24203): the group-mean baseline without std normalisation, REC's masked
+# REINFORCE loss and, as Trinity-RFT's record, a k2 KL loss.
+REC = _group_relative(
+    "rec", "rec", "k2", advantage_fn="rec",
+    advantage_fn_args={"epsilon": 1e-6, "std_normalize": False},
+)  # fmt: skip
 SFT = register_algorithm(
     AlgorithmSpec(
         name="sft",
@@ -372,7 +378,6 @@ MIX_CHORD = register_algorithm(
 
 # Trinity-RFT algorithm names refused until what they need is built (validate and run say why).
 NOT_BUILT: dict[str, str] = {
-    "rec": "the rec advantage and loss are not built yet",
     "jsd": "the jsd advantage is not built yet",
 }
 # Trinity-RFT's deprecated names of records we have
@@ -582,11 +587,14 @@ def value_problems(r: ResolvedAlgorithm, auxiliary: Iterable[str] = ()) -> list[
     ]  # fmt: skip
     if r.advantage_fn is not None:
         advantage_fn = r.advantage_fn
+        stats = getattr(advantage_fn, "token_stats", False)  # the trainer computes them
         adv_inp = AdvantageInput.from_outcomes(  # what the trainer will have, no more
             torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask,
             values=ref if r.spec.use_critic else None, logprob=lp,
             ref_logprob=ref if r.use_reference else None,
             baselines=torch.tensor([0.5, 0.5]) if r.spec.greedy_baseline else None,
+            entropy=torch.ones(2, 2) if stats else None,
+            nec=torch.full((2, 2), 0.5) if stats else None,
         )  # fmt: skip
         calls.append(("advantage_fn", lambda: advantage_fn(adv_inp, **r.advantage_fn_args)))
     from trinity.algorithm.sample_strategy import SampleContext

@@ -5,8 +5,15 @@ needs values, step-wise GRPO needs run ids, truncated importance sampling needs 
 logprobs) reads a field of the record instead of changing the call:
 
     advantage_fn(inp: AdvantageInput, **advantage_fn_args) -> (advantages [N, T], returns [N, T])
+        or (advantages, returns, TokenFilter)   # a fn that also drops tokens from training
     policy_loss_fn(inp: PolicyLossInput, *, agg: Aggregator, **policy_loss_fn_args)
         -> (loss 0-dim tensor, metrics dict[str, float])
+
+An advantage fn marked `@needs_token_stats` (Clip_B, Clip_V) reads the policy's per-token
+entropy and NEC (`entropy`, `nec`), which the trainer computes from full logits only for such a
+fn. A fn that drops tokens returns a third element, a `TokenFilter`: its `keep` mask is ANDed into
+the batch's response mask (the dropped tokens leave every loss and its token counts) and its
+`metrics` are reported under `train/advantage/`.
 
 N rows (experiences) of T response positions; masks are bool, True on trained tokens. A field a
 batch cannot provide is None (no critic: `values`; no engine logprobs: `rollout_logprob`); a piece
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trinity.common.lazy import lazy_module
 
@@ -26,6 +33,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 else:  # `validate` reads these registries without importing torch (`common.lazy`)
     torch = lazy_module("torch")
+
+F = TypeVar("F")
 
 
 def last_token_rewards(rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -64,7 +73,29 @@ _SOURCES = {
     "logprob": "the old policy's or the engine's",
     "expert_mask": "rows from an expert buffer (sample_strategy: mix)",
     "baselines": "the explorer's greedy answers (algorithm_type remax)",
+    "entropy": "the trainer's token statistics (an advantage fn marked @needs_token_stats)",
+    "nec": "the trainer's token statistics (an advantage fn marked @needs_token_stats)",
 }
+
+
+def needs_token_stats(fn: F) -> F:
+    """Mark an advantage fn that reads `AdvantageInput.entropy` and `.nec`: the trainer computes
+    them (one extra no-grad pass over the full vocabulary) only for a fn so marked."""
+    fn.token_stats = True  # type: ignore[attr-defined]
+    return fn
+
+
+@dataclass(frozen=True)
+class TokenFilter:
+    """What an advantage fn that drops tokens returns as its third element.
+
+    Fields:
+        keep: [N, T] bool, False on trained tokens the fn takes out of training.
+        metrics: floats reported under `train/advantage/<name>`.
+    """
+
+    keep: Tensor
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 def _require(record: object, name: str, piece: str) -> Tensor:
@@ -106,6 +137,10 @@ class AdvantageInput(_Fields):
         ref_logprob: [N, T] float log π_ref (reference or teacher model), or None without one.
         baselines: [N] float, each row's reward baseline from the explorer (ReMax: the reward
             of its task's greedy answer), or None when rows carry none.
+        entropy: [N, T] float, the entropy H_t = -Σ_v p_v log p_v of π_old's next-token
+            distribution at each response position, or None unless the fn needs token stats.
+        nec: [N, T] float, Σ_v p_v² · (H_t + log p_v) at each response position (Clip_V's
+            "NEC" term), or None unless the fn needs token stats.
     """
 
     rewards: Tensor
@@ -118,6 +153,8 @@ class AdvantageInput(_Fields):
     logprob: Tensor | None = None
     ref_logprob: Tensor | None = None
     baselines: Tensor | None = None
+    entropy: Tensor | None = None
+    nec: Tensor | None = None
 
     @classmethod
     def from_outcomes(
@@ -132,6 +169,8 @@ class AdvantageInput(_Fields):
         logprob: Tensor | None = None,
         ref_logprob: Tensor | None = None,
         baselines: Tensor | None = None,
+        entropy: Tensor | None = None,
+        nec: Tensor | None = None,
     ) -> AdvantageInput:
         """Outcome rewards only: token rewards put each on its row's last trained token; every
         row its own run (`run_ids` = row index) at step 0 unless given."""
@@ -149,6 +188,8 @@ class AdvantageInput(_Fields):
             logprob=logprob,
             ref_logprob=ref_logprob,
             baselines=baselines,
+            entropy=entropy,
+            nec=nec,
         )
 
 

@@ -303,4 +303,37 @@ PAPERS: dict[str, Paper] = {
         "PPO's clip on pi/pi_old times the truncated weight pi_old/mu against the engine's "
         "logprobs (AReaL, arXiv:2505.24298, for asynchronous RL).",
     ),
+    "rec": Paper(
+        "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm: Demystifying Some Myths "
+        "About GRPO and Its Friends",
+        "2509.24203",
+        {
+            "algorithm_type": "rec",
+            "policy_loss_fn_args": {
+                "clip_mode": "one-side",
+                "weight": "none",
+                "epsilon_low": 0.2,
+                "epsilon_high": 0.2,
+            },
+            "advantage_fn_args": {"std_normalize": False},
+            "kl_loss_fn_args": {"kl_coef": 0.0},
+        },
+        "REC-OneSide-NoIS, as Trinity-RFT's rec_gsm8k example; the paper's other variants are "
+        "other clip_mode / weight / regularizer values (REC-TwoSide, REC-Ring, REP's additive "
+        "regularizers, RED's drop: balance and weight: advantage).",
+    ),
+    "clipb": Paper(
+        "On the Entropy Dynamics in Reinforcement Fine-Tuning of Large Language Models",
+        "2602.03392",
+        {
+            "algorithm_type": "grpo",
+            "advantage_fn": "clipb",
+            "advantage_fn_args": {"mu": 2.5},
+            "repeat_times": 16,
+            "kl_loss_fn_args": {"kl_coef": 0.0},
+        },
+        "Clip_B as Trinity-RFT's entropy example. Clip_V is advantage_fn: clipv with "
+        "{mu: 8.5} and repeat_times 8. The token statistics (entropy, NEC) are the trainer's "
+        "own here, where Trinity-RFT patches verl's actor for them.",
+    ),
 }

@@ -51,6 +51,7 @@ POLICY_LOSS_FN: Registry = Registry(
         "dppo_kl": "trinity.algorithm.losses.dppo",
         "clip_cov": "trinity.algorithm.losses.cov",
         "kl_cov": "trinity.algorithm.losses.cov",
+        "rec": "trinity.algorithm.losses.rec",
     },
 )
 

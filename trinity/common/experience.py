@@ -2,7 +2,9 @@
 
 Token-in/token-out: `tokens` are exactly the ids the engine sampled (prompt + response), never
 re-tokenised text. Response-side tensors (`logprobs`, `action_mask`, `advantages`, `returns`,
-`token_level_reward`) have length `len(tokens) - prompt_length`.
+`token_level_reward`) have length `len(tokens) - prompt_length`; so do the rows of the optional
+[R, k] `topk_ids` / `topk_logprobs`: the engine's k most likely tokens per response position and
+their raw-policy logprobs, when sampled with `rollout_args.logprobs: k` (`SamplingParams.logprobs`).
 
 This module does not import torch until a tensor is needed, so the processes that only pass
 experiences on (the buffer, the driver) never load it: an experience pickles as its tensors' raw
@@ -21,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-_TENSORS = ("tokens", "logprobs", "action_mask", "advantages", "returns", "token_level_reward")
+_TENSORS = (
+    "tokens",
+    "logprobs",
+    "action_mask",
+    "advantages",
+    "returns",
+    "token_level_reward",
+    "topk_ids",
+    "topk_logprobs",
+)
+_MATRICES = ("topk_ids", "topk_logprobs")  # [R, k]: the others are vectors
 # how each field's list form (`to_dict`) reads from and writes to raw bytes without torch
 _DTYPES = {
     "tokens": ("int64", "q"),
@@ -30,6 +42,8 @@ _DTYPES = {
     "advantages": ("float32", "f"),
     "returns": ("float32", "f"),
     "token_level_reward": ("float32", "f"),
+    "topk_ids": ("int64", "q"),
+    "topk_logprobs": ("float32", "f"),
 }
 # a packed tensor: (torch dtype name, shape, raw bytes)
 Packed = tuple[str, tuple[int, ...], bytes]
@@ -84,6 +98,8 @@ class Experience:
     response_text: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    topk_ids: torch.Tensor | None = None  # [R, k] int64, the engine's top-k token ids
+    topk_logprobs: torch.Tensor | None = None  # [R, k] float32, their raw-policy logprobs
 
     def __post_init__(self) -> None:
         import torch
@@ -96,7 +112,7 @@ class Experience:
             )
         if self.action_mask is None:
             self.action_mask = torch.ones(n, dtype=torch.bool)
-        for name in ("logprobs", "action_mask", "advantages", "returns", "token_level_reward"):
+        for name in _TENSORS[1:]:
             value = getattr(self, name)
             if value is not None and len(value) != n:
                 raise ValueError(f"{name} has length {len(value)}, expected response length {n}")
@@ -132,7 +148,15 @@ class Experience:
             "response_text": self.response_text,
             "info": self.info,
             "metrics": self.metrics,
+            **{name: self._as_list(name) for name in _MATRICES if self._has(name)},
         }
+
+    def _has(self, name: str) -> bool:
+        """Whether tensor field `name` is set, read without unpacking."""
+        packed = self.__dict__.get("_packed")
+        if packed is not None and name not in self.__dict__:
+            return packed.get(name) is not None
+        return getattr(self, name) is not None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Experience:
@@ -147,6 +171,13 @@ class Experience:
                 packed[name] = None
                 continue
             dtype, code = _DTYPES[name]
+            if name in _MATRICES:  # [R, k] rows of equal length
+                k = len(value[0]) if value else 0
+                if any(len(row) != k for row in value):
+                    raise ValueError(f"{name}: rows of different lengths (expected k = {k})")
+                flat = [x for row in value for x in row]
+                packed[name] = (dtype, (len(value), k), array.array(code, flat).tobytes())
+                continue
             packed[name] = (dtype, (len(value),), array.array(code, value).tobytes())
         scalars = {
             "prompt_length": d["prompt_length"],
@@ -167,10 +198,10 @@ class Experience:
                 f"prompt_length {exp.prompt_length} exceeds token count {n + exp.prompt_length}"
             )
         for name in _TENSORS[1:]:
-            if packed[name] is not None and _numel(packed[name]) != n:
-                raise ValueError(
-                    f"{name} has length {_numel(packed[name])}, expected response length {n}"
-                )
+            item = packed[name]
+            length = None if item is None else item[1][0] if name in _MATRICES else _numel(item)
+            if length is not None and length != n:
+                raise ValueError(f"{name} has length {length}, expected response length {n}")
         return exp
 
     # -- the packed form (pickling without torch) -------------------------------------------

@@ -30,6 +30,11 @@ class Peers:
     call: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
+# the vLLM engine's cap on `SamplingParams.logprobs` (vLLM's `max_logprobs`); a config check
+# refuses more with engine_type vllm
+VLLM_MAX_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample. `n` sequences are drawn per prompt. `stop`: strings that end a reply at
@@ -42,6 +47,7 @@ class SamplingParams:
     top_k: int = -1
     max_tokens: int = 64
     stop: tuple[str, ...] = ()
+    logprobs: int = 0  # top alternatives per token (`Sample.top_ids`); 0 = none
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,10 @@ class Sample:
     finish_reason: str
     model_version: int
     info: dict[str, Any] = field(default_factory=dict)
+    # with `SamplingParams.logprobs` = k > 0: per response token, the k most likely token ids of
+    # the raw policy (the distribution `logprobs` are of), most likely first, and their logprobs
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
 
 
 @runtime_checkable

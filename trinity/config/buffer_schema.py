@@ -81,10 +81,10 @@ class RolloutArgs(ConfigSection):
     n: int | None = Field(None, ge=1)
     """Samples per task; None = the set's repeat_times, else algorithm.repeat_times (an eval
     set: else 1)."""
-    logprobs: Annotated[int | None, NotBuilt("top-k logprobs per token", inert=(None, 0))] = Field(
-        None, ge=0
-    )
-    """Top alternatives whose logprobs are returned per token; None = model.logprobs."""
+    logprobs: int | None = Field(None, ge=0)
+    """Top alternatives per response token: the engine returns the k most likely tokens of the
+    raw policy and their logprobs, kept on single-turn experiences (`topk_ids`,
+    `topk_logprobs`); None = model.logprobs."""
 
 
 class TaskSelectorConfig(ConfigSection):

@@ -14,6 +14,7 @@ from numbers import Real
 from pathlib import PurePath
 from typing import Any
 
+from trinity.common.rollout import VLLM_MAX_LOGPROBS
 from trinity.config.buffer_schema import EXPERIENCE_FILE_SUFFIXES as SUFFIXES
 from trinity.config.problems import Problem
 from trinity.config.resolved import (
@@ -677,6 +678,26 @@ def _vllm_engines_can_run(cfg: TrinityConfig) -> Iterator[Problem]:
             "the vLLM engine runs in a process of its own, not on a thread of the explorer; "
             "remove in_explorer_process",
         )
+
+
+@_check("explorer.rollout_model.engine_type", "model.logprobs", "buffer.explorer_input")
+def _vllm_top_logprobs(cfg: TrinityConfig) -> Iterator[Problem]:
+    """The vLLM engine returns at most 20 top-k alternatives per token (`max_logprobs`)."""
+    if cfg.explorer.rollout_model.engine_type != "vllm":
+        return
+    asked = [("model.logprobs", cfg.model.logprobs)]
+    asked += [
+        (f"{path}.rollout_args.logprobs", s.rollout_args.logprobs)
+        for path, s, _ in cfg.buffer.explorer_input.storages()
+        if s.rollout_args is not None
+    ]
+    for path, k in asked:
+        if k is not None and k > VLLM_MAX_LOGPROBS:
+            yield Problem(
+                path,
+                f"{k}: the vLLM engine returns at most {VLLM_MAX_LOGPROBS} alternatives per "
+                "token (vLLM's max_logprobs); use engine_type transformers for more",
+            )
 
 
 @_check(

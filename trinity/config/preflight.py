@@ -548,7 +548,8 @@ def _storage_name_problems(
 
     own = storage.default_workflow_type
     inherited = (inp.default_eval_workflow_type if is_eval else None) or inp.default_workflow_type
-    workflow = check("workflow", "workflow", own, own or inherited, 0)
+    wf_name = own or inherited
+    workflow = check("workflow", "workflow", own, wf_name, 0)
     if getattr(workflow, "needs_openai_api", False) and not openai_api:
         problems.append(
             Problem(
@@ -569,7 +570,18 @@ def _storage_name_problems(
         )
     own = storage.default_reward_fn_type
     name = own or inp.default_reward_fn_type or getattr(workflow, "default_reward_fn_type", None)
-    check("reward_fn", "reward fn", own, name, 3)
+    reward = check("reward_fn", "reward fn", own, name, 3)
+    wants_length = getattr(reward, "needs_response_length", None)
+    passes = workflow is None or getattr(workflow, "passes_response_length", False)
+    if not passes and wants_length is not None and wants_length(storage.reward_fn_args):
+        problems.append(
+            Problem(
+                f"{path}.reward_fn_args",
+                f"reward fn {name!r} needs each response's length in tokens with these "
+                f"arguments, and workflow {wf_name!r} does not pass it "
+                "(math_workflow and math_boxed_workflow do)",
+            )
+        )
     return problems
 
 
@@ -709,7 +721,27 @@ def _sequence_parallel_problems(cfg: TrinityConfig) -> list[Problem]:
         heads = attention_heads(path) if path and path.strip() else None
         if heads is not None and (why := heads_problem(*heads, sp)):
             found.append(Problem(KEY, f"{why} ({where} {path})"))
+    name = cfg.algorithm.advantage_fn or (spec.advantage_fn if spec is not None else None)
+    if name and _reads_token_stats(name):
+        found.append(
+            Problem(
+                KEY,
+                f"{sp}: advantage_fn {name!r} reads the trainer's token statistics (entropy, "
+                "NEC), which are not computed with sequence parallelism here; set it to 1",
+            )
+        )
     return found
+
+
+def _reads_token_stats(advantage_fn: str) -> bool:
+    """Whether the advantage fn of this name is marked `@needs_token_stats` (an unknown name is
+    the algorithm check's problem)."""
+    from trinity.algorithm.advantage import ADVANTAGE_FN
+
+    try:
+        return bool(getattr(ADVANTAGE_FN.get(advantage_fn), "token_stats", False))
+    except LookupError:
+        return False
 
 
 # --- data ---------------------------------------------------------------------------------------

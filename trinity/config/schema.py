@@ -228,8 +228,10 @@ class ModelConfig(ConfigSection):
     """A rollout prompt longer than max_prompt_tokens is cut to it and not sampled: its
     experiences train nothing (zero action mask, counted in rollout/prompt_truncated). false =
     prompts are sent whole; one with no room under max_model_len fails its own task."""
-    logprobs: Annotated[int, NotBuilt("top-k logprobs per token", inert=(0,))] = Field(0, ge=0)
-    """Top alternatives whose logprobs are returned per token; 0 = none."""
+    logprobs: int = Field(0, ge=0)
+    """Top alternatives per response token that the engine returns (the k most likely tokens
+    of the raw policy and their logprobs, `Experience.topk_ids` / `topk_logprobs`); 0 = none.
+    A taskset's `rollout_args.logprobs` overrides it."""
     external_model: Annotated[
         dict[str, Any] | None, NotBuilt("rollouts from an externally served model")
     ] = None

@@ -14,7 +14,9 @@ It also returns the exact sampled ids, a finish reason, and the `model_version` 
 
 Logprobs are those of the raw policy, log_softmax(logits) at temperature 1, whatever the sampling
 temperature/top-p/top-k: that is the distribution the trainer recomputes, so the two can be compared
-token for token (`rollout/logprob_diff`).
+token for token (`rollout/logprob_diff`). With `SamplingParams.logprobs` = k > 0 each sample also
+carries, per token, the k most likely tokens of that distribution and their logprobs (`top_ids`,
+`top_logprobs`; vLLM's `logprobs=k`).
 """
 
 from __future__ import annotations
@@ -314,6 +316,9 @@ class HFRolloutEngine:
         alive = torch.arange(rows, device=self.device)  # original row of each live row
         tokens = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
+        top_k = min(params.logprobs, logits.shape[-1])  # alternatives per token
+        top_lp = torch.zeros((rows, max_new, top_k), dtype=torch.float32, device=self.device)
+        top_id = torch.zeros((rows, max_new, top_k), dtype=torch.long, device=self.device)
         # [B*n]: row r of prompt r // n stops after its prompt's budget at the latest
         budget = torch.tensor(budgets, dtype=torch.long, device=self.device).repeat_interleave(n)
         lengths = budget.clone()
@@ -337,6 +342,8 @@ class HFRolloutEngine:
             raw = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
             lp = raw.gather(-1, tok[:, None]).squeeze(-1)
             tokens[alive, t], logprobs[alive, t] = tok, lp
+            if top_k:  # [b, k]: the raw policy's k most likely tokens
+                top_lp[alive, t], top_id[alive, t] = torch.topk(raw, top_k, dim=-1)
             ended = torch.isin(tok, stop_ids)
             if texts is not None:
                 live, sampled = alive.tolist(), tok.tolist()
@@ -376,7 +383,7 @@ class HFRolloutEngine:
             self._follow()
             logits = dec.step(tok)
         # 4.
-        tokens, logprobs = tokens.cpu(), logprobs.cpu()
+        tokens, logprobs, top_lp, top_id = tokens.cpu(), logprobs.cpu(), top_lp.cpu(), top_id.cpu()
         lengths_l, stopped_l = lengths.tolist(), stopped.tolist()
         out: list[list[Sample]] = []
         for i, prompt in enumerate(prompts):
@@ -391,6 +398,8 @@ class HFRolloutEngine:
                         finish_reason="stop" if stopped_l[r] else "length",
                         model_version=self.model_version,
                         info={"stop": stop_strings[r]} if r in stop_strings else {},
+                        top_ids=top_id[r, :k].tolist() if top_k else None,
+                        top_logprobs=top_lp[r, :k].tolist() if top_k else None,
                     )
                 )
                 self.stats["generated_tokens"] += k

@@ -1146,6 +1146,7 @@ def task_sampling(cfg: Any, task: Task, evaluating: bool) -> SamplingParams:
         top_p=_first(ra.get("top_p"), m.top_p),
         top_k=_first(ra.get("top_k"), m.top_k),
         max_tokens=_first(ra.get("max_tokens"), m.max_response_tokens, 64),
+        logprobs=_first(ra.get("logprobs"), m.logprobs, 0),
     )
 
 

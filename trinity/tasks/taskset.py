@@ -27,7 +27,7 @@ from trinity.tasks.sql_rows import read_sql_rows
 from trinity.tasks.synthetic import generate
 from trinity.tasks.task import Task
 
-_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "n")
+_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "n", "logprobs")
 log = logging.getLogger(__name__)
 
 

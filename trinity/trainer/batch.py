@@ -45,6 +45,10 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights
     values: torch.Tensor | None = None  # [B, R] the critic's V(s_t) the advantages used
+    # [B, R] π_old's token statistics, for an advantage fn marked @needs_token_stats
+    stats_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    nec: torch.Tensor | None = None
 
     def num_seqs(self, rows: torch.Tensor | None = None, unit: int = 1) -> int:
         """Sequences the aggregation counts (N_seqs): the rows (where `rows` [B] bool is True)

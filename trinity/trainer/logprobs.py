@@ -97,3 +97,32 @@ def response_states(
             return hidden, cols.expand_as(batch.response_pos)  # response token r at suffix r
     hidden = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     return hidden, batch.response_pos
+
+
+def response_token_stats(
+    model: torch.nn.Module, batch: Batch, chunk_size: int = 256, share_prefix: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprobs, entropy, nec) [B, R] of the response tokens under `model`, no grad, zeros
+    where `valid_mask` is False (`trinity.common.logits.token_stats_from_logits`): the token
+    statistics an advantage fn marked `@needs_token_stats` reads (Clip_B, Clip_V). The LM head
+    runs `chunk_size` tokens at a time, so no [B, R, V] logits are held."""
+    from trinity.common.logits import token_stats_from_logits
+
+    backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        hidden, pos = response_states(backbone, batch, share_prefix)  # [B, T', H], [B, R]
+        rows, cols = torch.nonzero(batch.valid_mask, as_tuple=True)  # N valid response tokens
+        h = hidden[rows, pos[rows, cols]]  # [N, H]
+        labels = batch.response_ids[rows, cols]  # [N]
+        parts = [
+            token_stats_from_logits(head(h[s : s + chunk_size]), labels[s : s + chunk_size])
+            for s in range(0, h.shape[0], chunk_size)
+        ]
+        out = []
+        for i in range(3):
+            full = torch.zeros(batch.valid_mask.shape, dtype=torch.float32, device=h.device)
+            if parts:
+                full = full.index_put((rows, cols), torch.cat([p[i] for p in parts]))
+            out.append(full)
+    return out[0], out[1], out[2]

@@ -53,7 +53,7 @@ from trinity.trainer.checkpoint import (
     temp_folder,
 )
 from trinity.trainer.critic import Critic
-from trinity.trainer.logprobs import response_logprobs
+from trinity.trainer.logprobs import response_logprobs, response_token_stats
 from trinity.trainer.optim import build_optimizer
 from trinity.trainer.parallel import Ranks, idle_rows
 from trinity.trainer.sequence_parallel import use_sequence_parallel
@@ -320,6 +320,9 @@ class Trainer:
             if self.critic is not None:
                 with timers("values"):
                     batch.values = self.critic.values(batch, mbs)
+            if getattr(a.advantage_fn, "token_stats", False):
+                with timers("token_stats"):
+                    self._token_stats(batch, mbs)
         # 3. advantages
         with timers("advantage"):
             if batch.advantages is None and a.advantage_fn is not None:
@@ -331,13 +334,19 @@ class Trainer:
                 usual = batch if not batch.expert_mask.any() else batch.select(~batch.expert_mask)
                 inp, kl_m = self._advantage_input(usual)
                 metrics.update({f"train/{k}": v for k, v in kl_m.items()})
-                adv, ret = a.advantage_fn(inp, **a.advantage_fn_args)
+                adv, ret, *dropped = a.advantage_fn(inp, **a.advantage_fn_args)
                 if usual is not batch:  # expert rows (mix) carry no advantage
                     batch.advantages, batch.returns = scatter_rows(
                         batch, ~batch.expert_mask, adv, ret
                     )
                 else:
                     batch.advantages, batch.returns = adv, ret
+                if dropped:  # a TokenFilter: its dropped tokens leave training
+                    (drop,) = scatter_rows(batch, ~batch.expert_mask, ~dropped[0].keep)
+                    batch.response_mask = batch.response_mask & ~drop
+                    metrics.update(
+                        {f"train/advantage/{k}": v for k, v in dropped[0].metrics.items()}
+                    )
             if batch.advantages is None:
                 batch.advantages = torch.zeros_like(batch.rollout_logprobs)
         trained = batch.response_mask  # before a rejection mask drops tokens
@@ -414,10 +423,14 @@ class Trainer:
             step_ids=batch.step_ids,
             values=batch.values,
             baselines=batch.baselines,
-            logprob=batch.old_logprobs
-            if batch.old_logprobs is not None
-            else batch.rollout_logprobs,
+            logprob=next(
+                lp
+                for lp in (batch.stats_logprobs, batch.old_logprobs, batch.rollout_logprobs)
+                if lp is not None
+            ),
             ref_logprob=batch.ref_logprobs,
+            entropy=batch.entropy,
+            nec=batch.nec,
         )
         return inp, kl_m
 
@@ -597,6 +610,28 @@ class Trainer:
             if idx is not None:
                 out[idx, : lp.shape[1]] = lp
         return self.ranks.all_sum(out)
+
+    def _token_stats(self, batch: Batch, mbs: list[torch.Tensor | None]) -> None:
+        """π_old's logprobs, entropy and NEC [B, R] of every row (`response_token_stats`) into
+        `batch`: this rank's micro-batches `mbs`, summed with the other ranks' rows."""
+        if self.sp is not None:
+            raise ValueError(
+                "an advantage fn that reads token statistics (clipb, clipv) does not run with "
+                "sequence parallelism here; set trainer.ulysses_sequence_parallel_size: 1"
+            )
+        outs = [torch.zeros_like(batch.rollout_logprobs, dtype=torch.float32) for _ in range(3)]
+        for idx in mbs:
+            mb = batch.select(idx) if idx is not None else idle_rows(batch, self.unit)
+            stats = self.policy(
+                response_token_stats,
+                mb,
+                self.config.trainer.logprob_chunk_size,
+                share_prefix=self.share_prefix,
+            )
+            if idx is not None:
+                for out, part in zip(outs, stats, strict=True):
+                    out[idx, : part.shape[1]] = part
+        batch.stats_logprobs, batch.entropy, batch.nec = (self.ranks.all_sum(o) for o in outs)
 
     def _token_budget(self) -> int | None:
         """Tokens per micro-batch (`max_token_len_per_gpu`); with sequence parallelism a rank

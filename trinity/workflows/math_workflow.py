@@ -34,6 +34,7 @@ DEFAULT_REWARD_FN = "math_reward"
 class MathWorkflow(Workflow):
     default_reward_fn_type = DEFAULT_REWARD_FN  # scores tasks whose taskset names no reward fn
     takes_reply_prefix = True  # samples `task.prompt_messages()` (format.reply_prefix)
+    passes_response_length = True  # to a reward fn that asks (`needs_response_length`)
 
     def __init__(self) -> None:
         """No workflow_args: pre-flight refuses any key under `workflow_args`."""
@@ -48,7 +49,14 @@ class MathWorkflow(Workflow):
         # scored off the event loop, so slow reward code does not hold up other tasks' requests
         # (their samples are keyed, so the batching this timing decides does not change them),
         # each call bounded by the taskset's limits; a failed call fails the try (guard.py)
-        scores = await score_responses(task, reward_name, responses, reward_args)
+        wants_length = getattr(reward_fn, "needs_response_length", None)
+        if wants_length is not None and wants_length(reward_args):  # DAPO's overlong penalty
+            scores = []
+            for response, sample in zip(responses, samples, strict=True):
+                args = {**reward_args, "response_length": len(sample.response_ids)}
+                scores += await score_responses(task, reward_name, [response], args)
+        else:
+            scores = await score_responses(task, reward_name, responses, reward_args)
         return [
             single_turn_experience(
                 task,
@@ -95,4 +103,17 @@ def single_turn_experience(
         response_text=response,
         info={"task_index": task.index, "truth": task.truth},
         metrics=metrics,
+        **top_logprobs(sample),
     )
+
+
+def top_logprobs(sample: Sample) -> dict[str, Any]:
+    """The Experience fields of a sample's top-k logprobs (`rollout_args.logprobs`): none
+    without them."""
+    if sample.top_ids is None or sample.top_logprobs is None:
+        return {}
+    k = len(sample.top_ids[0]) if sample.top_ids else 0
+    return {
+        "topk_ids": torch.tensor(sample.top_ids, dtype=torch.long).reshape(-1, k),
+        "topk_logprobs": torch.tensor(sample.top_logprobs, dtype=torch.float32).reshape(-1, k),
+    }
