@@ -8,7 +8,9 @@
     POLICY_LOSS.get("ppo")            # the function
     POLICY_LOSS.get("my_pkg.mod.Fn")  # a dotted path loads a user's object
 
-A duplicate name raises; an unknown name raises with the sorted list of valid names. A name not
+A duplicate name raises; an unknown name raises with the sorted list of valid names; a name
+`refuse(name, reason)` marks (Trinity-RFT's name for something not built here) raises with its
+reason. A name not
 registered yet is first looked for in the user's plugins: `get` and `in` load the plugin
 directories that `TRINITY_PLUGIN_DIRS` names on a miss (`trinity.common.plugins`), so every
 process that looks a name up (the driver, each actor) sees the names its plugins register.
@@ -41,6 +43,18 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self._modules = dict(modules or {})
+        self._refused: dict[str, str] = {}
+
+    def refuse(self, name: str, reason: str) -> None:
+        """Mark `name` as known but not built here: `get` raises naming `reason` (e.g. "needs
+        the ALFWorld environment package and its game files"), not "unknown"."""
+        if name in self._items or name in self._modules or name in self._refused:
+            raise RegistryError(f"{self.kind} {name!r} is already registered")
+        self._refused[name] = reason
+
+    def refusal(self, name: str) -> str | None:
+        """Why `name` is not built here (`refuse`); None for any other name."""
+        return self._refused.get(name)
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator registering `obj` under `name`. A name taken, or one `modules` reserves for
@@ -48,7 +62,11 @@ class Registry(Generic[T]):
 
         def decorator(obj: T) -> T:
             owner = self._modules.get(name)
-            if name in self._items or (owner and getattr(obj, "__module__", owner) != owner):
+            if (
+                name in self._items
+                or name in self._refused
+                or (owner and getattr(obj, "__module__", owner) != owner)
+            ):
                 by = f" (by {owner})" if owner else ""
                 raise RegistryError(f"{self.kind} {name!r} is already registered{by}")
             self._items[name] = obj
@@ -57,6 +75,8 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        if name in self._refused:
+            raise RegistryError(f"{self.kind} {name!r} is not built here: {self._refused[name]}")
         if name not in self._items and name in self._modules:  # only the module it names
             importlib.import_module(self._modules[name])
         if name not in self._items:  # a user's plugin may register it

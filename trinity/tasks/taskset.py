@@ -103,7 +103,7 @@ def load_taskset(
                 raise
             collected.append(str(e))
             continue
-        truth = row.get(fmt.response_key)
+        truth = row_value(row, fmt.response_key)
         tasks.append(
             Task(
                 index=len(tasks),
@@ -168,10 +168,25 @@ def _check_fields(row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: 
         )
 
 
+_MISSING = object()
+
+
+def row_value(row: dict, key: str, default: Any = None) -> Any:
+    """`row[key]`; a key absent from the row that holds dots is a path into nested mappings
+    (Trinity-RFT's BOTS examples: `response_key: reward_model.ground_truth`)."""
+    if key in row or "." not in key:
+        return row.get(key, default)
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return default
+        value = value[part]
+    return value
+
+
 def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) -> None:
     """A row must carry its reference answer: `response_key`, or a last assistant turn."""
-    if fmt.response_key in row:
-        value = row[fmt.response_key]
+    if (value := row_value(row, fmt.response_key, _MISSING)) is not _MISSING:
         if value is None or isinstance(value, dict | list):
             raise TasksetError(
                 f"{loc}: {fmt.response_key!r} (format.response_key) must be text or a number, "
