@@ -68,6 +68,7 @@ def load_taskset(
     reward_fn_type = storage.default_reward_fn_type or default_reward_fn_type
     need_truth = require_response or _reward_needs_truth(reward_fn_type)
     need_fields = _reward_task_fields(reward_fn_type)
+    row_fields = _workflow_row_fields(workflow_type)
     if storage.storage_type == "file":
         if not storage.path:
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
@@ -92,12 +93,16 @@ def load_taskset(
     tasks = []
     for row, loc in located:
         try:
-            prompt, messages = _prompt_of(row, fmt, loc)
+            if row_fields is None:
+                prompt, messages = _prompt_of(row, fmt, loc)
+            else:  # the workflow builds its prompt from these fields of the row
+                prompt, messages = None, None
+                _check_fields(row, row_fields, workflow_type, loc, "workflow")
             if need_truth:
                 _check_response(row, fmt, messages, loc)
             _check_fields(row, need_fields, reward_fn_type, loc)
             pair = _pair_of(row, fmt, loc) if require_pair else None
-            tools = _tools_of(row, fmt, loc)
+            tools = _tools_of(row, fmt, loc) if row_fields is None else None
         except TasksetError as e:
             if collected is None:
                 raise
@@ -157,12 +162,27 @@ def _reward_task_fields(reward_fn_type: str | None) -> tuple[str, ...]:
     return tuple(getattr(REWARD_FN.get(reward_fn_type), "task_fields", ()))
 
 
-def _check_fields(row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: str) -> None:
-    """A row must hold every field its reward fn reads."""
+def _workflow_row_fields(workflow_type: str | None) -> tuple[str, ...] | None:
+    """The row fields a workflow that builds its own prompt reads (its `row_fields`, e.g.
+    `toolcall_workflow`'s tools and conversations); None for one that reads the prompt key."""
+    if not workflow_type:
+        return None
+    from trinity.workflows import WORKFLOW
+
+    if workflow_type not in WORKFLOW:
+        return None  # an unknown or refused name: the config check reports it
+    fields = getattr(WORKFLOW.get(workflow_type), "row_fields", None)
+    return None if fields is None else tuple(fields)
+
+
+def _check_fields(
+    row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: str, kind: str = "reward fn"
+) -> None:
+    """A row must hold every field its reward fn (or workflow: `kind`) reads."""
     missing = [f for f in fields if f not in row]
     if missing:
         raise TasksetError(
-            f"{loc}: row has no {', '.join(repr(f) for f in missing)}, which reward fn "
+            f"{loc}: row has no {', '.join(repr(f) for f in missing)}, which {kind} "
             f"{reward_fn_type!r} reads (it needs {', '.join(fields)}); the row's keys are "
             f"{sorted(row)}"
         )

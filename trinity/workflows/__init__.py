@@ -9,6 +9,7 @@ from trinity.workflows import (
     math_workflow,  # noqa: F401  (math_workflow, async_math_workflow)
     not_built,  # noqa: F401  (Trinity-RFT's workflows refused by name: alfworld_workflow, ...)
     self_correction,  # noqa: F401  (math_self_correction_workflow)
+    toolcall,  # noqa: F401  (toolcall_workflow, tool_call_workflow)
     trainable_ruler,  # noqa: F401  (math_trainable_ruler_workflow)
 )
 from trinity.workflows.base import WORKFLOW, ModelHandle, SyncWorkflow, Workflow
