@@ -169,9 +169,13 @@ def _workflow_row_fields(workflow_type: str | None) -> tuple[str, ...] | None:
         return None
     from trinity.workflows import WORKFLOW
 
-    if workflow_type not in WORKFLOW:
+    if workflow_type not in WORKFLOW and "." not in workflow_type:
         return None  # an unknown or refused name: the config check reports it
-    fields = getattr(WORKFLOW.get(workflow_type), "row_fields", None)
+    try:
+        cls = WORKFLOW.get(workflow_type)
+    except (LookupError, ImportError):  # a dotted path that does not load: reported there too
+        return None
+    fields = getattr(cls, "row_fields", None)
     return None if fields is None else tuple(fields)
 
 
