@@ -1,6 +1,7 @@
 """Workflows: the contract, the registry and the built-in workflows."""
 
 from trinity.workflows import (
+    agentscope_math,  # noqa: F401  (agentscope_react_math_workflow, agentscopev0_react_math_workflow)
     agentscope_react,  # noqa: F401  (agentscope_react_workflow, as_react_workflow; lazy agentscope)
     env_workflow,  # noqa: F401  (env_workflow, frozen_lake_workflow)
     judge_workflow,  # noqa: F401  (judge_workflow, group_judge_workflow, math_ruler_workflow)
