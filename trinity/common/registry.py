@@ -52,6 +52,10 @@ class Registry(Generic[T]):
             raise RegistryError(f"{self.kind} {name!r} is already registered")
         self._refused[name] = reason
 
+    def refused(self) -> dict[str, str]:
+        """Every name `refuse` marked, with its reason."""
+        return dict(self._refused)
+
     def refusal(self, name: str) -> str | None:
         """Why `name` is not built here (`refuse`); None for any other name."""
         return self._refused.get(name)
@@ -94,6 +98,10 @@ class Registry(Generic[T]):
             f"unknown {self.kind} {name!r}.{did_you_mean} Valid names: {', '.join(self.names())}"
             " (or a dotted path package.module.Name)"
         )
+
+    def registered(self) -> list[str]:
+        """The names registered so far, in the order they were registered."""
+        return list(self._items)
 
     def names(self) -> list[str]:
         """Every valid name: registered ones and those of `modules` not imported yet."""

@@ -1,5 +1,7 @@
-"""Trinity-RFT's AgentScope math agents: `agentscope_react_math_workflow` (its AgentScope 1.x agent)
-and `agentscopev0_react_math_workflow` (its AgentScope 0.x agent), both run here as our
+"""Trinity-RFT's AgentScope math agents: a ReAct agent with a Python tool, boxed answers.
+
+`agentscope_react_math_workflow` (Trinity-RFT's AgentScope 1.x agent) and
+`agentscopev0_react_math_workflow` (its AgentScope 0.x agent), both run here as our
 `agentscope_react_workflow` (AgentScope 2.x through the endpoint; its docstring says how).
 
     explorer.rollout_model: {enable_openai_api: true, tool_call_parser: hermes}

@@ -67,8 +67,9 @@ class MathRMWorkflow(MathWorkflow):
 
 @WORKFLOW.register("on_policy_distill_workflow")
 class OnPolicyDistillWorkflow(MathWorkflow):
-    """The student's samples of the task's prompt, reward 0.0: the trainer's teacher gives the
-    advantages (module doc)."""
+    """On-policy distillation: the student samples, reward 0.0 (module doc).
+
+    The trainer's teacher gives the advantages."""
 
     def __init__(self, temperature: float = 1.0) -> None:
         """`temperature`: the teacher's, in Trinity-RFT; only 1.0 here (the trainer's)."""

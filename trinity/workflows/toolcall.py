@@ -1,5 +1,7 @@
-"""`toolcall_workflow` (Trinity-RFT's names: `toolcall_workflow`, `tool_call_workflow`): single-turn
-tool calling scored against the reference calls, as in Tool-N1 (Zhang et al., arXiv:2505.00024).
+"""`toolcall_workflow`: single-turn tool calls scored against the reference calls (Tool-N1).
+
+Trinity-RFT's names: `toolcall_workflow`, `tool_call_workflow`. Tool-N1: Zhang et al.,
+arXiv:2505.00024.
 
     buffer.explorer_input.default_workflow_type: toolcall_workflow   # rows: ToolACE, processed
 

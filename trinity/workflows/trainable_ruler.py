@@ -1,5 +1,6 @@
-"""`math_trainable_ruler_workflow` (Trinity-RFT's name): the policy is its own RULER judge, and
-learns to judge.
+"""`math_trainable_ruler_workflow` (Trinity-RFT's name): the policy judges its own answers.
+
+The policy is its own RULER judge, and learns to judge.
 
     buffer.explorer_input.default_workflow_type: math_trainable_ruler_workflow
     buffer.explorer_input.taskset.workflow_args: {gold_probability: 0.2}   # ours; Trinity's 0.2
