@@ -3,6 +3,7 @@
 from trinity.workflows import (
     agentscope_math,  # noqa: F401  (agentscope_react_math_workflow, agentscopev0_react_math_workflow)
     agentscope_react,  # noqa: F401  (agentscope_react_workflow, as_react_workflow; lazy agentscope)
+    email_search,  # noqa: F401  (email_search_workflow)
     env_workflow,  # noqa: F401  (env_workflow, frozen_lake_workflow)
     judge_workflow,  # noqa: F401  (judge_workflow, group_judge_workflow, math_ruler_workflow)
     math_boxed_workflow,  # noqa: F401  (math_boxed_workflow)
