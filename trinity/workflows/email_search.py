@@ -1,5 +1,6 @@
-"""`email_search_workflow` (Trinity-RFT's name, after OpenPipe's ART-E): an agent searches a local
-inbox with tools and answers a question about it.
+"""`email_search_workflow`: an agent searches a local inbox with tools to answer a question.
+
+Trinity-RFT's name, after OpenPipe's ART-E.
 
     explorer:
       rollout_model: {enable_openai_api: true, tool_call_parser: hermes}
