@@ -180,7 +180,6 @@ def test_trainable_ruler_draw_is_reproducible_and_its_probability_checked():
         ("step_wise_alfworld_workflow", "ALFWorld"),
         ("RAFT_alfworld_workflow", "ALFWorld"),
         ("RAFT_reflect_alfworld_workflow", "ALFWorld"),
-        ("sciworld_workflow", "ScienceWorld"),
         ("webshop_workflow", "WebShop server"),
         ("agentscope_v1_react_search_workflow", "queries the web"),
     ],

@@ -20,7 +20,8 @@ over the episode, `turns` (replies given), `success` (1.0 when `env.success(term
 info)` says the last step solved it; for the built-ins: terminated with a positive last reward,
 and for countdown a correct answer), `truncated` (ended by a turn limit, not by the environment).
 
-`frozen_lake_workflow` (Trinity-RFT's name) is this workflow with `frozen_lake_text`.
+`frozen_lake_workflow` (Trinity-RFT's name) is this workflow with `frozen_lake_text`,
+`sciworld_workflow` with `sciworld`. Every environment is closed when its task ends.
 """
 
 from __future__ import annotations
@@ -77,16 +78,26 @@ class EnvWorkflow(Workflow):
            episodes still open, concurrently, in episode order
         4. one MULTI_TURN experience per episode, rewarded by its summed step rewards
         """
+        envs: list[Any] = []  # closed when the task ends (a simulator's process stops)
+        try:
+            return await self._run(task, model, envs)
+        finally:
+            for env in envs:
+                env.close()
+
+    async def _run(self, task: Any, model: ModelHandle, envs: list[Any]) -> list[Experience]:
         seed, options = episode_seed(task.raw, task.index), dict(task.raw)
-        # 1.
+        # 1. (resets run in a thread: a simulator may take seconds to start)
         probe = self._make()
-        obs, first = first_prompt(probe, seed, options)
+        envs.append(probe)
+        obs, first = await asyncio.to_thread(first_prompt, probe, seed, options)
         tools = getattr(probe, "tools", None)
         # 2.
         samples = await model.chat(first, tools=tools)
         episodes = [_Episode(self._make(), [*first]) for _ in samples]
+        envs += [ep.env for ep in episodes]
         for ep in episodes:
-            again, _ = ep.env.reset(seed=seed, options=options)
+            again, _ = await asyncio.to_thread(ep.env.reset, seed=seed, options=options)
             if dict(again) != dict(obs):
                 raise ValueError(
                     f"env_workflow: env {self.env_name!r} reset with seed {seed} gave two "
@@ -196,3 +207,22 @@ class FrozenLakeWorkflow(EnvWorkflow):
             args.setdefault("p", 0.8)  # Trinity-RFT's default frozen chance (a row's `p` wins)
         turns = agent_max_steps if agent_max_steps is not None else max_turns
         super().__init__(env="frozen_lake_text", env_args=args, max_turns=turns)
+
+
+@WORKFLOW.register("sciworld_workflow")
+class SciWorldWorkflow(EnvWorkflow):
+    """Trinity-RFT's `sciworld_workflow`: `env_workflow` on `sciworld` (ScienceWorld).
+
+    Rows are Trinity-RFT's (`task_desc`: JSON naming the task and its variation); up to 30
+    replies per episode (`max_turns`); `env_args`: `simplification`, `step_limit`. Needs the
+    `scienceworld` package and Java (`trinity/envs/sciworld.py`)."""
+
+    row_fields: ClassVar[tuple[str, ...]] = ()  # the environment reads the row's task
+
+    def __init__(
+        self, max_turns: int | None = None, env_args: dict[str, Any] | None = None
+    ) -> None:
+        from trinity.envs.sciworld import require_scienceworld
+
+        require_scienceworld("sciworld_workflow")
+        super().__init__(env="sciworld", env_args=env_args, max_turns=max_turns)

@@ -9,9 +9,6 @@ workflow", so a user arriving with Trinity-RFT's example config learns what is m
   a download site this machine cannot reach, and every task row names one (`game_file`).
 - WebShop (`webshop_workflow`): needs the WebShop web server with its product catalogue and
   search index (a separate repository with a data download), which no package provides.
-- ScienceWorld (`sciworld_workflow`): the `scienceworld` package ships its simulator as a jar
-  (Java is installed here), but it is not a dependency of this build and the simulator is not
-  wrapped as an environment yet; refused until it is.
 - `agentscope_v1_react_search_workflow`: its agent's tool searches the web (Tavily's service or
   a SearXNG server, `workflow_args.search_client_type`, through npx MCP servers), which cannot be
   reached here.
@@ -34,10 +31,6 @@ NOT_BUILT: dict[str, str] = {
     "webshop_workflow": (
         "needs the WebShop server with its product catalogue and search index, which no "
         "package provides and which cannot be downloaded here"
-    ),
-    "sciworld_workflow": (
-        "needs the ScienceWorld simulator (the `scienceworld` package and its jar, run on Java), "
-        "which this build neither depends on nor wraps as an environment yet"
     ),
     "agentscope_v1_react_search_workflow": (
         "its agent's search tool queries the web (Tavily's service or a SearXNG server, through "
