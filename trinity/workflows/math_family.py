@@ -71,6 +71,8 @@ class OnPolicyDistillWorkflow(MathWorkflow):
 
     The trainer's teacher gives the advantages."""
 
+    default_reward_fn_type = None  # no reward fn: rows need no reference answer
+
     def __init__(self, temperature: float = 1.0) -> None:
         """`temperature`: the teacher's, in Trinity-RFT; only 1.0 here (the trainer's)."""
         super().__init__()
