@@ -106,3 +106,30 @@ def test_the_frozen_lake_agent_is_frozen_lake_workflow_with_trinity_args():
     assert issubclass(cls, WORKFLOW.get("frozen_lake_workflow"))
     w = cls(env_max_steps=8, agent_max_steps=10, is_slippery=False)
     assert w.env_args == {"max_steps": 8, "p": 0.8} and w.max_turns == 10
+
+
+def test_dotted_paths_resolve_from_the_launch_directory_without_it_on_the_path(tmp_path):
+    """The `trinity` console script's sys.path holds its bin folder, not the directory it runs
+    in: a dotted path is looked for there too (Ray's workers of a local run have it)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "trinity").symlink_to(root / "trinity")  # trinity, not the repo root
+    script = tmp_path / "bin.py"
+    script.write_text(
+        "import sys\n"
+        "assert all(not p or 'examples' not in __import__('os').listdir(p) for p in sys.path "
+        "if __import__('os').path.isdir(p))\n"
+        "from trinity.workflows import WORKFLOW\n"
+        f"print(WORKFLOW.get({LEARN2ASK!r}).__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib")}
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Learn2AskWorkflow"

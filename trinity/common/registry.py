@@ -6,7 +6,7 @@
     def ppo_policy_loss(...): ...
 
     POLICY_LOSS.get("ppo")            # the function
-    POLICY_LOSS.get("my_pkg.mod.Fn")  # a dotted path loads a user's object
+    POLICY_LOSS.get("my_pkg.mod.Fn")  # a dotted path loads a user's object (also from the cwd)
 
 A duplicate name raises; an unknown name raises with the sorted list of valid names; a name
 `refuse(name, reason)` marks (Trinity-RFT's name for something not built here) raises with its
@@ -21,6 +21,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -117,10 +119,25 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+def _import_here(module_name: str) -> Any:
+    """Import `module_name`; a package found nowhere on the path is also looked for in the
+    directory the process runs in (appended to `sys.path`, so installed packages win): the
+    `trinity` console script does not put it there, while Ray's workers of a local run have it
+    (Trinity-RFT's example configs name its `examples/` code, run from its repository root)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        here = os.path.abspath(os.curdir)
+        if e.name != module_name.split(".")[0] or here in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
+
+
 def _load_dotted(path: str, kind: str) -> Any:
     module_name, _, attr = path.rpartition(".")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_here(module_name)
     except ImportError as e:
         raise RegistryError(f"{kind} {path!r}: cannot import module {module_name!r}: {e}") from e
     try:
