@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import json
 import os
@@ -172,6 +173,4 @@ def append_locked(path: str, entry: dict[str, Any]) -> None:
 def _with_reward(task: Any, reward_fn_type: str) -> Any:
     """A copy of `task` scored by `reward_fn_type` (its reward_fn_args dropped: BOTS' reward
     takes none but the workflow's)."""
-    import dataclasses
-
     return dataclasses.replace(task, reward_fn_type=reward_fn_type, reward_fn_args={})
