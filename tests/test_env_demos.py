@@ -283,3 +283,47 @@ def test_validate_names_an_unknown_env_of_env_demos(tmp_path):
     assert r.exit_code == 2, r.output
     assert "experience_buffer.generator_args" in r.output
     assert "unknown env 'countdown_calculatr'" in r.output
+
+
+def test_frozen_lake_fixed_map_walk():
+    env = FrozenLakeText(desc=["SF", "HG"])
+    obs, _ = env.reset(seed=0)
+    assert obs["content"] == "PF\nHG\nYour move?"
+    _, r, done, _, _ = env.step("go right")  # (0,0) -> (0,1), frozen
+    assert (r, done) == (0.0, False)
+    _, r, done, _, _ = env.step("down")  # (0,1) -> (1,1): the goal
+    assert (r, done) == (1.0, True)
+
+
+def test_frozen_lake_slippery_moves_a_third_each_way_never_back():
+    seen: dict[tuple[int, int], int] = {}
+    for seed in range(300):
+        env = FrozenLakeText(desc=["FFF", "FSF", "FFG"], is_slippery=True)
+        env.reset(seed=seed)
+        env.step("up")  # from the centre (1,1): up (0,1), or perpendicular left (1,0) / right (1,2)
+        seen[env.pos] = seen.get(env.pos, 0) + 1
+    assert set(seen) == {(0, 1), (1, 0), (1, 2)}
+    assert all(60 <= k <= 140 for k in seen.values())  # ~100 each; 3 SE ~ 25
+    env = FrozenLakeText(desc=["FFF", "FSF", "FFG"], is_slippery=True)  # one seed, one slip
+    env.reset(seed=7)
+    env.step("up")
+    again = FrozenLakeText(desc=["FFF", "FSF", "FFG"], is_slippery=True)
+    again.reset(seed=7)
+    again.step("up")
+    assert again.pos == env.pos
+
+
+def test_frozen_lake_trinity_maps_keep_the_goal_within_env_max_steps():
+    lengths = []
+    for seed in range(40):
+        env = FrozenLakeText(p=0.6, max_steps=3)
+        env.reset(seed=seed, options={"size": 5})
+        grid = env.grid
+        assert len(grid) == 5 and all(len(r) == 5 for r in grid)
+        assert "".join(grid).count("S") == 1 and "".join(grid).count("G") == 1
+        lengths.append(len(shortest_path(grid)))
+    assert max(lengths) <= 3 and min(lengths) >= 1
+    # the row's p: 1.0 freezes every cell
+    env = FrozenLakeText(p=0.5)
+    env.reset(seed=1, options={"size": 4, "p": 1.0})
+    assert "H" not in "".join(env.grid)

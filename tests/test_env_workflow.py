@@ -152,14 +152,18 @@ def test_countdown_calls_its_tool_and_scores_the_row_s_problem():
     assert handle.ledger.stats.drift == 0 and handle.ledger.stats.bridged == 1
 
 
-def test_frozen_lake_alias_takes_trinity_rft_args_and_refuses_what_is_not_built():
+def test_frozen_lake_alias_takes_trinity_rft_args():
     flw = WORKFLOW.get("frozen_lake_workflow")
     w = flw(agent_max_steps=5, env_args={"size": 3, "holes": 1})
     assert (w.env_name, w.max_turns, w.env_args) == ("frozen_lake_text", 5, {"size": 3, "holes": 1})
     assert flw().max_turns == ENV.get("frozen_lake_text").max_turns
-    for bad in ({"is_slippery": True}, {"desc": ["SF", "FG"]}, {"env_max_steps": 8}):
-        with pytest.raises(ValueError, match=f"{next(iter(bad))} not built"):
-            flw(**bad)
+    # Trinity-RFT's example: env_max_steps draws maps by the row's frozen chance p (default 0.8)
+    w = flw(env_max_steps=8, agent_max_steps=10, is_slippery=False)
+    assert w.env_args == {"max_steps": 8, "p": 0.8} and w.max_turns == 10
+    w = flw(is_slippery=True, desc=["SF", "HG"])
+    assert w.env_args == {"is_slippery": True, "desc": ["SF", "HG"]}
+    assert "one S and one G" in flw.arg_problems({"desc": ["SS", "FG"]})[0]
+    assert "set twice" in flw.arg_problems({"env_max_steps": 3, "env_args": {"max_steps": 4}})[0]
     env_workflow = WORKFLOW.get("env_workflow")
     assert "guess_number" in env_workflow.arg_problems({"env": "guess_numbr"})[0]
     assert (

@@ -352,3 +352,20 @@ def test_the_custom_loss_tutorial_trains_with_its_plugin(tmp_path, tiny_model_di
         assert math.isfinite(rec["train/loss"])
         assert 0 < rec["train/awr_weight_mean"] <= 20.0
         assert 0 <= rec["train/awr_weight_clipfrac"] <= 1
+
+
+def test_a_refused_name_says_why_and_cannot_be_registered():
+    reg: Registry = Registry("thing")
+    reg.refuse("far", "needs a server we cannot reach")
+    with pytest.raises(KeyError, match="thing 'far' is not built here: needs a server"):
+        reg.get("far")
+    assert (
+        "far" not in reg
+        and reg.names() == []
+        and reg.refused() == {"far": "needs a server we cannot reach"}
+    )
+    with pytest.raises(KeyError, match="already registered"):
+        reg.register("far")(object())
+    with pytest.raises(KeyError, match="already registered"):
+        reg.refuse("far", "twice")
+    assert reg.refusal("far") == "needs a server we cannot reach" and reg.refusal("x") is None

@@ -38,12 +38,16 @@ def catalog_markdown() -> str:
         pieces = {name: registry.get(name) for name in registry.names()}
         # built-in only: a user's plugin (or a test's) registered in this process is not listed
         pieces = {n: p for n, p in pieces.items() if _built_in(_module(p))}
-        first = {}  # a piece -> the first name it was listed under
+        first = {}  # a piece -> the name it was first registered under (aliases come later)
+        for name in getattr(registry, "registered", list)():
+            first.setdefault(id(registry.get(name)), name)
         out += [f"### {title}", "", f"Named by {key}.", "", "| name | what it is |", "|---|---|"]
         for name, piece in pieces.items():
             seen = first.setdefault(id(piece), name)
             about = f"the same as `{seen}`" if seen != name else _summary(piece)
             out.append(f"| `{name}` | {about} |")
+        for name, why in sorted(getattr(registry, "refused", dict)().items()):
+            out.append(f"| `{name}` | not built here (Trinity-RFT's name, refused): {why} |")
         out.append("")
     return "\n".join(out)
 

@@ -283,7 +283,11 @@ def _registry(kind: str) -> Any:
 
 
 def _lookup(registry: Any, name: str, path: str) -> tuple[Any, list[Problem]]:
-    """(the registered object, []), or (None, [a problem at `path` naming the valid names])."""
+    """(the registered object, []), or (None, [a problem at `path` naming the valid names, or
+    the reason a name known from Trinity-RFT is not built here])."""
+    refusal = getattr(registry, "refusal", None)
+    if refusal is not None and (why := refusal(name)) is not None:
+        return None, [Problem(path, f"{registry.kind} {name!r}: not built here: {why}")]
     if name in registry:
         return registry.get(name), []
     if "." in name:

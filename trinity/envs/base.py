@@ -41,6 +41,7 @@ ENV: Registry[type[TextEnv]] = Registry(
         "countdown_calculator": "trinity.envs.countdown",
         "frozen_lake_text": "trinity.envs.frozen_lake",
         "guess_number": "trinity.envs.guess_number",
+        "sciworld": "trinity.envs.sciworld",
     },
 )
 

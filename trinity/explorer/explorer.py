@@ -633,6 +633,8 @@ class Explorer:
                 # the explorer's name in the id: groups of two explorers' step s never mix; a
                 # sample a filter took out of its kept task is a group of its own (untrained)
                 alone = f"/filtered{e.eid.run}" if e.info.get("own_group") else ""
+                if sub := e.info.get("subgroup"):  # a second group of the task's (a judge's)
+                    alone = f"/{sub}{alone}"
                 if self.weights_digest is not None:  # which weights sampled it (sync.fingerprint)
                     e.info["weights_fingerprint"] = self.weights_digest
                 e.eid = EID(

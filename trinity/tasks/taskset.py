@@ -71,6 +71,7 @@ def load_taskset(
     reward_args, reward_limits = split_reward_args(storage.reward_fn_args)
     need_truth = require_response or _reward_needs_truth(reward_fn_type)
     need_fields = _reward_task_fields(reward_fn_type)
+    row_fields = _workflow_row_fields(workflow_type)
     if storage.storage_type == "file":
         if not storage.path:
             raise TasksetError(f"taskset {name!r}: storage_type 'file' needs a path")
@@ -95,18 +96,22 @@ def load_taskset(
     tasks = []
     for row, loc in located:
         try:
-            prompt, messages = _prompt_of(row, fmt, loc)
+            if row_fields is None:
+                prompt, messages = _prompt_of(row, fmt, loc)
+            else:  # the workflow builds its prompt from these fields of the row
+                prompt, messages = None, None
+                _check_fields(row, row_fields, workflow_type, loc, "workflow")
             if need_truth:
                 _check_response(row, fmt, messages, loc)
             _check_fields(row, need_fields, reward_fn_type, loc)
             pair = _pair_of(row, fmt, loc) if require_pair else None
-            tools = _tools_of(row, fmt, loc)
+            tools = _tools_of(row, fmt, loc) if row_fields is None else None
         except TasksetError as e:
             if collected is None:
                 raise
             collected.append(str(e))
             continue
-        truth = row.get(fmt.response_key)
+        truth = row_value(row, fmt.response_key)
         tasks.append(
             Task(
                 index=len(tasks),
@@ -161,21 +166,55 @@ def _reward_task_fields(reward_fn_type: str | None) -> tuple[str, ...]:
     return tuple(getattr(REWARD_FN.get(reward_fn_type), "task_fields", ()))
 
 
-def _check_fields(row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: str) -> None:
-    """A row must hold every field its reward fn reads."""
+def _workflow_row_fields(workflow_type: str | None) -> tuple[str, ...] | None:
+    """The row fields a workflow that builds its own prompt reads (its `row_fields`, e.g.
+    `toolcall_workflow`'s tools and conversations); None for one that reads the prompt key."""
+    if not workflow_type:
+        return None
+    from trinity.workflows import WORKFLOW
+
+    if workflow_type not in WORKFLOW and "." not in workflow_type:
+        return None  # an unknown or refused name: the config check reports it
+    try:
+        cls = WORKFLOW.get(workflow_type)
+    except (LookupError, ImportError):  # a dotted path that does not load: reported there too
+        return None
+    fields = getattr(cls, "row_fields", None)
+    return None if fields is None else tuple(fields)
+
+
+def _check_fields(
+    row: dict, fields: tuple[str, ...], reward_fn_type: Any, loc: str, kind: str = "reward fn"
+) -> None:
+    """A row must hold every field its reward fn (or workflow: `kind`) reads."""
     missing = [f for f in fields if f not in row]
     if missing:
         raise TasksetError(
-            f"{loc}: row has no {', '.join(repr(f) for f in missing)}, which reward fn "
+            f"{loc}: row has no {', '.join(repr(f) for f in missing)}, which {kind} "
             f"{reward_fn_type!r} reads (it needs {', '.join(fields)}); the row's keys are "
             f"{sorted(row)}"
         )
 
 
+_MISSING = object()
+
+
+def row_value(row: dict, key: str, default: Any = None) -> Any:
+    """`row[key]`; a key absent from the row that holds dots is a path into nested mappings
+    (Trinity-RFT's BOTS examples: `response_key: reward_model.ground_truth`)."""
+    if key in row or "." not in key:
+        return row.get(key, default)
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return default
+        value = value[part]
+    return value
+
+
 def _check_response(row: dict, fmt: Any, messages: list[dict] | None, loc: str) -> None:
     """A row must carry its reference answer: `response_key`, or a last assistant turn."""
-    if fmt.response_key in row:
-        value = row[fmt.response_key]
+    if (value := row_value(row, fmt.response_key, _MISSING)) is not _MISSING:
         if value is None or isinstance(value, dict | list):
             raise TasksetError(
                 f"{loc}: {fmt.response_key!r} (format.response_key) must be text or a number, "

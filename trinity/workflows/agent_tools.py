@@ -13,6 +13,8 @@ bad arguments are answered (as an error the model reads), never raised.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -100,5 +102,45 @@ AGENT_TOOL.register("calculator")(
         description=CALCULATOR["function"]["description"],
         parameters=CALCULATOR["function"]["parameters"],
         fn=_calculator,
+    )
+)
+
+
+PYTHON_TIMEOUT_S = 300.0  # AgentScope's execute_python_code, as Trinity-RFT's math agents set it
+
+
+def execute_python_code(code: str, timeout: float = PYTHON_TIMEOUT_S) -> str:
+    """Run `code` in a fresh Python process (this interpreter, no sandbox: as Trinity-RFT's math
+    agents run AgentScope's `execute_python_code` with `use_docker=False`); its exit code,
+    stdout and stderr as AgentScope formats them. A run past `timeout` seconds is killed and
+    answered with a message saying so."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=float(timeout)
+        )
+    except subprocess.TimeoutExpired:
+        return (
+            f"<returncode>-1</returncode><stdout></stdout><stderr>TimeoutError: the code ran "
+            f"past {timeout} seconds</stderr>"
+        )
+    return (
+        f"<returncode>{done.returncode}</returncode><stdout>{done.stdout}</stdout>"
+        f"<stderr>{done.stderr}</stderr>"
+    )
+
+
+AGENT_TOOL.register("execute_python_code")(
+    AgentTool(
+        name="execute_python_code",
+        description=(
+            "Execute Python code and return its exit code, stdout and stderr. Print the values "
+            "you want to see."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+            "required": ["code"],
+        },
+        fn=lambda code: execute_python_code(code),
     )
 )

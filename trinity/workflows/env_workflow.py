@@ -20,13 +20,14 @@ over the episode, `turns` (replies given), `success` (1.0 when `env.success(term
 info)` says the last step solved it; for the built-ins: terminated with a positive last reward,
 and for countdown a correct answer), `truncated` (ended by a turn limit, not by the environment).
 
-`frozen_lake_workflow` (Trinity-RFT's name) is this workflow with `frozen_lake_text`.
+`frozen_lake_workflow` (Trinity-RFT's name) is this workflow with `frozen_lake_text`,
+`sciworld_workflow` with `sciworld`. Every environment is closed when its task ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from trinity.common.experience import Experience
 from trinity.common.rollout import Sample
@@ -77,16 +78,26 @@ class EnvWorkflow(Workflow):
            episodes still open, concurrently, in episode order
         4. one MULTI_TURN experience per episode, rewarded by its summed step rewards
         """
+        envs: list[Any] = []  # closed when the task ends (a simulator's process stops)
+        try:
+            return await self._run(task, model, envs)
+        finally:
+            for env in envs:
+                env.close()
+
+    async def _run(self, task: Any, model: ModelHandle, envs: list[Any]) -> list[Experience]:
         seed, options = episode_seed(task.raw, task.index), dict(task.raw)
-        # 1.
+        # 1. (resets run in a thread: a simulator may take seconds to start)
         probe = self._make()
-        obs, first = first_prompt(probe, seed, options)
+        envs.append(probe)
+        obs, first = await asyncio.to_thread(first_prompt, probe, seed, options)
         tools = getattr(probe, "tools", None)
         # 2.
         samples = await model.chat(first, tools=tools)
         episodes = [_Episode(self._make(), [*first]) for _ in samples]
+        envs += [ep.env for ep in episodes]
         for ep in episodes:
-            again, _ = ep.env.reset(seed=seed, options=options)
+            again, _ = await asyncio.to_thread(ep.env.reset, seed=seed, options=options)
             if dict(again) != dict(obs):
                 raise ValueError(
                     f"env_workflow: env {self.env_name!r} reset with seed {seed} gave two "
@@ -161,33 +172,57 @@ class _Episode:
 class FrozenLakeWorkflow(EnvWorkflow):
     """Trinity-RFT's `frozen_lake_workflow`: `env_workflow` on `frozen_lake_text`.
 
-    Of Trinity-RFT's workflow_args, `agent_max_steps` (replies per episode) and `is_slippery:
-    false` are accepted; a slippery lake, a fixed map (`desc`) and `env_max_steps` (its map
-    generator's path bound) are not built here and are refused. The grid's size and holes are
-    `env_args: {size, holes}` (a row's `seed` draws the map)."""
+    Trinity-RFT's workflow_args: `agent_max_steps` (replies per episode), `env_max_steps` (the
+    map is drawn Trinity-RFT's way, each cell frozen with the row's chance `p`, default 0.8, on
+    the row's `size`, until G is within this many moves of S), `is_slippery`, `desc` (a fixed
+    map). Without `env_max_steps`, the grid's size and holes are `env_args: {size, holes}` (a
+    row's `seed` draws the map). `trinity/envs/frozen_lake.py` says where the lake departs from
+    Trinity-RFT's. Rows need no prompt (Trinity-RFT's are `{seed, size, p, ...}`)."""
+
+    row_fields: ClassVar[tuple[str, ...]] = ()  # the environment writes the prompt
 
     def __init__(
         self,
         agent_max_steps: int | None = None,
         is_slippery: bool = False,
-        desc: Any = None,
+        desc: list[str] | None = None,
         env_max_steps: int | None = None,
         env_args: dict[str, Any] | None = None,
         max_turns: int | None = None,
     ) -> None:
-        refused = {
-            "is_slippery": is_slippery,
-            "desc": desc is not None,
-            "env_max_steps": env_max_steps is not None,
-        }
-        bad = [k for k, v in refused.items() if v]
-        if bad:
-            raise ValueError(
-                f"frozen_lake_workflow: {', '.join(bad)} not built here (the lake is not "
-                "slippery and its map is drawn by the row's seed; size and holes are "
-                "env_args: {size, holes})"
-            )
         if agent_max_steps is not None and max_turns is not None:
             raise ValueError("frozen_lake_workflow: set agent_max_steps or max_turns, not both")
+        if not isinstance(is_slippery, bool):
+            raise ValueError(
+                f"frozen_lake_workflow: is_slippery must be true or false, got {is_slippery!r}"
+            )
+        args = dict(env_args or {})
+        trinity = {"is_slippery": is_slippery, "desc": desc, "max_steps": env_max_steps}
+        for key, value in trinity.items():
+            if key in args and value not in (None, False):
+                raise ValueError(f"frozen_lake_workflow: {key} is set twice (in env_args too)")
+            if value not in (None, False):
+                args[key] = value
+        if env_max_steps is not None:
+            args.setdefault("p", 0.8)  # Trinity-RFT's default frozen chance (a row's `p` wins)
         turns = agent_max_steps if agent_max_steps is not None else max_turns
-        super().__init__(env="frozen_lake_text", env_args=env_args, max_turns=turns)
+        super().__init__(env="frozen_lake_text", env_args=args, max_turns=turns)
+
+
+@WORKFLOW.register("sciworld_workflow")
+class SciWorldWorkflow(EnvWorkflow):
+    """Trinity-RFT's `sciworld_workflow`: `env_workflow` on `sciworld` (ScienceWorld).
+
+    Rows are Trinity-RFT's (`task_desc`: JSON naming the task and its variation); up to 30
+    replies per episode (`max_turns`); `env_args`: `simplification`, `step_limit`. Needs the
+    `scienceworld` package and Java (`trinity/envs/sciworld.py`)."""
+
+    row_fields: ClassVar[tuple[str, ...]] = ()  # the environment reads the row's task
+
+    def __init__(
+        self, max_turns: int | None = None, env_args: dict[str, Any] | None = None
+    ) -> None:
+        from trinity.envs.sciworld import require_scienceworld
+
+        require_scienceworld("sciworld_workflow")
+        super().__init__(env="sciworld", env_args=env_args, max_turns=max_turns)

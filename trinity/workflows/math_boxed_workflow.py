@@ -33,6 +33,7 @@ SYSTEM_PROMPT_THINK = (
 )
 
 
+@WORKFLOW.register("async_math_boxed_workflow")  # Trinity-RFT's async twin
 @WORKFLOW.register("math_boxed_workflow")
 class MathBoxedWorkflow(MathWorkflow):
     default_reward_fn_type = "math_boxed_reward"

@@ -30,6 +30,7 @@ else:  # the driver imports this module's users without torch (`common.lazy`)
 DEFAULT_REWARD_FN = "math_reward"
 
 
+@WORKFLOW.register("async_math_workflow")  # Trinity-RFT's async twin: every workflow is async here
 @WORKFLOW.register("math_workflow")
 class MathWorkflow(Workflow):
     default_reward_fn_type = DEFAULT_REWARD_FN  # scores tasks whose taskset names no reward fn

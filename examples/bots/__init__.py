@@ -1,0 +1,1 @@
+"""BOTS (Trinity-RFT's examples/bots): the math workflows its configs name by dotted path."""
