@@ -27,6 +27,7 @@ from trinity.config.lora_schema import LoRAConfig
 from trinity.config.problems import suggest
 from trinity.config.side_schema import (
     DataProcessorConfig,
+    ExternalModelConfig,
     LogConfig,
     ServiceConfig,
     TinkerConfig,
@@ -230,11 +231,8 @@ class ModelConfig(ConfigSection):
     prompts are sent whole; one with no room under max_model_len fails its own task."""
     logprobs: Annotated[int, NotBuilt("top-k logprobs per token", inert=(0,))] = Field(0, ge=0)
     """Top alternatives whose logprobs are returned per token; 0 = none."""
-    external_model: Annotated[
-        dict[str, Any] | None, NotBuilt("rollouts from an externally served model")
-    ] = None
-    """An externally served model (an API endpoint) used for rollouts instead of local engines; None
-    = local engines."""
+    external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
+    """An OpenAI-compatible endpoint benchmarked instead of local engines (mode bench)."""
     tinker: Annotated[TinkerConfig, NotBuilt("the Tinker training backend")] = Field(
         default_factory=TinkerConfig
     )

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
-from trinity.common.rollout import engine_class, pool_kwargs
+from trinity.common.rollout import engine_class, pool_kwargs, run_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
 from trinity.explorer.auxiliary import (
@@ -72,6 +72,7 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
         max_model_len=cfg.model.max_model_len,
         custom_chat_template=cfg.model.custom_chat_template,
         **pool_kwargs(engine_cls, rm),
+        **run_kwargs(engine_cls, cfg),
     )
     aux_engines = {}
     for i in served_auxiliary(cfg):

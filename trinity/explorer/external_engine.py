@@ -1,0 +1,201 @@
+"""Rollout engine over an OpenAI-compatible endpoint (engine_type `external`): mode bench of a
+model served elsewhere, through the `openai` client.
+
+    mode: bench
+    model: {model_path: <the served model's tokenizer>, external_model: {enable: true,
+            model_name: policy, base_url_env: OPENAI_BASE_URL, api_key_env: OPENAI_API_KEY}}
+
+The `RolloutEngine` contract is token-in, token-out, so workflows, evaluation and bench run
+unchanged: each prompt, rendered by our tokenizer's chat template as for a local engine, goes to
+`POST {base_url}/completions` as token ids (exactly the prompt a local engine would sample
+from), one request per prompt with `n`, `temperature`, `top_p`, `max_tokens`, `stop`, the
+prompt's sampling key as `seed`, and `logprobs: 0` (the sampled tokens' logprobs). What comes
+back is read by `external_endpoint.samples_of`: the reply's text, encoded with our tokenizer
+unless the server sends its token ids. So `model.model_path` must hold the served model's
+tokenizer (a trinity serve, vLLM or SGLang of the same checkpoint); chat-only APIs (no
+/completions with token-id prompts) are not served by this engine.
+
+There are no weights: `update_weights` and `logprobs` (scoring) raise, `sleep`/`wake_up` move
+nothing. A prompt with no room under `max_model_len` gets a `PromptTooLong` in its place, a
+prompt the server refuses with a 400 naming the prompt a `BadPrompt`; any other failure (the
+endpoint unreachable, a 401, a malformed answer) raises an `EndpointError` naming the URL and the
+cause, and the tasks of that call fail (counted as wrong, `explorer/evaluation.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from trinity.common.rollout import (
+    ENGINE,
+    BadPrompt,
+    Peers,
+    Progress,
+    PromptTooLong,
+    Sample,
+    SamplingParams,
+)
+from trinity.common.startup import StartupMarks
+from trinity.explorer.external_endpoint import (
+    Endpoint,
+    EndpointError,
+    client,
+    completion_request,
+    endpoint_of,
+    explain,
+    samples_of,
+)
+
+MAX_IN_FLIGHT = 32
+"""Requests one engine has open at once (each is one prompt's `n` samples)."""
+SEED_MASK = 2**63 - 1  # a sampling key as an OpenAI `seed` (a signed 64-bit integer)
+
+
+@ENGINE.register("external")
+class ExternalEngine:
+    """The endpoint of `model.external_model` behind the `RolloutEngine` contract. Thread-safe."""
+
+    @staticmethod
+    def run_kwargs(cfg: Any) -> dict[str, Any]:
+        """What the engine takes from the run's config besides the contract's arguments."""
+        return {"external_model": cfg.model.external_model}
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        external_model: Any,
+        seed: int = 42,
+        max_model_len: int | None = None,
+        custom_chat_template: str | None = None,
+        **local_engine_args: Any,
+    ) -> None:
+        """`external_model`: the `model.external_model` section; `model_path`: the tokenizer of
+        the served model. `local_engine_args` (dtype, threads, batch size, idle trims) are a
+        local engine's and mean nothing here."""
+        from trinity.models import load_tokenizer, resolve_model_path
+
+        del seed, local_engine_args  # the endpoint samples; keys go as request seeds
+        self.startup = StartupMarks("engine")
+        self.endpoint: Endpoint = endpoint_of(external_model)
+        self.tokenizer = load_tokenizer(
+            resolve_model_path(model_path), custom_chat_template=custom_chat_template
+        )
+        self.client = client(self.endpoint)
+        self.max_model_len = max_model_len
+        self.model_version = 0
+        self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="external")
+        self._lock = threading.Lock()
+        self.stats = {"requests": 0, "generated_tokens": 0, "generate_seconds": 0.0}
+        self.startup.mark("engine_ready")
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+    ) -> list[list[Sample] | BadPrompt]:
+        """One request per prompt, `MAX_IN_FLIGHT` at once (the contract's `generate`)."""
+        t0 = time.perf_counter()
+        keys = keys or [None] * len(prompts)
+        answers = list(self._pool.map(self._one, prompts, keys, [params] * len(prompts)))
+        with self._lock:
+            self.stats["requests"] += len(prompts)
+            self.stats["generate_seconds"] += time.perf_counter() - t0
+            self.stats["generated_tokens"] += sum(
+                len(s.response_ids) for a in answers if isinstance(a, list) for s in a
+            )
+        return answers
+
+    def _one(
+        self, prompt: list[int], key: int | None, params: SamplingParams
+    ) -> list[Sample] | BadPrompt:
+        if not prompt:
+            return BadPrompt("empty prompt")
+        max_tokens = params.max_tokens
+        if self.max_model_len is not None:
+            room = self.max_model_len - len(prompt)
+            if room <= 0:
+                return PromptTooLong(
+                    f"prompt of {len(prompt)} tokens leaves no room for a response under "
+                    f"max_model_len {self.max_model_len}"
+                )
+            max_tokens = min(max_tokens, room)
+        ep = self.endpoint
+        args = completion_request(
+            ep, prompt, params.n, params.temperature, params.top_p, params.top_k,
+            max_tokens, params.stop, None if key is None else key & SEED_MASK,
+        )  # fmt: skip
+        try:
+            answer = self.client.completions.create(**args)
+        except Exception as e:  # re-raised explained, or the prompt refused
+            if getattr(e, "status_code", None) == 400 and _names_prompt(e):
+                return BadPrompt(f"the endpoint {ep.base_url} refused the prompt: {e}")
+            raise explain(ep, e) from e
+        try:
+            return samples_of(answer, prompt, params.n, self._encode, self.model_version)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise EndpointError(f"malformed answer from the endpoint {ep.base_url}: {e}") from e
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def generate_stream(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        keys: list[int | None] | None = None,
+        watch: list[bool] | None = None,
+    ) -> Iterator[Progress | list[list[Sample] | BadPrompt]]:
+        """`generate`'s answer as the only item: no `Progress` is heard (the requests are not
+        streamed), the samples are the same."""
+        del watch
+        yield self.generate(prompts, params, keys)
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        raise NotImplementedError(
+            f"an external model ({self.endpoint.base_url}) cannot score given tokens: the "
+            "OpenAI API has no call for a sequence's logprobs"
+        )
+
+    def update_weights(
+        self, method: str, payload: list[Any], version: int, peers: Peers | None = None
+    ) -> int:
+        raise RuntimeError(
+            f"an external model ({self.endpoint.base_url}) has no weights here to load "
+            f"(sync method {method}, version {version}); model.external_model is mode bench only"
+        )
+
+    def weights_version(self) -> int:
+        return self.model_version
+
+    def sleep(self, level: int = 1) -> int:
+        return 0  # nothing on this machine's device
+
+    def wake_up(self) -> int:
+        return 0
+
+    def get_stats(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.stats)
+
+    def startup_marks(self) -> dict[str, float]:
+        return dict(self.startup.marks)
+
+    def set_num_threads(self, num_threads: int) -> None:
+        """No local compute: nothing to set."""
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _names_prompt(e: Any) -> bool:
+    """Whether an OpenAI error body names the prompt as the bad parameter (a prompt over the
+    server's context is refused so: trinity serve and vLLM say `param: prompt`)."""
+    body = getattr(e, "body", None)
+    err = body.get("error", body) if isinstance(body, dict) else None
+    return isinstance(err, dict) and err.get("param") == "prompt"
