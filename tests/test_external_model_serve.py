@@ -1,0 +1,127 @@
+"""`model.external_model` end to end: `trinity serve` of a checkpoint, started as a user starts
+it, benched through its endpoint, scores each task as `mode: bench` of the checkpoint itself
+(greedy: the same replies), slow: two bench runs and a serve process."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_e2e import ROOT, run_trinity
+from test_serve import lines_of
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-bench-key"
+TASKS = 16
+
+
+def _config(tmp_path: Path, model_dir: Path) -> Path:
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        mode: bench
+        project: ext
+        name: local
+        checkpoint_root_dir: {tmp_path / "ckpt"}
+        cluster: {{ray_address: local}}
+        model: {{model_path: {model_dir}, max_response_tokens: 6}}
+        buffer:
+          explorer_input:
+            eval_tasksets:
+              - name: add_eval
+                storage_type: synthetic
+                path: arithmetic
+                split: test
+                generator_args: {{digits: 2, num_tasks: {TASKS}, seed: 0}}
+                format: {{prompt_key: question, response_key: answer}}
+            default_reward_fn_type: arithmetic_reward
+          trainer_input:
+            experience_buffer: {{name: exp, storage_type: queue}}
+        explorer: {{api_port: 0, api_key: {KEY}, runner_per_model: 16}}
+        synchronizer: {{sync_method: checkpoint}}
+        monitor: {{monitor_type: jsonl}}
+        """)
+    )
+    return cfg
+
+
+def _samples(run_dir: Path) -> dict[int, dict]:
+    lines = (run_dir / "bench.samples.jsonl").read_text().splitlines()
+    return {s["task"]: s for s in map(json.loads, lines)}
+
+
+def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir)
+    env_cache = {"TRINITY_CACHE_DIR": str(tmp_path / "cache")}
+    # 1. the checkpoint itself
+    local = run_trinity(cfg)
+    assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    # 2. `trinity serve` of the same checkpoint, as a user starts it
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trinity.cli", "serve", "--config", str(cfg),
+         "--set", "name=served"],
+        cwd=ROOT, env={**__import__("os").environ, **env_cache},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, seen, url = lines_of(server), [], None
+        deadline = time.time() + 180
+        while url is None:
+            line = out.get(timeout=max(1, deadline - time.time()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            m = re.search(r"serving .* at (http://\S+/v1)", line)
+            url = m and m.group(1)
+        # 3. bench through its endpoint: the URL and key from the environment (upstream's keys)
+        external = run_trinity(
+            cfg,
+            env_extra={"BENCH_URL": url, "BENCH_KEY": KEY},
+            overrides=[
+                "name=external",
+                "model.external_model.enable=true",
+                f"model.external_model.model_name={tiny_model_dir}",  # trinity serve's name
+                "model.external_model.base_url_env=BENCH_URL",
+                "model.external_model.api_key_env=BENCH_KEY",
+            ],
+        )
+        assert external.returncode == 0, external.stdout[-3000:] + external.stderr[-3000:]
+        # 4. a wrong key is refused before anything starts, the 401 named
+        refused = run_trinity(
+            cfg,
+            env_extra={"BENCH_URL": url, "BENCH_KEY": "sk-wrong"},
+            overrides=[
+                "name=refused",
+                "model.external_model.enable=true",
+                f"model.external_model.model_name={tiny_model_dir}",
+                "model.external_model.base_url_env=BENCH_URL",
+                "model.external_model.api_key_env=BENCH_KEY",
+            ],
+        )
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=120)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    said = refused.stdout + refused.stderr
+    assert f"the endpoint {url} refused the API key (401 Unauthorized" in said
+    assert "sk-wrong" not in said
+    assert f"bench: evaluating the external model {tiny_model_dir} at {url}" in external.stdout
+    # per task: the same greedy reply, the same reward, the same verdict
+    ckpt = tmp_path / "ckpt" / "ext"
+    mine, theirs = _samples(ckpt / "local"), _samples(ckpt / "external")
+    assert sorted(mine) == sorted(theirs) == list(range(TASKS))
+    for task, s in mine.items():
+        t = theirs[task]
+        assert (t["prompt"], t["response"], t["reward"], t["correct"], t["failed"]) == (
+            s["prompt"], s["response"], s["reward"], s["correct"], False
+        ), task  # fmt: skip
+    bench = [json.loads((ckpt / r / "bench.json").read_text()) for r in ("local", "external")]
+    accuracy = [b["rows"][0]["eval/add_eval/accuracy"] for b in bench]
+    assert accuracy[0] == accuracy[1] == sum(s["correct"] for s in mine.values()) / TASKS
