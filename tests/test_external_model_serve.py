@@ -21,6 +21,46 @@ pytestmark = pytest.mark.slow
 
 KEY = "sk-bench-key"
 TASKS = 16
+# the problems the checkpoint is trained on and evaluated on: a 1M model learns most of 60
+# one-digit sums in ~90 SFT steps, so its greedy replies are partly right and both benches have
+# right and wrong answers to agree on
+PROBLEMS = "{digits: 1, num_tasks: %d, seed: 0}"
+
+
+def _checkpoint(tmp_path: Path, model_dir: Path) -> Path:
+    """An SFT checkpoint of `model_dir` (`trinity run`, mode train): its final global_step_N."""
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        mode: train
+        project: ext
+        name: sft
+        checkpoint_root_dir: {tmp_path / "ckpt"}
+        cluster: {{ray_address: local}}
+        model: {{model_path: {model_dir}, max_response_tokens: 6}}
+        algorithm:
+          algorithm_type: sft
+          optimizer: {{lr: 3.0e-3, lr_warmup_steps: 10, weight_decay: 0.0}}
+        buffer:
+          train_batch_size: 64
+          total_epochs: 100
+          total_steps: 90
+          trainer_input:
+            experience_buffer:
+              name: teacher
+              storage_type: synthetic
+              path: arithmetic
+              generator_args: {PROBLEMS % 60}
+              format: {{prompt_key: question, response_key: answer}}
+        explorer: {{eval_on_startup: false}}
+        trainer: {{micro_batch_size_per_gpu: 64, use_dynamic_bsz: false, save_interval: 0}}
+        monitor: {{monitor_type: jsonl}}
+        """)
+    )
+    r = run_trinity(cfg)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [ckpt] = (tmp_path / "ckpt" / "ext" / "sft").glob("global_step_*")
+    return ckpt
 
 
 def _config(tmp_path: Path, model_dir: Path) -> Path:
@@ -39,8 +79,7 @@ def _config(tmp_path: Path, model_dir: Path) -> Path:
               - name: add_eval
                 storage_type: synthetic
                 path: arithmetic
-                split: test
-                generator_args: {{digits: 2, num_tasks: {TASKS}, seed: 0}}
+                generator_args: {PROBLEMS % TASKS}
                 format: {{prompt_key: question, response_key: answer}}
             default_reward_fn_type: arithmetic_reward
           trainer_input:
@@ -59,7 +98,8 @@ def _samples(run_dir: Path) -> dict[int, dict]:
 
 
 def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, tiny_model_dir):
-    cfg = _config(tmp_path, tiny_model_dir)
+    ckpt = _checkpoint(tmp_path, tiny_model_dir)
+    cfg = _config(tmp_path, ckpt)
     env_cache = {"TRINITY_CACHE_DIR": str(tmp_path / "cache")}
     # 1. the checkpoint itself
     local = run_trinity(cfg)
@@ -87,7 +127,7 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
             overrides=[
                 "name=external",
                 "model.external_model.enable=true",
-                f"model.external_model.model_name={tiny_model_dir}",  # trinity serve's name
+                f"model.external_model.model_name={ckpt}",  # trinity serve's name
                 "model.external_model.base_url_env=BENCH_URL",
                 "model.external_model.api_key_env=BENCH_KEY",
             ],
@@ -100,7 +140,7 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
             overrides=[
                 "name=refused",
                 "model.external_model.enable=true",
-                f"model.external_model.model_name={tiny_model_dir}",
+                f"model.external_model.model_name={ckpt}",
                 "model.external_model.base_url_env=BENCH_URL",
                 "model.external_model.api_key_env=BENCH_KEY",
             ],
@@ -112,16 +152,18 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
     said = refused.stdout + refused.stderr
     assert f"the endpoint {url} refused the API key (401 Unauthorized" in said
     assert "sk-wrong" not in said
-    assert f"bench: evaluating the external model {tiny_model_dir} at {url}" in external.stdout
+    assert f"bench: evaluating the external model {ckpt} at {url}" in external.stdout
     # per task: the same greedy reply, the same reward, the same verdict
-    ckpt = tmp_path / "ckpt" / "ext"
-    mine, theirs = _samples(ckpt / "local"), _samples(ckpt / "external")
+    runs = tmp_path / "ckpt" / "ext"
+    mine, theirs = _samples(runs / "local"), _samples(runs / "external")
     assert sorted(mine) == sorted(theirs) == list(range(TASKS))
     for task, s in mine.items():
         t = theirs[task]
         assert (t["prompt"], t["response"], t["reward"], t["correct"], t["failed"]) == (
             s["prompt"], s["response"], s["reward"], s["correct"], False
         ), task  # fmt: skip
-    bench = [json.loads((ckpt / r / "bench.json").read_text()) for r in ("local", "external")]
+    right = sum(s["correct"] for s in mine.values())
+    assert 0 < right < TASKS, right  # right and wrong replies to agree on
+    bench = [json.loads((runs / r / "bench.json").read_text()) for r in ("local", "external")]
     accuracy = [b["rows"][0]["eval/add_eval/accuracy"] for b in bench]
-    assert accuracy[0] == accuracy[1] == sum(s["correct"] for s in mine.values()) / TASKS
+    assert accuracy[0] == accuracy[1] == right / TASKS
