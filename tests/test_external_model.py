@@ -146,6 +146,19 @@ def test_a_prompt_goes_as_token_ids_and_its_samples_come_back(endpoint, tiny_mod
     assert engine.get_stats()["requests"] == 2
 
 
+def test_more_than_16_samples_are_several_requests(endpoint, tiny_model_dir):
+    engine = _engine(tiny_model_dir, _ext(endpoint.url))
+    endpoint.answer = lambda body: (
+        200,
+        {"choices": [_choice(i, str(body["n"]), "stop") for i in range(body["n"])]},
+    )
+    [samples] = engine.generate([[1, 2]], SamplingParams(n=20), keys=[100])
+    # 20 = 16 + 4: seeds key and key + 16, so the two requests draw different samples
+    assert [(r["n"], r["seed"]) for r in endpoint.requests] == [(16, 100), (4, 116)]
+    texts = [engine.decode(s.response_ids) for s in samples]
+    assert texts == ["16"] * 16 + ["4"] * 4
+
+
 def test_logprobs_that_do_not_align_are_zeros_and_say_so(endpoint, tiny_model_dir):
     engine = _engine(tiny_model_dir, _ext(endpoint.url))
     endpoint.answer = lambda body: (200, {"choices": [_choice(0, "12", "stop")]})
@@ -274,8 +287,12 @@ def test_only_mode_bench_takes_an_external_model(endpoint):
     assert p.path == "model.external_model.model_name"
     cfg = _config("bench", endpoint.url).model_copy(deep=True)
     cfg.explorer.rollout_model.engine_type = "vllm"
-    [p] = check_config(cfg)
-    assert p.path == "explorer.rollout_model.engine_type"
+    cfg.explorer.rollout_model.tensor_parallel_size = 2
+    paths = {p.path for p in check_config(cfg) if "model.external_model" in p.message}
+    assert paths == {
+        "explorer.rollout_model.engine_type",
+        "explorer.rollout_model.tensor_parallel_size",
+    }
 
 
 def test_preflight_probes_the_endpoint_and_bench_evaluates_it_alone(endpoint, tmp_path):

@@ -280,7 +280,13 @@ def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
-@_check("mode", "stages", "model.external_model", "explorer.rollout_model.engine_type")
+@_check(
+    "mode",
+    "stages",
+    "model.external_model",
+    "explorer.rollout_model.engine_type",
+    "explorer.rollout_model.tensor_parallel_size",
+)
 def _external_model_is_benched(cfg: TrinityConfig) -> Iterator[Problem]:
     ext = cfg.model.external_model
     if not ext.enable:
@@ -298,11 +304,18 @@ def _external_model_is_benched(cfg: TrinityConfig) -> Iterator[Problem]:
             "model.external_model.model_name",
             "required with enable: true: the model name the endpoint serves (GET /v1/models)",
         )
-    if cfg.explorer.rollout_model.engine_type is not None:
+    rm = cfg.explorer.rollout_model
+    if rm.engine_type is not None:
         yield Problem(
             "explorer.rollout_model.engine_type",
-            f"is {cfg.explorer.rollout_model.engine_type!r}, but model.external_model samples "
-            "the rollouts (engine 'external'): leave engine_type unset",
+            f"is {rm.engine_type!r}, but model.external_model samples the rollouts (engine "
+            "'external'): leave engine_type unset",
+        )
+    if rm.tensor_parallel_size > 1:
+        yield Problem(
+            "explorer.rollout_model.tensor_parallel_size",
+            f"is {rm.tensor_parallel_size}, but model.external_model's endpoint holds the model "
+            "(its server splits it, if at all): use 1",
         )
 
 

@@ -8,7 +8,7 @@ model served elsewhere, through the `openai` client.
 The `RolloutEngine` contract is token-in, token-out, so workflows, evaluation and bench run
 unchanged: each prompt, rendered by our tokenizer's chat template as for a local engine, goes to
 `POST {base_url}/completions` as token ids (exactly the prompt a local engine would sample
-from), one request per prompt with `n`, `temperature`, `top_p`, `max_tokens`, `stop`, the
+from), one request per prompt (per 16 samples of it) with `n`, `temperature`, `top_p`, `max_tokens`, `stop`, the
 prompt's sampling key as `seed`, and `logprobs: 0` (the sampled tokens' logprobs). What comes
 back is read by `external_endpoint.samples_of`: the reply's text, encoded with our tokenizer
 unless the server sends its token ids. So `model.model_path` must hold the served model's
@@ -52,6 +52,9 @@ from trinity.explorer.external_endpoint import (
 
 MAX_IN_FLIGHT = 32
 """Requests one engine has open at once (each is one prompt's `n` samples)."""
+MAX_N = 16
+"""Samples asked for in one request (trinity serve's limit of `n`); more are several requests, the
+k-th with seed key + 16k."""
 SEED_MASK = 2**63 - 1  # a sampling key as an OpenAI `seed` (a signed 64-bit integer)
 
 
@@ -125,10 +128,23 @@ class ExternalEngine:
                     f"max_model_len {self.max_model_len}"
                 )
             max_tokens = min(max_tokens, room)
+        samples: list[Sample] = []
+        for first in range(0, params.n, MAX_N):  # requests of at most MAX_N samples
+            n = min(MAX_N, params.n - first)
+            seed = None if key is None else (key + first) & SEED_MASK
+            got = self._request(prompt, n, max_tokens, params, seed)
+            if isinstance(got, BadPrompt):
+                return got
+            samples += got
+        return samples
+
+    def _request(
+        self, prompt: list[int], n: int, max_tokens: int, params: SamplingParams, seed: int | None
+    ) -> list[Sample] | BadPrompt:
         ep = self.endpoint
         args = completion_request(
-            ep, prompt, params.n, params.temperature, params.top_p, params.top_k,
-            max_tokens, params.stop, None if key is None else key & SEED_MASK,
+            ep, prompt, n, params.temperature, params.top_p, params.top_k, max_tokens,
+            params.stop, seed,
         )  # fmt: skip
         try:
             answer = self.client.completions.create(**args)
@@ -137,7 +153,7 @@ class ExternalEngine:
                 return BadPrompt(f"the endpoint {ep.base_url} refused the prompt: {e}")
             raise explain(ep, e) from e
         try:
-            return samples_of(answer, prompt, params.n, self._encode, self.model_version)
+            return samples_of(answer, prompt, n, self._encode, self.model_version)
         except (ValueError, TypeError, AttributeError) as e:
             raise EndpointError(f"malformed answer from the endpoint {ep.base_url}: {e}") from e
 
