@@ -295,8 +295,14 @@ def test_only_mode_bench_takes_an_external_model(endpoint):
     }
 
 
-def test_preflight_probes_the_endpoint_and_bench_evaluates_it_alone(endpoint, tmp_path):
+def test_preflight_probes_the_endpoint_and_bench_evaluates_it_alone(
+    endpoint, tmp_path, monkeypatch
+):
     assert preflight(_config("bench", endpoint.url)).problems == []
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    [p] = preflight(_config("bench", None)).problems  # no URL: neither base_url nor the env var
+    assert (p.path, p.message.split(":")[0]) == ("model.external_model", "no endpoint URL")
+    assert "set the environment variable OPENAI_BASE_URL" in p.message
     [p] = preflight(_config("bench", endpoint.url, model_name="other")).problems
     assert p.path == "model.external_model"
     assert f"does not serve model 'other' (model.external_model.model_name); it serves " \

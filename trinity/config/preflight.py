@@ -622,7 +622,7 @@ def _external_model_problems(cfg: TrinityConfig) -> list[Problem]:
     try:
         probe(endpoint_of(ext))
     except EndpointError as e:
-        return [Problem("model.external_model", str(e))]
+        return [Problem("model.external_model", str(e).removeprefix("model.external_model: "))]
     return []
 
 
