@@ -33,6 +33,7 @@ class FakeEndpoint:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.answer = lambda body: (200, {})
         outer = self
 
@@ -64,6 +65,7 @@ class FakeEndpoint:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self._authorised():
                     outer.requests.append(body)
+                    outer.paths.append(self.path)
                     self._send(*outer.answer(body))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -81,9 +83,9 @@ def endpoint() -> Iterator[FakeEndpoint]:
     fake.server.server_close()
 
 
-def _ext(url: str, **kw: Any) -> ExternalModelConfig:
+def _ext(url: str, api: str = "completions", **kw: Any) -> ExternalModelConfig:
     return ExternalModelConfig(
-        enable=True, model_name=MODEL, base_url=url, api_key=KEY, request_timeout=5, **kw
+        enable=True, model_name=MODEL, base_url=url, api_key=KEY, request_timeout=5, api=api, **kw
     )
 
 
@@ -184,7 +186,7 @@ def test_an_unreachable_endpoint_is_named(tiny_model_dir):
 def test_a_refused_key_is_a_named_401_without_the_key(endpoint, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("MY_KEY", "sk-wrong")
     ext = ExternalModelConfig(enable=True, model_name=MODEL, base_url=endpoint.url,
-                              api_key_env="MY_KEY")  # fmt: skip
+                              api_key_env="MY_KEY", api="completions")  # fmt: skip
     with pytest.raises(EndpointError) as e:
         probe(endpoint_of(ext))
     msg = str(e.value)
@@ -199,7 +201,7 @@ def test_a_refused_key_is_a_named_401_without_the_key(endpoint, tiny_model_dir, 
 @pytest.mark.parametrize(
     "status, body, why",
     [
-        (200, {"choices": "nope"}, "expected 1 completion choices, got str"),
+        (200, {"choices": "nope"}, "expected 1 choices, got str"),
         (200, {"choices": [{"index": 0, "finish_reason": "stop"}]}, "choice 0 has no text"),
         (200, "<html>a proxy's page</html>", "malformed answer"),
         (500, {"error": {"message": "engine died"}}, "answered 500 for model 'served-model': "
@@ -321,3 +323,72 @@ def test_preflight_probes_the_endpoint_and_bench_evaluates_it_alone(
         (f"{MODEL} at {endpoint.url} (model.external_model)", 0)
     ]
     assert line == f"bench: evaluating the external model {MODEL} at {endpoint.url}"
+
+
+def _chat_answer(body: dict) -> tuple[int, dict]:
+    if body.get("logprobs") and body["messages"][0]["content"] == "no logprobs here":
+        return 400, {"error": {"message": "logprobs are not supported", "param": "logprobs"}}
+    if body.get("tools"):
+        call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return 200, {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    entries = [{"token": t, "logprob": -0.5, "bytes": None, "top_logprobs": []} for t in "12"]
+    message = {"role": "assistant", "content": "12"}
+    choice = {"index": 0, "message": message, "finish_reason": "length",
+              "logprobs": {"content": entries} if body.get("logprobs") else None}  # fmt: skip
+    return 200, {"choices": [choice]}
+
+
+def _handle(engine: Any, messages: bool = True) -> Any:
+    from trinity.explorer.in_process import InProcess
+    from trinity.explorer.model_client import BatchingClient, TaskModelHandle
+
+    client = BatchingClient([InProcess(engine)], messages=messages)
+    return TaskModelHandle(client, engine.tokenizer, SamplingParams(max_tokens=4), key=7)
+
+
+def test_a_chat_call_goes_as_its_messages(endpoint, tiny_model_dir):
+    import asyncio
+
+    engine = _engine(tiny_model_dir, _ext(endpoint.url, api="chat"))
+    endpoint.answer = _chat_answer
+    messages = [{"role": "user", "content": "5+7="}]
+    [sample] = asyncio.run(_handle(engine).chat(messages, temperature=0.0))
+    assert endpoint.paths == ["/v1/chat/completions"]
+    sent = endpoint.requests[0]
+    assert sent["messages"] == messages and sent["model"] == MODEL and "tools" not in sent
+    assert (sent["n"], sent["temperature"], sent["max_completion_tokens"]) == (1, 0.0, 4)
+    assert sent["logprobs"] is True and isinstance(sent["seed"], int)
+    # the prompt is our rendering of the messages; the reply's content, encoded by our tokenizer
+    tok = engine.tokenizer
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tok.decode(sample.prompt_ids) == rendered and "5+7=" in rendered
+    two = engine.tokenizer.encode("12", add_special_tokens=False)
+    assert sample.response_ids == two and sample.finish_reason == "length"
+    assert len(two) == 2  # the tiny tokenizer has a token per digit: the two entries align
+    assert sample.logprobs == [-0.5, -0.5] and "logprobs" not in sample.info
+    # a reply the server parsed into tool calls: in the sample's info, not in its ids
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    [called] = asyncio.run(_handle(engine).chat(messages, tools=tools))
+    assert endpoint.requests[1]["tools"] == tools
+    assert called.response_ids == [] and called.info["tool_calls"][0]["function"]["name"] == "add"
+
+
+def test_a_server_without_logprobs_is_asked_again_without(endpoint, tiny_model_dir):
+    import asyncio
+
+    engine = _engine(tiny_model_dir, _ext(endpoint.url, api="chat"))
+    endpoint.answer = _chat_answer
+    messages = [{"role": "user", "content": "no logprobs here"}]
+    [sample] = asyncio.run(_handle(engine).chat(messages))
+    assert [r.get("logprobs") for r in endpoint.requests] == [True, None]
+    assert sample.info["logprobs"] == "absent" and engine.chat_logprobs is False
+
+
+def test_token_ids_cannot_go_to_a_chat_api(endpoint, tiny_model_dir):
+    import asyncio
+
+    engine = _engine(tiny_model_dir, _ext(endpoint.url, api="chat"))
+    with pytest.raises(BadPrompt, match="use api: completions"):
+        asyncio.run(_handle(engine).generate([1, 2, 3]))
+    assert endpoint.requests == []

@@ -108,6 +108,8 @@ class RolloutEngine(Protocol):
         gets a `PromptTooLong` in its place, an empty one a `BadPrompt`, and the others are
         sampled as if it were not there. A sample that completes one of `params.stop` ends
         there, finish_reason "stop" and `info["stop"]` the string, checked as it is decoded.
+        An engine class whose `takes_messages(cfg)` is true is also given `chats=`: per prompt,
+        the (messages, tools) of the chat call it was rendered from, or None (`takes_messages`).
         """
         ...
 
@@ -188,3 +190,11 @@ def run_kwargs(engine_cls: type, cfg: Any) -> dict[str, Any]:
     its pool keys (its `run_kwargs(cfg)`: the external engine's `model.external_model`)."""
     hook = getattr(engine_cls, "run_kwargs", None)
     return hook(cfg) if hook is not None else {}
+
+
+def takes_messages(engine_cls: type, cfg: Any) -> bool:
+    """Whether the engines of `engine_cls` take each chat call's messages and tools besides its
+    rendered prompt (`generate(..., chats=[(messages, tools) or None per prompt])`: an external
+    model's chat API, which samples from messages); the class's `takes_messages(cfg)`, else no."""
+    hook = getattr(engine_cls, "takes_messages", None)
+    return bool(hook(cfg)) if hook is not None else False

@@ -37,15 +37,20 @@ class TinkerConfig(ConfigSection):
 
 
 class ExternalModelConfig(ConfigSection):
-    """An OpenAI-compatible endpoint evaluated instead of local engines (mode bench): its
-    `/v1/completions` samples the prompts, sent as token ids of `model.model_path`'s tokenizer
-    (docs/evaluation.md, "Benchmarking an external model")."""
+    """An OpenAI-compatible endpoint evaluated instead of local engines (mode bench): its chat
+    API samples each chat call's messages, or its `/v1/completions` the prompts as token ids of
+    `model.model_path`'s tokenizer (docs/evaluation.md, "Benchmarking an external model")."""
 
     enable: bool = False
     """Evaluate the endpoint instead of model.model_path's weights (mode bench only: it has no
     weights to train or sync)."""
     model_name: str | None = None
     """The model name the endpoint serves (its `/v1/models` lists it; required when enabled)."""
+    api: Literal["chat", "completions"] = "chat"
+    """Ours. 'chat': /v1/chat/completions with each chat call's messages (any OpenAI-compatible
+    server, hosted APIs included; as Trinity-RFT sends); 'completions': /v1/completions with the
+    prompt as our tokenizer's token ids (servers that take token-id prompts: trinity serve,
+    vLLM, SGLang; exactly the prompt a local engine samples from, and `model.generate` calls)."""
     base_url_env: str = "OPENAI_BASE_URL"
     """Environment variable holding the endpoint's base URL, e.g. http://127.0.0.1:8010/v1."""
     api_key_env: str = "OPENAI_API_KEY"

@@ -158,6 +158,78 @@ def completion_request(
     return args
 
 
+def chat_request(
+    ep: Endpoint, chat: tuple[list[dict[str, Any]], list[dict[str, Any]] | None], n: int,
+    temperature: float, top_p: float, top_k: int, max_tokens: int, stop: tuple[str, ...],
+    seed: int | None, logprobs: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The keyword arguments of `client.chat.completions.create` for one chat call's (messages,
+    tools); the sampled tokens' logprobs asked for when `logprobs`; top_k only when set."""
+    messages, tools = chat
+    args: dict[str, Any] = {
+        "model": ep.model_name,
+        "messages": messages,
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_completion_tokens": max_tokens,
+    }
+    if logprobs:
+        args["logprobs"] = True
+    if tools:
+        args["tools"] = tools
+    if stop:
+        args["stop"] = list(stop)
+    if seed is not None:
+        args["seed"] = seed
+    if top_k > 0:
+        args["extra_body"] = {"top_k": top_k}
+    return args
+
+
+def _choices(answer: Any, n: int) -> list[Any]:
+    choices = getattr(answer, "choices", None)
+    if not isinstance(choices, list) or len(choices) != n:
+        got = len(choices) if isinstance(choices, list) else type(choices).__name__
+        raise ValueError(f"expected {n} choices, got {got}")
+    return sorted(choices, key=lambda c: c.index or 0)
+
+
+def _aligned(lps: Any, ids: list[int], info: dict[str, Any]) -> list[float]:
+    """`lps` where they are one per id, else zeros with `info["logprobs"] = "absent"`."""
+    if isinstance(lps, list) and len(lps) == len(ids) and None not in lps:
+        return [float(x) for x in lps]
+    info["logprobs"] = "absent"
+    return [0.0] * len(ids)
+
+
+def chat_samples_of(
+    answer: Any, prompt: list[int], n: int, encode: Any, version: int = 0
+) -> list[Sample]:
+    """The `n` samples of a chat completion `answer` for our rendering `prompt` of its messages:
+    each reply's content encoded with our tokenizer (`encode`; a chat API sends no token ids),
+    the server's per-token logprobs where they align with those ids, else zeros (as
+    `samples_of`). Tool calls the server parsed out of a reply are in `info["tool_calls"]`,
+    not in its ids. Raises `ValueError` for an answer that is not `n` chat choices."""
+    samples = []
+    for c in _choices(answer, n):
+        message = getattr(c, "message", None)
+        text = getattr(message, "content", None)
+        calls = getattr(message, "tool_calls", None)
+        if message is None or not (isinstance(text, str) or calls):
+            raise ValueError(f"choice {c.index} has no message content")
+        ids = list(encode(text or ""))
+        info: dict[str, Any] = {"token_ids": "tokenizer"}
+        if calls:
+            info["tool_calls"] = [call.model_dump() for call in calls]
+        entries = getattr(getattr(c, "logprobs", None), "content", None)
+        lps = [e.logprob for e in entries] if isinstance(entries, list) else None
+        logprobs = _aligned(lps, ids, info)
+        finish = "length" if c.finish_reason == "length" else "stop"
+        samples.append(Sample(list(prompt), ids, logprobs, finish, version, info))
+    return samples
+
+
 def samples_of(
     answer: Any, prompt: list[int], n: int, encode: Any, version: int = 0
 ) -> list[Sample]:
@@ -169,12 +241,8 @@ def samples_of(
     `info["logprobs"] = "absent"` says so. finish_reason "length" stays, anything else is "stop".
     Raises `ValueError` for an answer that is not `n` completion choices.
     """
-    choices = getattr(answer, "choices", None)
-    if not isinstance(choices, list) or len(choices) != n:
-        got = len(choices) if isinstance(choices, list) else type(choices).__name__
-        raise ValueError(f"expected {n} completion choices, got {got}")
     samples = []
-    for c in sorted(choices, key=lambda c: c.index or 0):
+    for c in _choices(answer, n):
         text = c.text
         if not isinstance(text, str):
             raise ValueError(f"choice {c.index} has no text")
@@ -184,10 +252,7 @@ def samples_of(
         ids = list(ids) if from_server else list(encode(text))
         lps = getattr(getattr(c, "logprobs", None), "token_logprobs", None)
         info: dict[str, Any] = {"token_ids": "endpoint" if from_server else "tokenizer"}
-        if isinstance(lps, list) and len(lps) == len(ids) and None not in lps:
-            logprobs = [float(x) for x in lps]
-        else:
-            logprobs, info["logprobs"] = [0.0] * len(ids), "absent"
+        logprobs = _aligned(lps, ids, info)
         stop = extra.get("stop_reason")
         if isinstance(stop, str):
             info["stop"] = stop
