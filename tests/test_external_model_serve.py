@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 KEY = "sk-bench-key"
 TASKS = 16
+APIS = ("chat", "completions")  # model.external_model.api: messages, or token-id prompts
 # the problems the checkpoint is trained on and evaluated on: a 1M model learns most of 60
 # one-digit sums in ~90 SFT steps, so its greedy replies are partly right and both benches have
 # right and wrong answers to agree on
@@ -120,19 +121,24 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
             seen.append(line)
             m = re.search(r"serving .* at (http://\S+/v1)", line)
             url = m and m.group(1)
-        # 3. bench through its endpoint: the URL and key from the environment (upstream's keys)
-        external = run_trinity(
-            cfg,
-            env_extra={"BENCH_URL": url, "BENCH_KEY": KEY},
-            overrides=[
-                "name=external",
-                "model.external_model.enable=true",
-                f"model.external_model.model_name={ckpt}",  # trinity serve's name
-                "model.external_model.base_url_env=BENCH_URL",
-                "model.external_model.api_key_env=BENCH_KEY",
-            ],
-        )
-        assert external.returncode == 0, external.stdout[-3000:] + external.stderr[-3000:]
+        # 3. bench through its endpoint, by each API: the URL and key from the environment
+        # (upstream's keys)
+        external = {}
+        for api in APIS:
+            external[api] = run_trinity(
+                cfg,
+                env_extra={"BENCH_URL": url, "BENCH_KEY": KEY},
+                overrides=[
+                    f"name=external_{api}",
+                    "model.external_model.enable=true",
+                    f"model.external_model.api={api}",
+                    f"model.external_model.model_name={ckpt}",  # trinity serve's name
+                    "model.external_model.base_url_env=BENCH_URL",
+                    "model.external_model.api_key_env=BENCH_KEY",
+                ],
+            )
+            r = external[api]
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         # 4. a wrong key is refused before anything starts, the 401 named
         refused = run_trinity(
             cfg,
@@ -152,18 +158,22 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
     said = refused.stdout + refused.stderr
     assert f"the endpoint {url} refused the API key (401 Unauthorized" in said
     assert "sk-wrong" not in said
-    assert f"bench: evaluating the external model {ckpt} at {url}" in external.stdout
-    # per task: the same greedy reply, the same reward, the same verdict
     runs = tmp_path / "ckpt" / "ext"
-    mine, theirs = _samples(runs / "local"), _samples(runs / "external")
-    assert sorted(mine) == sorted(theirs) == list(range(TASKS))
-    for task, s in mine.items():
-        t = theirs[task]
-        assert (t["prompt"], t["response"], t["reward"], t["correct"], t["failed"]) == (
-            s["prompt"], s["response"], s["reward"], s["correct"], False
-        ), task  # fmt: skip
+    mine = _samples(runs / "local")
     right = sum(s["correct"] for s in mine.values())
     assert 0 < right < TASKS, right  # right and wrong replies to agree on
-    bench = [json.loads((runs / r / "bench.json").read_text()) for r in ("local", "external")]
-    accuracy = [b["rows"][0]["eval/add_eval/accuracy"] for b in bench]
-    assert accuracy[0] == accuracy[1] == right / TASKS
+    local_bench = json.loads((runs / "local" / "bench.json").read_text())
+    assert local_bench["rows"][0]["eval/add_eval/accuracy"] == right / TASKS
+    for api in APIS:
+        said = external[api].stdout
+        assert f"bench: evaluating the external model {ckpt} at {url}" in said
+        # per task: the same greedy reply, the same reward, the same verdict
+        theirs = _samples(runs / f"external_{api}")
+        assert sorted(mine) == sorted(theirs) == list(range(TASKS))
+        for task, s in mine.items():
+            t = theirs[task]
+            assert (t["prompt"], t["response"], t["reward"], t["correct"], t["failed"]) == (
+                s["prompt"], s["response"], s["reward"], s["correct"], False
+            ), (api, task)  # fmt: skip
+        bench = json.loads((runs / f"external_{api}" / "bench.json").read_text())
+        assert bench["rows"][0]["eval/add_eval/accuracy"] == right / TASKS, api
