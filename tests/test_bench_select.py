@@ -24,7 +24,8 @@ def _cfg(choice="all", latest=False, startup=False):
     explorer = SimpleNamespace(
         bench_checkpoints=choice, bench_on_latest_checkpoint=latest, eval_on_startup=startup
     )
-    return SimpleNamespace(explorer=explorer)
+    model = SimpleNamespace(external_model=SimpleNamespace(enable=False))
+    return SimpleNamespace(explorer=explorer, model=model)
 
 
 def test_select_all_latest_every_and_a_list():

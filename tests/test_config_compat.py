@@ -309,3 +309,14 @@ def test_a_stage_may_change_a_verl_value_of_the_base(tmp_path: Path) -> None:
 
     stages = stage_configs(load_config(write(tmp_path, text)))
     assert [s.trainer.micro_batch_size_per_gpu for s in stages] == [4, 2]
+
+
+def test_an_external_model_bench_resolves_to_the_external_engine() -> None:
+    # Trinity-RFT's external-model bench as written: its keys, the endpoint from the environment
+    path = Path(__file__).parent / "data" / "trinity_configs" / "bench_external_model.yaml"
+    cfg = load_config(path)
+    ext = cfg.model.external_model
+    assert (ext.enable, ext.model_name) == (True, "qwen3-max")
+    assert (ext.base_url_env, ext.api_key_env) == ("OPENAI_BASE_URL", "OPENAI_API_KEY")
+    r = resolve(cfg)
+    assert r.engine_type == "external" and r.engine_type_source.startswith("model.external_model")

@@ -38,11 +38,10 @@ def test_rows_say_type_default_state_and_description() -> None:
     kind, default, state, about = rows["buffer.batch_size"]
     assert (kind, default, state) == ("int (≥ 1)", "`1`", "acted upon")
     assert "unit: tasks" in about
-    # model.external_model: Annotated[..., NotBuilt("rollouts from ...")] = None
-    assert rows["model.external_model"][1:3] == [
-        "`None`",
-        "not built: rollouts from an externally served model",
-    ]
+    # model.logprobs: Annotated[int, NotBuilt("top-k logprobs per token", ...)] = Field(0, ...)
+    assert rows["model.logprobs"][1:3] == ["`0`", "not built: top-k logprobs per token"]
+    # model.external_model.enable: acted upon (mode bench)
+    assert rows["model.external_model.enable"][1:3] == ["`False`", "acted upon"]
     # a key under a section reused elsewhere gets its state at this place (Inside)
     assert rows["buffer.explorer_input.taskset.capacity"][2].startswith("not applicable: ")
     assert rows["buffer.trainer_input.experience_buffer.capacity"][2] == "acted upon"

@@ -21,8 +21,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 def test_states_are_field_metadata_read_by_one_walker() -> None:
     by_path = {k.path: k for k in KEY_STATES}
     # declared on the field itself
-    assert by_path["model.external_model"].state == "not_built"
-    assert by_path["model.external_model"].reason == "rollouts from an externally served model"
+    assert by_path["model.tinker"].state == "not_built"
+    assert by_path["model.tinker"].reason == "the Tinker training backend"
+    assert not any(p.startswith("model.external_model") for p in by_path)  # built (bench)
     # a section reused in several places gets its states at each place (Inside)
     assert by_path["buffer.explorer_input.taskset.capacity"].state == "not_applicable"
     assert "buffer.trainer_input.experience_buffer.capacity" not in by_path  # acted there
@@ -60,7 +61,7 @@ def test_defaults_are_neither_refused_nor_noted() -> None:
 def test_refusals_name_the_key_and_feature() -> None:
     cfg = TrinityConfig.model_validate(
         {
-            "model": {"external_model": {"url": "http://x"}, "logprobs": 0},
+            "model": {"tinker": {"enable": True}, "logprobs": 0},
             "explorer": {
                 "rollout_model": {"tensor_parallel_size": 2, "reasoning_parser": "deepseek_r1"},
                 "auxiliary_models": [{"model_path": "judge", "reasoning_parser": "qwen3"}],
@@ -73,10 +74,11 @@ def test_refusals_name_the_key_and_feature() -> None:
     )
     probs = {p.path: p.message for p in not_built_problems(cfg)}
     assert set(probs) == {
-        "model.external_model",
+        "model.tinker",
         "data_processor.experience_pipeline.input_save_path",
-    }  # logprobs 0 and node_num 1 are inert; tensor parallelism and reasoning parsers are built
-    assert "externally served" in probs["model.external_model"]
+    }  # logprobs 0 and node_num 1 are inert; tensor and sequence parallelism, reasoning parsers
+    # and external models are built
+    assert "Tinker" in probs["model.tinker"]
     assert "pipeline's input" in probs["data_processor.experience_pipeline.input_save_path"]
 
 
@@ -133,7 +135,7 @@ def test_architecture_doc_matches_the_table() -> None:
         "regenerate docs/architecture.md from not_built_markdown()"
     )
     listed = set(re.findall(r"`([a-z_.\[\]*]+)`", block))
-    assert {"model.external_model", "data_processor.experience_pipeline.input_save_path"} <= listed
+    assert {"model.tinker", "data_processor.experience_pipeline.input_save_path"} <= listed
     # every not-built key is listed, or lies under a listed or declared section
     declared = {k.path for k in KEY_STATES}
     for k in KEY_STATES:

@@ -5,7 +5,9 @@
 `RolloutEngine` is a Protocol and `ENGINE` its registry keyed by `engine_type`. This module imports
 no engine: workflows and the request batcher depend on it alone, and an engine module registers
 itself (`trinity/explorer/engine.py` is `transformers`, the portable one;
-`trinity/explorer/vllm_engine.py` is `vllm`, where vLLM is installed). A new engine is a new module
+`trinity/explorer/vllm_engine.py` is `vllm`, where vLLM is installed;
+`trinity/explorer/external_engine.py` is `external`, an OpenAI-compatible endpoint, chosen by
+`model.external_model`). A new engine is a new module
 with a `@ENGINE.register(...)` class and a line in `ENGINE`'s `modules`.
 """
 
@@ -95,7 +97,8 @@ class RolloutEngine(Protocol):
 
     Constructed as `cls(model_path, *, dtype, seed, max_batch_size, max_model_len, num_threads,
     custom_chat_template)`, plus the pool keys a class names in its `pool_keys` (a tuple of
-    `explorer.rollout_model` field names, passed as keyword arguments of the same names).
+    `explorer.rollout_model` field names, passed as keyword arguments of the same names) and
+    what its `run_kwargs(cfg)` static method returns, if it has one (`run_kwargs`).
     """
 
     model_version: int
@@ -115,6 +118,8 @@ class RolloutEngine(Protocol):
         gets a `PromptTooLong` in its place, an empty one a `BadPrompt`, and the others are
         sampled as if it were not there. A sample that completes one of `params.stop` ends
         there, finish_reason "stop" and `info["stop"]` the string, checked as it is decoded.
+        An engine class whose `takes_messages(cfg)` is true is also given `chats=`: per prompt,
+        the (messages, tools) of the chat call it was rendered from, or None (`takes_messages`).
         """
         ...
 
@@ -171,7 +176,11 @@ class RolloutEngine(Protocol):
 
 ENGINE: Registry[type] = Registry(
     "engine_type",
-    modules={"transformers": "trinity.explorer.engine", "vllm": "trinity.explorer.vllm_engine"},
+    modules={
+        "transformers": "trinity.explorer.engine",
+        "vllm": "trinity.explorer.vllm_engine",
+        "external": "trinity.explorer.external_engine",
+    },
 )
 
 
@@ -184,3 +193,18 @@ def pool_kwargs(engine_cls: type, pool: Any) -> dict[str, Any]:
     """An engine pool's (`explorer.rollout_model`, an auxiliary model) values of the keys the
     engine class reads besides the contract's (`pool_keys`: vLLM's knobs; ours has none)."""
     return {key: getattr(pool, key) for key in getattr(engine_cls, "pool_keys", ())}
+
+
+def run_kwargs(engine_cls: type, cfg: Any) -> dict[str, Any]:
+    """What an engine class takes from the run's config besides the contract's arguments and
+    its pool keys (its `run_kwargs(cfg)`: the external engine's `model.external_model`)."""
+    hook = getattr(engine_cls, "run_kwargs", None)
+    return hook(cfg) if hook is not None else {}
+
+
+def takes_messages(engine_cls: type, cfg: Any) -> bool:
+    """Whether the engines of `engine_cls` take each chat call's messages and tools besides its
+    rendered prompt (`generate(..., chats=[(messages, tools) or None per prompt])`: an external
+    model's chat API, which samples from messages); the class's `takes_messages(cfg)`, else no."""
+    hook = getattr(engine_cls, "takes_messages", None)
+    return bool(hook(cfg)) if hook is not None else False

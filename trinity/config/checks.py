@@ -281,6 +281,45 @@ def _bench_has_eval_tasksets(cfg: TrinityConfig) -> Iterator[Problem]:
         )
 
 
+@_check(
+    "mode",
+    "stages",
+    "model.external_model",
+    "explorer.rollout_model.engine_type",
+    "explorer.rollout_model.tensor_parallel_size",
+)
+def _external_model_is_benched(cfg: TrinityConfig) -> Iterator[Problem]:
+    ext = cfg.model.external_model
+    if not ext.enable:
+        return
+    if cfg.mode != "bench" or cfg.stages:
+        what = "stages" if cfg.stages else f"mode {cfg.mode!r}"
+        yield Problem(
+            "model.external_model.enable",
+            f"an external model is evaluated with mode 'bench' only, not {what}: it has no "
+            "weights here to train, sync or save, and its rollouts carry no engine logprobs a "
+            "trainer could correct with; set mode: bench (no stages), or enable: false",
+        )
+    if not (ext.model_name or "").strip():
+        yield Problem(
+            "model.external_model.model_name",
+            "required with enable: true: the model name the endpoint serves (GET /v1/models)",
+        )
+    rm = cfg.explorer.rollout_model
+    if rm.engine_type is not None:
+        yield Problem(
+            "explorer.rollout_model.engine_type",
+            f"is {rm.engine_type!r}, but model.external_model samples the rollouts (engine "
+            "'external'): leave engine_type unset",
+        )
+    if rm.tensor_parallel_size > 1:
+        yield Problem(
+            "explorer.rollout_model.tensor_parallel_size",
+            f"is {rm.tensor_parallel_size}, but model.external_model's endpoint holds the model "
+            "(its server splits it, if at all): use 1",
+        )
+
+
 @_check("explorer.bench_on_latest_checkpoint", "explorer.bench_checkpoints")
 def _one_checkpoint_choice(cfg: TrinityConfig) -> Iterator[Problem]:
     e = cfg.explorer

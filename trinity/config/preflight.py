@@ -16,7 +16,8 @@ base config and every stage (problems located under `stages[i].`):
    accepted names and a did-you-mean (a callee taking `**kwargs` accepts any key);
 4. model folders exist (`tiny://` URLs only have to parse: they are built on first use), a
    tensor-parallel engine's size divides its model's heads and MLP width, and with sequence
-   parallelism the trained models' heads split over its ranks;
+   parallelism the trained models' heads split over its ranks; `model.external_model`'s
+   endpoint answers (its URL, its key, the model name it serves);
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
    reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
@@ -162,6 +163,8 @@ def _check_one(
     # 4.
     problems += [p for p in _model_problems(cfg) if not blocked(skip, p.path)]
     problems += [p for p in _tensor_parallel_problems(cfg) if not blocked(skip, p.path)]
+    if cfg.model.external_model.enable and not blocked(skip, "model.external_model", "mode"):
+        problems += _external_model_problems(cfg)
     if not blocked(skip, "trainer", "model", "algorithm.algorithm_type"):
         problems += _sequence_parallel_problems(cfg)
     where = "trainer.malloc_mmap_threshold_mb"
@@ -672,6 +675,22 @@ def _model_problems(cfg: TrinityConfig) -> list[Problem]:
         for path, value in paths
         if value and value.strip() and (why := model_path_problem(value))
     ]
+
+
+def _external_model_problems(cfg: TrinityConfig) -> list[Problem]:
+    """`model.external_model`'s endpoint has a URL, answers, takes the key and serves the model
+    name (GET /v1/models, once), so an unreachable server or a refused key stops `validate`
+    as it would stop `run`."""
+    from trinity.explorer.external_endpoint import EndpointError, endpoint_of, probe
+
+    ext = cfg.model.external_model
+    if cfg.mode != "bench" or cfg.stages or not (ext.model_name or "").strip():
+        return []  # `checks._external_model_is_benched` says why
+    try:
+        probe(endpoint_of(ext))
+    except EndpointError as e:
+        return [Problem("model.external_model", str(e).removeprefix("model.external_model: "))]
+    return []
 
 
 def _tensor_parallel_problems(cfg: TrinityConfig) -> list[Problem]:

@@ -26,6 +26,10 @@ BEST_ENGINE = (
     "transformers",
     "unset: transformers serves rollouts everywhere (engine_type: vllm where vLLM is installed)",
 )
+EXTERNAL_ENGINE = (
+    "external",
+    "model.external_model.enable: the OpenAI-compatible endpoint samples (explorer/external_engine.py)",
+)
 BEST_SYNC = ("memory", "unset: trainer and explorer share one Ray cluster, the object store")
 BEST_SYNC_SPLIT = (
     "checkpoint",
@@ -152,7 +156,13 @@ def resolve(cfg: TrinityConfig) -> ResolvedConfig:
         if cfg.model.lora_configs:  # `_one_lora_adapter`: shared maps full weights
             best_sync = BEST_SYNC_LORA
     chosen = {
-        "engine_type": (engine, "explorer.rollout_model.engine_type") if engine else BEST_ENGINE,
+        "engine_type": (
+            EXTERNAL_ENGINE
+            if cfg.model.external_model.enable
+            else (engine, "explorer.rollout_model.engine_type")
+            if engine
+            else BEST_ENGINE
+        ),
         "sync_method": (sync, "synchronizer.sync_method") if sync else best_sync,
         "trainer_strategy": trainer_strategy(cfg),
     }

@@ -27,6 +27,7 @@ from trinity.config.lora_schema import LoRAConfig
 from trinity.config.problems import suggest
 from trinity.config.side_schema import (
     DataProcessorConfig,
+    ExternalModelConfig,
     LogConfig,
     ServiceConfig,
     TinkerConfig,
@@ -232,11 +233,8 @@ class ModelConfig(ConfigSection):
     """Top alternatives per response token that the engine returns (the k most likely tokens
     of the raw policy and their logprobs, `Experience.topk_ids` / `topk_logprobs`); 0 = none.
     A taskset's `rollout_args.logprobs` overrides it."""
-    external_model: Annotated[
-        dict[str, Any] | None, NotBuilt("rollouts from an externally served model")
-    ] = None
-    """An externally served model (an API endpoint) used for rollouts instead of local engines; None
-    = local engines."""
+    external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
+    """An OpenAI-compatible endpoint benchmarked instead of local engines (mode bench)."""
     tinker: Annotated[TinkerConfig, NotBuilt("the Tinker training backend")] = Field(
         default_factory=TinkerConfig
     )

@@ -1,5 +1,6 @@
 """Sections Trinity-RFT configs carry for features outside the explore/train loop: the
-`data_processor` pipelines, outside `service`s, `log` settings and the `model.tinker` backend.
+`data_processor` pipelines, outside `service`s, `log` settings, the `model.tinker` backend and
+the `model.external_model` endpoint.
 
 They are accepted with Trinity-RFT's key layout and defaults so that its users' configs load
 unchanged; what this build does with each key is declared in `support.py` (most are refused as
@@ -33,6 +34,35 @@ class TinkerConfig(ConfigSection):
     """Train the attention layers."""
     train_unembed: bool = True
     """Train the output (unembedding) layer."""
+
+
+class ExternalModelConfig(ConfigSection):
+    """An OpenAI-compatible endpoint evaluated instead of local engines (mode bench): its chat
+    API samples each chat call's messages, or its `/v1/completions` the prompts as token ids of
+    `model.model_path`'s tokenizer (docs/evaluation.md, "Benchmarking an external model")."""
+
+    enable: bool = False
+    """Evaluate the endpoint instead of model.model_path's weights (mode bench only: it has no
+    weights to train or sync)."""
+    model_name: str | None = None
+    """The model name the endpoint serves (its `/v1/models` lists it; required when enabled)."""
+    api: Literal["chat", "completions"] = "chat"
+    """Ours. 'chat': /v1/chat/completions with each chat call's messages (any OpenAI-compatible
+    server, hosted APIs included; as Trinity-RFT sends); 'completions': /v1/completions with the
+    prompt as our tokenizer's token ids (servers that take token-id prompts: trinity serve,
+    vLLM, SGLang; exactly the prompt a local engine samples from, and `model.generate` calls)."""
+    base_url_env: str = "OPENAI_BASE_URL"
+    """Environment variable holding the endpoint's base URL, e.g. http://127.0.0.1:8010/v1."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key; unset there = the key 'EMPTY' (a server
+    without keys)."""
+    base_url: str | None = None
+    """The base URL itself (ours; overrides base_url_env)."""
+    api_key: str | None = None
+    """The API key itself (ours; overrides api_key_env): write it as ${oc.env:MY_KEY}; it is
+    redacted wherever the config is shown."""
+    request_timeout: float = Field(600.0, gt=0)
+    """Seconds one request may take before it fails (its task counts as failed)."""
 
 
 class OperatorConfig(ConfigSection):

@@ -22,7 +22,7 @@ import ray
 from trinity.common.compute import compute_lane
 from trinity.common.placement import on_node
 from trinity.common.resources import Share, round_resource
-from trinity.common.rollout import engine_class, pool_kwargs
+from trinity.common.rollout import engine_class, pool_kwargs, run_kwargs
 from trinity.config import seeds
 from trinity.config.resolved import (
     BEST_ENGINE,
@@ -83,6 +83,7 @@ def start_engine_pools(
             max_model_len=cfg.model.max_model_len,
             chat_template=cfg.model.custom_chat_template,
             colocated=bool(cfg.cluster.colocate),
+            cfg=cfg,
         )
     )
     auxiliary: dict[int, list[Any]] = {}
@@ -116,6 +117,7 @@ def in_explorer_engines(cfg: Any, model_path: str, share: Share | None) -> list[
     kwargs = _engine_kwargs(
         engine_cls, rm, share, cfg.model.max_model_len, chat_template=cfg.model.custom_chat_template
     )
+    kwargs.update(run_kwargs(engine_cls, cfg))
     # one process: the trainer takes up what the engines free, and the reverse (no trims); in
     # lockstep they take turns on the process's compute lane, each with every core (one OpenMP
     # team, common.compute); otherwise each side computes on its own thread with its part
@@ -180,15 +182,19 @@ def _spawn(
     max_model_len: int | None,
     chat_template: str | None,
     colocated: bool = False,
+    cfg: Any = None,
 ) -> list[Any]:
     """One engine actor per seed in `replica_seeds` for the pool `pool` (an
     `InferenceModelConfig`), engine number `first` + r for node placement; each reserves
     `share`, with the pool's own `num_threads` if set. A tensor-parallel pool's engines are
     `_tensor_parallel` ones, their placement groups appended to `groups`. `colocated`: the
     engines will sleep (`common.turns`); an engine that must know it when built names the
-    keyword that says so (`sleep_kwarg`: vLLM's `enable_sleep_mode`)."""
+    keyword that says so (`sleep_kwarg`: vLLM's `enable_sleep_mode`). `cfg`: the run's config,
+    for what the rollout engine class takes from it (`run_kwargs`; None for auxiliary pools)."""
     engine_cls = engine_class(engine_type)
     kwargs = _engine_kwargs(engine_cls, pool, share, max_model_len, chat_template)
+    if cfg is not None:
+        kwargs.update(run_kwargs(engine_cls, cfg))
     if colocated and getattr(engine_cls, "sleep_kwarg", None):
         kwargs[engine_cls.sleep_kwarg] = True
     if pool.tensor_parallel_size > 1:

@@ -30,7 +30,7 @@ from trinity.common.experience import EID, Experience
 from trinity.common.keys import stable_key
 from trinity.common.remote_errors import cause_of
 from trinity.common.resources import ResourcePlan, Share
-from trinity.common.rollout import SamplingParams
+from trinity.common.rollout import SamplingParams, engine_class, takes_messages
 from trinity.common.startup import StartupMarks
 from trinity.common.turns import EnginesTurn
 from trinity.config import seeds
@@ -240,7 +240,8 @@ class Explorer:
             marks = await asyncio.gather(*(e.startup_marks.remote() for e in self.engines))
         for phase in ("engine_process", "engine_ready") if marks else ():  # the last engine's
             self.startup.mark(phase, max(m[phase] for m in marks))
-        self.client = BatchingClient(self.engines)
+        engine_cls = engine_class(resolve(cfg).engine_type)
+        self.client = BatchingClient(self.engines, messages=takes_messages(engine_cls, cfg))
         self.client.service = self._beat
         if self.turns is not None:  # colocated: built awake, they sleep until their first turn
             self.client.turn = EnginesTurn(self.turns, self.engines)

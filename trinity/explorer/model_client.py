@@ -55,6 +55,10 @@ id, logprob, text) per live sample]) (`Progress`, for one prompt). A position al
 comes again when a crashed engine's call is sent again (its key samples the same tokens)."""
 
 
+Chat = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+"""A chat call's (messages, tools), for engines that take messages besides the rendered prompt."""
+
+
 class _Request(NamedTuple):
     """One `generate` call waiting for its batch."""
 
@@ -62,6 +66,7 @@ class _Request(NamedTuple):
     key: int | None
     answer: asyncio.Future
     watch: Watch | None = None
+    chat: Chat | None = None
 
 
 class EngineLost(RuntimeError):
@@ -69,8 +74,13 @@ class EngineLost(RuntimeError):
 
 
 class BatchingClient:
-    def __init__(self, engines: list[Any], restart_timeout: float = 600.0) -> None:
-        """`restart_timeout`: seconds to wait for a crashed engine to answer again."""
+    def __init__(
+        self, engines: list[Any], restart_timeout: float = 600.0, messages: bool = False
+    ) -> None:
+        """`restart_timeout`: seconds to wait for a crashed engine to answer again. `messages`:
+        the engines take each chat call's messages besides its rendered prompt (`chats`, an
+        external model's chat API: `common.rollout.takes_messages`)."""
+        self.messages = messages
         if not engines:
             raise ValueError("no rollout engines")
         self.engines = engines  # Ray actor handles of HFRolloutEngine
@@ -166,13 +176,15 @@ class BatchingClient:
         params: SamplingParams,
         key: int | None = None,
         watch: Watch | None = None,
+        chat: Chat | None = None,
     ) -> list[Sample]:
         """`params.n` samples of `prompt_ids`, batched with the requests made in the same turn
         of the event loop; `key` (`RolloutEngine.generate`) makes them independent of that batch.
         `watch`: called with each decode step's tokens as they are sampled (a streamed reply);
-        its batch is then sampled with `generate_stream`."""
+        its batch is then sampled with `generate_stream`. `chat`: the call's messages and tools,
+        passed on where the engines take them (`messages`)."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((params, _Request(prompt_ids, key, fut, watch)))
+        self._pending.append((params, _Request(prompt_ids, key, fut, watch, chat)))
         if self._flush_task is None:
             self._flush_task = asyncio.create_task(self._flush())
             self._batches.add(self._flush_task)
@@ -222,6 +234,7 @@ class BatchingClient:
         self, i: int, shard: list[_Request], params: SamplingParams
     ) -> list[list[Sample] | BadPrompt]:
         prompts, keys = [r.prompt for r in shard], [r.key for r in shard]
+        chats = {"chats": [r.chat for r in shard]} if self.messages else {}
 
         async def served_with(engine: Any, result: list[list[Sample] | BadPrompt]) -> int:
             versions = [
@@ -238,13 +251,13 @@ class BatchingClient:
         what = f"generate for {len(prompts)} prompts"
         if not any(watched):
             return await self._on_engine(
-                i, lambda e: e.generate.remote(prompts, params, keys), served_with, what
+                i, lambda e: e.generate.remote(prompts, params, keys, **chats), served_with, what
             )
 
         async def streamed(engine: Any) -> list[list[Sample] | BadPrompt]:
             result: list[list[Sample] | BadPrompt] = []
             call = engine.generate_stream.options(num_returns="streaming")
-            async for ref in call.remote(prompts, params, keys, watched):
+            async for ref in call.remote(prompts, params, keys, watched, **chats):
                 item = await ref
                 if not isinstance(item, Progress):
                     result = item
@@ -411,7 +424,10 @@ class TaskModelHandle(ModelCalls):
         except Exception as e:  # the template's own error, whatever its kind (jinja, TypeError)
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
         try:
-            samples = await self._sample(prepared.prompt_ids, sampling, refuse_over_long, watch)
+            chat = (messages, tools)
+            samples = await self._sample(
+                prepared.prompt_ids, sampling, refuse_over_long, watch, chat
+            )
             self._chat.commit(prepared, messages, tools, samples)
         finally:
             self._chat.release(prepared)
@@ -448,6 +464,7 @@ class TaskModelHandle(ModelCalls):
         sampling: dict[str, Any],
         refuse_over_long: bool = False,
         watch: Watch | None = None,
+        chat: Chat | None = None,
     ) -> list[Sample]:
         if refuse_over_long:  # before a key is taken: a refused call changes nothing
             self.check_prompt(ids)
@@ -457,7 +474,9 @@ class TaskModelHandle(ModelCalls):
             key = stable_key("seed", seed)
         m = self.max_prompt_tokens
         if m is None or len(ids) <= m:
-            streamed = {} if watch is None else {"watch": watch}  # a client may not stream
+            streamed: dict[str, Any] = {} if watch is None else {"watch": watch}  # may not stream
+            if chat is not None and getattr(self._client, "messages", False):
+                streamed["chat"] = chat  # the engines read the messages (an external chat API)
             return await self._client.generate(ids, params, key, **streamed)
         self.truncated_prompts.append(ids[:m])
         return [

@@ -8,7 +8,8 @@ staged one; steps are numbered run-wide as the training run numbered its metrics
 continue from the previous stage's last). `explorer.bench_on_latest_checkpoint` keeps only the
 newest, `explorer.bench_checkpoints` picks 'all', 'latest', 'every:N' or a list of steps;
 `explorer.eval_on_startup` adds `model.model_path` as step 0; a run with no checkpoint yet
-evaluates `model.model_path` alone. All evaluations are of one batched pass over every eval set
+evaluates `model.model_path` alone. With `model.external_model` the one row is its endpoint
+(`explorer/external_engine.py`). All evaluations are of one batched pass over every eval set
 each; a progress line with an ETA follows each. Results go to the monitor (`metrics.bench.jsonl`,
 so the training run's own metrics file is untouched), to `bench.json` (rows, and the best
 checkpoint per set with its rule) and `bench.samples.jsonl` (prompt, response, reward, correct
@@ -74,7 +75,15 @@ def select(found: list[BenchPoint], choice: str | list[int]) -> list[BenchPoint]
 
 
 def bench_points(cfg: Any, run_dir: Path, model_path: str) -> tuple[list[BenchPoint], str]:
-    """What to evaluate, and a line saying so."""
+    """What to evaluate, and a line saying so. With `model.external_model` the endpoint alone,
+    as step 0 (it has no checkpoints; the run folder's are not loaded)."""
+    ext = cfg.model.external_model
+    if ext.enable:
+        from trinity.explorer.external_endpoint import endpoint_of
+
+        url = endpoint_of(ext).base_url
+        point = BenchPoint(f"{ext.model_name} at {url} (model.external_model)", "", 0)
+        return [point], f"bench: evaluating the external model {ext.model_name} at {url}"
     found = find_checkpoints(run_dir)
     e = cfg.explorer
     choice = "latest" if e.bench_on_latest_checkpoint else e.bench_checkpoints

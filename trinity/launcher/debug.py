@@ -23,7 +23,7 @@ from rich.text import Text
 
 from trinity.common.experience import Experience
 from trinity.common.keys import stable_key
-from trinity.common.rollout import engine_class, pool_kwargs
+from trinity.common.rollout import engine_class, pool_kwargs, run_kwargs, takes_messages
 from trinity.config import seeds
 from trinity.config.resolved import BEST_ENGINE, chat_template_kwargs, resolve
 from trinity.explorer import workflow_env
@@ -74,6 +74,7 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
         max_model_len=cfg.model.max_model_len,
         custom_chat_template=cfg.model.custom_chat_template,
         **pool_kwargs(engine_cls, rm),
+        **run_kwargs(engine_cls, cfg),
     )
     aux_engines = {}
     for i in served_auxiliary(cfg):
@@ -101,7 +102,7 @@ def run_one(cfg: Any, task: Task) -> tuple[list[Experience], Any]:
                 why_not_served(cfg),
             )
             auxiliary = (models, models.handles(key, None))
-        client = BatchingClient([InProcess(engine)])
+        client = BatchingClient([InProcess(engine)], messages=takes_messages(engine_cls, cfg))
         server = publisher = None
         if rm.enable_openai_api:  # the explorer's endpoint, on this loop, for this one task
             from trinity.endpoint.server import SessionPublisher, rollout_model_endpoint

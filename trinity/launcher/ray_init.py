@@ -22,7 +22,9 @@ def run_namespace(cfg: Any) -> str:
     return "trinity:" + "/".join(p for p in (cfg.project, cfg.group, cfg.name) if p)
 
 
-def init_ray(address: str, namespace: str | None = None) -> bool:
+def init_ray(
+    address: str, namespace: str | None = None, env_vars: dict[str, str] | None = None
+) -> bool:
     """Join the configured cluster, or start a private local instance.
 
     `auto` joins a cluster started with `ray start` (its address file, or RAY_ADDRESS) and
@@ -40,6 +42,7 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
     actor of the run, engines included, as the job's runtime_env: the workers of a `ray start`
     cluster never see this process's environment, and an actor loads them on its first registry
     miss (`trinity.common.plugins`). A caller that started Ray itself passes that env itself.
+    `env_vars` join them there (`model.external_model`'s URL and key variables).
     """
     if ray.is_initialized():
         return True
@@ -50,7 +53,7 @@ def init_ray(address: str, namespace: str | None = None) -> bool:
         "configure_logging": True,
         "namespace": namespace,
     }
-    if env_vars := plugin_env():
+    if env_vars := {**plugin_env(), **(env_vars or {})}:
         kwargs["runtime_env"] = {"env_vars": env_vars}
     if address == "local":  # Ray's name for a new local instance
         ray.init(address="local", **kwargs)

@@ -35,6 +35,7 @@ from trinity.common.startup import StartupMarks
 from trinity.config import seeds
 from trinity.config.run_folder import joins_existing_run, trains_from_queue
 from trinity.config.secrets import redacted
+from trinity.explorer.external_endpoint import endpoint_env
 from trinity.launcher.naming import agree_on_name, fresh_folder_unless_continuing
 from trinity.launcher.plan import RunPlan, plan_run, process_role
 from trinity.launcher.ray_init import (
@@ -89,7 +90,9 @@ def run(
     stops_as_interrupts()
     joined = False
     if plan.layout.ray:
-        joined = init_ray(config.cluster.ray_address, run_namespace(config))
+        joined = init_ray(
+            config.cluster.ray_address, run_namespace(config), endpoint_env(config.model)
+        )
         stops_as_interrupts()  # Ray's core worker installs handlers of its own
     else:  # a run folder this process stopped sealing in (an earlier run of it) is new again
         allow_sealing(plan.run_dir)

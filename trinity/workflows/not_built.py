@@ -12,10 +12,13 @@ workflow", so a user arriving with Trinity-RFT's example config learns what is m
 - `agentscope_v1_react_search_workflow`: its agent's tool searches the web (Tavily's service or
   a SearXNG server, `workflow_args.search_client_type`, through npx MCP servers), which cannot be
   reached here.
+- `simple_mm_workflow`, `async_simple_mm_workflow`: multi-modal data (`format.image_key`), not
+  built (`config.buffer_schema.MULTIMODAL_NOT_BUILT` says why).
 """
 
 from __future__ import annotations
 
+from trinity.config.buffer_schema import MULTIMODAL_NOT_BUILT
 from trinity.workflows.base import WORKFLOW
 
 _ALFWORLD = (
@@ -36,6 +39,8 @@ NOT_BUILT: dict[str, str] = {
         "its agent's search tool queries the web (Tavily's service or a SearXNG server, through "
         "MCP servers run by npx), which cannot be reached here"
     ),
+    "simple_mm_workflow": f"multi-modal data: {MULTIMODAL_NOT_BUILT}",
+    "async_simple_mm_workflow": f"multi-modal data: {MULTIMODAL_NOT_BUILT}",
 }
 
 for _name, _why in NOT_BUILT.items():
