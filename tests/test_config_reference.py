@@ -38,8 +38,11 @@ def test_rows_say_type_default_state_and_description() -> None:
     kind, default, state, about = rows["buffer.batch_size"]
     assert (kind, default, state) == ("int (≥ 1)", "`1`", "acted upon")
     assert "unit: tasks" in about
-    # model.logprobs: Annotated[int, NotBuilt("top-k logprobs per token", ...)] = Field(0, ...)
-    assert rows["model.logprobs"][1:3] == ["`0`", "not built: top-k logprobs per token"]
+    # NotBuilt("saving the experience pipeline's input to a file or table"), default None
+    assert rows["data_processor.experience_pipeline.input_save_path"][1:3] == [
+        "`None`",
+        "not built: saving the experience pipeline's input to a file or table",
+    ]
     # model.external_model.enable: acted upon (mode bench)
     assert rows["model.external_model.enable"][1:3] == ["`False`", "acted upon"]
     # a key under a section reused elsewhere gets its state at this place (Inside)

@@ -20,7 +20,7 @@ def test_registries_resolve_config_names_and_list_valid_ones_on_a_miss():
     assert storage_class("queue") is QueueStorage
     checkpoint = sync_method("checkpoint")  # fingerprinted (sync.fingerprint) around its method
     assert type(checkpoint.method).__name__ == "CheckpointSync" and checkpoint.name == "checkpoint"
-    with pytest.raises(KeyError, match="Valid names: transformers, vllm"):
+    with pytest.raises(KeyError, match="Valid names: external, transformers, vllm"):
         engine_class("vllm_typo")
     with pytest.raises(KeyError, match="Valid names: file, queue, sql"):
         storage_class("sqll")

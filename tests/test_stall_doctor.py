@@ -254,4 +254,6 @@ def test_a_report_dumps_this_process_s_stacks(tmp_path):
     clock.t += 31
     write(tmp_path / "heartbeat", os.getpid(), clock.t, services, host=socket.gethostname())
     report = d.check()
-    assert "test_a_report_dumps_this_process_s_stacks" in report
+    [stacks] = (tmp_path / "heartbeat").glob("stacks-*.txt")
+    assert f"process {socket.gethostname()}-{os.getpid()} (all in {stacks})" in report
+    assert "test_a_report_dumps_this_process_s_stacks" in stacks.read_text()

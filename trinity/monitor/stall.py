@@ -43,7 +43,7 @@ from trinity.common import heartbeat
 AUTO_MIN_S = 600.0  # the automatic timeout's floor
 AUTO_STEPS = 10.0  # ... and its multiple of the slowest step seen
 STALE_S = 10 * heartbeat.BEAT_S  # a snapshot older than this: its process stopped beating
-STACK_LINES = 60  # per process, printed (the files hold all)
+STACK_LINES = 200  # per process, printed (the files hold all)
 
 
 class RunStalled(RuntimeError):
