@@ -219,7 +219,12 @@ def _run_code(cfg: Any, plan: Any, record: Path | None) -> int:
         return 2
     except Exception as e:  # an actor failed: show its traceback (Ray includes it), exit 1
         err.print("[red]run failed[/]")
-        sys.stderr.write(f"{e}\n")
+        if str(e):
+            sys.stderr.write(f"{e}\n")
+        else:  # an error with no message (a bare TimeoutError): where it came from says it
+            import traceback
+
+            traceback.print_exception(e)
         return 1
     return 0
 

@@ -101,10 +101,18 @@ class LocalHost:
         """Remove every hosted object (each `shutdown()` runs) and end the loop's thread; after
         `halt`, the loop stays (a daemon thread), so the parts' threads that still run get
         their errors from the removed objects and end, instead of waiting on a stopped loop."""
+        if self._halted:  # a stopped run: what does not end soon will not end
+            timeout = min(timeout, 10.0)
         if self._host.done() and self._host.exception() is None:
-            names = self.submit("names", (), {}).future().result(timeout)
-            for name in names:
-                self.submit("remove", (name,), {}).future().result(timeout)
+            try:
+                names = self.submit("names", (), {}).future().result(timeout)
+                for name in names:
+                    self.submit("remove", (name,), {}).future().result(timeout)
+            except TimeoutError:
+                if not self._halted:
+                    raise
+                # a stopped run whose part is stuck for good (a stall) holds the loop: its
+                # threads stay, and the stop's own error is the one the run reports
         if not self._halted:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout)
