@@ -19,8 +19,10 @@ monitor: {{monitor_type: tensorboard, stall_timeout: {TIMEOUT}, on_stall: fail}}
 synchronizer: {{sync_method: checkpoint, sync_interval: 1}}
 """
 
+REWARD = r"cause: reward_fn 'sleepy_reward' has not answered for \d+ s \(task add(_eval)?#\d+\)"
 CAUSES = {
-    "reward": r"cause: reward_fn 'sleepy_reward' has not answered for \d+ s \(task add(_eval)?#\d+\)",
+    "reward": REWARD,
+    "reward, a process per part": REWARD,  # the heartbeats and stacks of several processes
     "engine": r"cause: engine 0 has not answered for \d+ s \(generate for \d+ prompts\)",
     "trainer": r"cause: trainer has not progressed for \d+ s and waits on no other part",
     "sync": r"cause: synchronizer has not answered for \d+ s \(engine 0 loading weights v1 "
@@ -33,12 +35,14 @@ CAUSES = {
 def test_a_stalled_run_names_what_holds_it_up_and_fails(fault, tmp_path, tiny_model_dir):
     cfg = grpo_config(tmp_path, tiny_model_dir)
     text = cfg.read_text().replace("monitor: {monitor_type: tensorboard}\n", "") + STALL
-    if fault == "reward":
+    if fault.startswith("reward"):
         text = text.replace(
             "default_reward_fn_type: arithmetic_reward", "default_reward_fn_type: sleepy_reward"
         )
+    if fault.endswith("a process per part"):
+        text += "cluster: {one_process: false}\n"
     cfg.write_text(text)
-    env = {"TRINITY_PLUGIN_DIRS": str(FAULTS), "STALL_FAULT": fault}
+    env = {"TRINITY_PLUGIN_DIRS": str(FAULTS), "STALL_FAULT": fault.split(",")[0]}
     r = run_trinity(cfg, env_extra=env, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-4000:]
@@ -50,3 +54,5 @@ def test_a_stalled_run_names_what_holds_it_up_and_fails(fault, tmp_path, tiny_mo
     run_dir = tmp_path / "ckpt" / "e2e" / "grpo"
     stacks = "".join(p.read_text() for p in (run_dir / "heartbeat").glob("stacks-*.txt"))
     assert "stall_faults" in stacks  # the faulty frame is in the dump
+    if fault.endswith("a process per part"):  # the explorer's and the trainer's processes
+        assert len(list((run_dir / "heartbeat").glob("*.json"))) >= 2

@@ -168,8 +168,7 @@ class StallDoctor:
             if snap["host"] != socket.gethostname():
                 lines.append(f"  process {key}: on another node; its stacks: {path} there")
                 continue
-            text = _dump(snap["pid"], path)
-            shown = text.strip().splitlines()[:STACK_LINES] or ["(no stacks written)"]
+            shown = _with_frames(_dump(snap["pid"], path))[:STACK_LINES] or ["(no stacks written)"]
             lines.append(f"  process {key} (all in {path}):")
             lines += ["    " + line for line in shown]
         return lines
@@ -193,6 +192,13 @@ def _dump(pid: int, path: Path) -> str:
             os.kill(pid, heartbeat.STACK_SIGNAL)
         time.sleep(0.5)
     return path.read_bytes()[start:].decode("utf-8", "replace") if path.exists() else ""
+
+
+def _with_frames(text: str) -> list[str]:
+    """The lines of a stack dump without the threads that show no Python frame (idle native
+    threads of a Ray worker, a pool's parked threads: a header and nothing under it)."""
+    blocks = [b.strip().splitlines() for b in text.split("\n\n")]
+    return [line for b in blocks if len(b) > 1 for line in [*b, ""]]
 
 
 def _chain(waits: list[_Wait], services: dict[str, Any], now: float) -> list[str]:
