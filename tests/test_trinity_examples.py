@@ -5,6 +5,14 @@ validates, `trinity run` as a user runs it. docs/examples.md is generated from t
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +71,104 @@ def test_an_example_validates_or_is_refused_by_name(name, tmp_path, monkeypatch)
 def test_the_docs_table_is_current(tmp_path):
     doc = (ROOT / "docs" / "examples.md").read_text()
     assert doc == examples_table(tmp_path), "run: PYTHONPATH=. python scripts/examples_table.py"
+
+
+# the walker: `trinity run` of each example that validates, 2 steps on a tiny model
+ASYNC = ("examples/async_gsm8k/explorer.yaml", "examples/async_gsm8k/trainer.yaml")
+EXTERNAL = "examples/bench/external_model.yaml"
+WALKED = [n for n in RUNNABLE if n not in ASYNC and n != EXTERNAL]
+
+
+def run_example(sub, *sets: str, env: dict | None = None, timeout: int = 300):
+    """`trinity run --config <the substituted example>` as a subprocess, its env set."""
+    args = [a for s in sets for a in ("--set", s)]
+    return subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "run", "--config", str(sub.path), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **sub.env, **(env or {}), "TRINITY_CACHE_DIR": str(CACHE)},
+        timeout=timeout,
+    )
+
+
+def steps_logged(root: Path) -> set[int]:
+    """The steps any metrics file under `root` logged a rollout or a train step for."""
+    steps = set()
+    for f in root.rglob("metrics*.jsonl"):
+        for row in map(json.loads, f.read_text().splitlines()):
+            if any(k.startswith(("rollout/", "train/")) for k in row):
+                steps.add(row["step"])
+    return steps
+
+
+CACHE = Path(tempfile.gettempdir()) / "trinity-examples-cache"  # tiny:// builds, shared
+
+
+@pytest.mark.slow  # a whole run each (~15 s)
+@pytest.mark.parametrize("name", WALKED)
+def test_an_example_runs_two_steps(name, tmp_path):
+    sub = substitute(name, tmp_path)
+    r = run_example(sub)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    assert steps_logged(tmp_path / "ckpt") == {1, 2}
+
+
+@pytest.mark.slow  # two processes of one run on a private Ray cluster
+def test_the_async_explorer_and_trainer_run_two_steps_together(tmp_path):
+    # Trinity-RFT's two-process example: both configs name the same run (project, name), so
+    # the explorer's queue is the trainer's buffer; docs/running.md
+    from tests.ray_cluster import private_cluster
+
+    subs = [substitute(n, tmp_path / Path(n).stem) for n in ASYNC]
+    ckpt = {"TRINITY_CHECKPOINT_ROOT_DIR": str(tmp_path / "ckpt")}
+    with private_cluster() as c:
+        env = {**c.env, **ckpt, "TRINITY_CACHE_DIR": str(CACHE)}
+        procs = []
+        for s in subs:
+            argv = ["run", "--config", str(s.path), "--set", f"cluster.ray_address={c.address}"]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "trinity.cli", *argv],
+                    cwd=ROOT,
+                    env={**env, **s.env, **ckpt},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    assert steps_logged(tmp_path / "ckpt") == {1, 2}
+
+
+@pytest.mark.slow  # `trinity serve` and a bench
+def test_the_external_model_example_benches_trinity_serve(tmp_path):
+    # the endpoint is `trinity serve` of the tiny model, started as a user starts it (the
+    # example's own model is a hosted API); tests/test_external_model_serve.py checks scores
+    from test_serve import lines_of
+
+    sub = substitute(EXTERNAL, tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trinity.cli", "serve", "--config", str(sub.path),
+         "--set", "name=served", "--set", "model.external_model.enable=false"],
+        cwd=ROOT, env={**os.environ, **sub.env, "TRINITY_CACHE_DIR": str(CACHE)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, seen, url = lines_of(server), [], None
+        deadline = time.time() + 180
+        while url is None:
+            line = out.get(timeout=max(1, deadline - time.time()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            m = re.search(r"serving .* at (http://\S+/v1)", line)
+            url = m and m.group(1)
+        r = run_example(sub, env={"OPENAI_BASE_URL": url})
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    [samples] = (tmp_path / "ckpt").rglob("bench.samples.jsonl")
+    assert len(samples.read_text().splitlines()) == 2  # the eval set's 2 rows, once each

@@ -255,7 +255,13 @@ def _data(cfg: dict, tmp: Path, sub: Substituted) -> None:
         w = ts.get("default_workflow_type") or wf
         r = ts.get("default_reward_fn_type") or rf
         rows = [task_row(ts.get("format") or {}, w, r, i) for i in range(n)]
-        _point(ts, data / f"{at}.jsonl", rows, f"buffer.explorer_input.{at}", sub)
+        _point(
+            ts,
+            data / f"{at.replace('[', '').replace(']', '')}.jsonl",
+            rows,
+            f"buffer.explorer_input.{at}",
+            sub,
+        )
     ti = buf.get("trainer_input") or {}
     exp = ti.get("experience_buffer")
     if exp and exp.get("storage_type") == "file":
