@@ -172,3 +172,46 @@ def test_the_external_model_example_benches_trinity_serve(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
     [samples] = (tmp_path / "ckpt").rglob("bench.samples.jsonl")
     assert len(samples.read_text().splitlines()) == 2  # the eval set's 2 rows, once each
+
+
+def test_validate_reports_a_curricula_feature_column_missing_from_the_rows(tmp_path):
+    # found walking examples/bots/bots.yaml: rows without its selector's feature_keys passed
+    # validate and failed the run at its first step
+    from trinity.config import load_config
+    from trinity.config.preflight import preflight
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(
+        '{"question": "1+1", "answer": "2", "rate": 0.5}\n{"question": "2+2", "answer": "4"}\n'
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_path": "tiny://1m?seed=0"},
+                "checkpoint_root_dir": str(tmp_path / "ckpt"),
+                "buffer": {
+                    "batch_size": 1,
+                    "explorer_input": {
+                        "taskset": {
+                            "name": "t",
+                            "storage_type": "file",
+                            "path": str(data),
+                            "format": {"prompt_key": "question", "response_key": "answer"},
+                            "data_selector": {
+                                "selector_type": "offline_easy2hard",
+                                "feature_keys": ["rate"],
+                            },
+                        }
+                    },
+                },
+            }
+        )
+    )
+    found = [(p.path, p.message) for p in preflight(load_config(cfg)).problems]
+    assert found == [
+        (
+            "buffer.explorer_input.taskset.data_selector.feature_keys",
+            "data_selector.feature_keys: task 1 of 't' has no 'rate'",
+        )
+    ]

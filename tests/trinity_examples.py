@@ -137,6 +137,8 @@ def substitute(name: str, tmp: Path) -> Substituted:
     tmp.mkdir(parents=True, exist_ok=True)
     sub = Substituted(tmp / "config.yaml", cfg, env=_env(tmp))
     # 1.
+    cfg["checkpoint_root_dir"] = str(tmp / "ckpt")
+    sub.changes.append("checkpoint_root_dir → a temporary folder")
     _models(cfg, sub)
     # 2.
     _sizes(cfg, sub)
@@ -255,6 +257,9 @@ def _data(cfg: dict, tmp: Path, sub: Substituted) -> None:
         w = ts.get("default_workflow_type") or wf
         r = ts.get("default_reward_fn_type") or rf
         rows = [task_row(ts.get("format") or {}, w, r, i) for i in range(n)]
+        for key in (ts.get("data_selector") or {}).get("feature_keys") or []:
+            for i, row in enumerate(rows):  # a curriculum's offline column: a pass rate
+                _set(row, key, round((i + 1) / (n + 1), 3))
         _point(
             ts,
             data / f"{at.replace('[', '').replace(']', '')}.jsonl",
@@ -488,7 +493,15 @@ def _external(cfg: dict, tmp: Path, sub: Substituted) -> None:
     )
 
 
+def _bots_log(cfg: dict, tmp: Path, sub: Substituted) -> None:
+    """bots_ref_eval_collect: its per-task log under tmp, not ./bots_ref_eval_log.jsonl."""
+    log = str(tmp / "bots_ref_eval_log.jsonl")
+    cfg["explorer"].setdefault("env_vars", {})["BOTS_REF_EVAL_LOG_FILE"] = log
+    sub.changes.append("explorer.env_vars: BOTS_REF_EVAL_LOG_FILE → a temporary file")
+
+
 SPECIAL: dict[str, tuple] = {
+    "examples/bots/ref_eval_collect.yaml": (_bots_log,),
     "examples/grpo_email_search/email_search.yaml": (_emails,),
     "examples/grpo_gsm8k_task_pipeline/gsm8k.yaml": (_task_pipeline,),
     "examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml": (_dj_recipe,),
