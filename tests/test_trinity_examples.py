@@ -121,6 +121,9 @@ def test_the_async_explorer_and_trainer_run_two_steps_together(tmp_path):
     from tests.ray_cluster import private_cluster
 
     subs = [substitute(n, tmp_path / Path(n).stem) for n in ASYNC]
+    for s in subs:  # one run folder
+        s.config["checkpoint_root_dir"] = str(tmp_path / "ckpt")
+        s.path.write_text(yaml.safe_dump(s.config, sort_keys=False))
     ckpt = {"TRINITY_CHECKPOINT_ROOT_DIR": str(tmp_path / "ckpt")}
     with private_cluster() as c:
         env = {**c.env, **ckpt, "TRINITY_CACHE_DIR": str(CACHE)}
