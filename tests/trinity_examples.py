@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
+from trinity_example_rows import set_key, task_row, train_row
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "tests" / "data" / "trinity_examples"
@@ -259,7 +259,7 @@ def _data(cfg: dict, tmp: Path, sub: Substituted) -> None:
         rows = [task_row(ts.get("format") or {}, w, r, i) for i in range(n)]
         for key in (ts.get("data_selector") or {}).get("feature_keys") or []:
             for i, row in enumerate(rows):  # a curriculum's offline column: a pass rate
-                _set(row, key, round((i + 1) / (n + 1), 3))
+                set_key(row, key, round((i + 1) / (n + 1), 3))
         _point(
             ts,
             data / f"{at.replace('[', '').replace(']', '')}.jsonl",
@@ -287,115 +287,6 @@ def _point(storage: dict, path: Path, rows: list[dict], at: str, sub: Substitute
         storage.pop(key, None)
     keys = sorted({k for r in rows for k in r})
     sub.changes.append(f"{at} → {len(rows)} generated rows with keys {', '.join(keys)}")
-
-
-def _set(row: dict, key: str, value: Any) -> None:
-    """row[key] = value, a dotted key (`reward_model.ground_truth`) as nested objects."""
-    *parents, last = key.split(".")
-    for p in parents:
-        row = row.setdefault(p, {})
-    row[last] = value
-
-
-def task_row(fmt: dict, workflow: str | None, reward: str | None, i: int) -> dict:
-    """Row i of a taskset read with format `fmt` by `workflow` and `reward`: an addition
-    problem with its answer, plus what the workflow or reward reads (ROW_EXTRAS)."""
-    a, b = i + 1, i + 2
-    question = f"What is {a} + {b}?"
-    row: dict[str, Any] = {}
-    prompt_key = fmt.get("prompt_key", "prompt")
-    if prompt_key == "messages" or fmt.get("prompt_type") == "messages":
-        _set(row, fmt.get("messages_key", "messages"), [{"role": "user", "content": question}])
-        if prompt_key != "messages":
-            _set(row, prompt_key, question)
-    else:
-        _set(row, prompt_key, question)
-    _set(row, fmt.get("response_key", "response"), str(a + b))
-    for name in (workflow, reward):
-        for key, make in ROW_EXTRAS.get(name or "", {}).items():
-            row[key] = make(a, b, i)
-    return row
-
-
-def train_row(fmt: dict, i: int) -> dict:
-    """Row i of an SFT or DPO buffer with format `fmt`: messages, prompt/response, or a pair."""
-    a, b = i + 1, i + 2
-    question, answer = f"What is {a} + {b}?", str(a + b)
-    row: dict[str, Any] = {}
-    if fmt.get("prompt_type") == "messages":
-        row[fmt.get("messages_key", "messages")] = [
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": answer},
-        ]
-        return row
-    row[fmt.get("prompt_key", "prompt")] = question
-    if "chosen_key" in fmt or "rejected_key" in fmt:
-        row[fmt.get("chosen_key", "chosen")] = answer
-        row[fmt.get("rejected_key", "rejected")] = str(a + b + 1)
-    else:
-        row[fmt.get("response_key", "response")] = answer
-    return row
-
-
-def _tool_answer(a: int, b: int, i: int) -> str:
-    return json.dumps([{"name": "add", "arguments": {"a": a, "b": b}}])
-
-
-_TOOLS = [
-    {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    }
-]
-
-# row keys a workflow or reward reads beyond the format's keys, by its registered name
-ROW_EXTRAS: dict[str, dict[str, Any]] = {
-    "countdown_reward": {
-        "numbers": lambda a, b, i: [a, b],
-        "target": lambda a, b, i: a + b,
-    },
-    "toolcall_workflow": {  # a ToolACE row
-        "raw_system": lambda a, b, i: "You are a helpful assistant with a calculator.",
-        "tools": lambda a, b, i: json.dumps(_TOOLS),
-        "conversations": lambda a, b, i: [{"from": "user", "value": f"Add {a} and {b}."}],
-        "answer": _tool_answer,
-    },
-    "frozen_lake_workflow": {  # {seed, size, p}: a 3x3 map drawn by chance
-        "seed": lambda a, b, i: i,
-        "size": lambda a, b, i: 3,
-        "p": lambda a, b, i: 0.8,
-    },
-    "examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow": {
-        "seed": lambda a, b, i: i,
-        "size": lambda a, b, i: 3,
-        "p": lambda a, b, i: 0.8,
-    },
-    "email_search_workflow": {  # an ART-E query of the inbox EMAILS builds
-        "question": lambda a, b, i: f"What is the sum in email {i}?",
-        "answer": lambda a, b, i: str(a + b),
-        "message_ids": lambda a, b, i: [f"<{i}@x>"],
-        "inbox_address": lambda a, b, i: "jeff@x",
-        "query_date": lambda a, b, i: "2001-06-01",
-    },
-    "examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow": {
-        "decision_truth": lambda a, b, i: "stop" if i % 2 else "continue",
-        "info_truth": lambda a, b, i: f"the sum of {a} and {b}",
-    },
-    "alfworld_workflow": {"game_file": lambda a, b, i: f"game_{i}.tw-pddl"},
-    "RAFT_alfworld_workflow": {"game_file": lambda a, b, i: f"game_{i}.tw-pddl"},
-    "RAFT_reflect_alfworld_workflow": {"game_file": lambda a, b, i: f"game_{i}.tw-pddl"},
-    "step_wise_alfworld_workflow": {"game_file": lambda a, b, i: f"game_{i}.tw-pddl"},
-    "webshop_workflow": {"task_id": lambda a, b, i: i},
-    "sciworld_workflow": {
-        "task_desc": lambda a, b, i: json.dumps({"task_name": "boil", "var_num": i})
-    },
-    "simple_mm_workflow": {"images": lambda a, b, i: []},
-}
 
 
 def _emails(cfg: dict, tmp: Path, sub: Substituted) -> None:
@@ -531,6 +422,13 @@ ENDPOINT_UNREACHABLE = "model.external_model: cannot reach the endpoint"
 NEEDS_SERVER = {"examples/bench/external_model.yaml"}  # validate probes the endpoint
 
 
+RUN_NOTES = {
+    "examples/bench/external_model.yaml": "runs here (a bench of `trinity serve` of a tiny model)",
+    "examples/async_gsm8k/explorer.yaml": "runs here (2 steps, with trainer.yaml: one run)",
+    "examples/async_gsm8k/trainer.yaml": "runs here (2 steps, with explorer.yaml: one run)",
+}
+
+
 def examples_table(tmp: Path) -> str:
     """docs/examples.md: every example, what it does here, and the walker's substitutions
     (those common to all once above the table); `tmp` holds the generated files."""
@@ -538,6 +436,7 @@ def examples_table(tmp: Path) -> str:
     changes = {n: substitute(n, tmp / str(i)).changes for i, n in enumerate(names)}
     common = [c for c in changes[names[0]] if all(c in cs for cs in changes.values())]
     runs = sum(EXPECTED[n] == RUNS for n in names)
+    refused = sum(EXPECTED[n].startswith("refused:") for n in names)
     lines = [
         "# Trinity-RFT's examples here",
         "",
@@ -547,8 +446,9 @@ def examples_table(tmp: Path) -> str:
         "Trinity-RFT v0.5.2 ships 59 example configs (`examples/`, `benchmark/config/`) and one",
         "Data-Juicer recipe; they are copied unchanged in tests/data/trinity_examples/. Pointed at",
         f"a tiny model and small generated data, {runs} validate and run 2 steps here",
-        f"(`pytest -m slow tests/test_trinity_examples.py`); {len(names) - runs} are refused by",
-        "name for a feature not built here, or need a package this Python lacks.",
+        f"(`pytest -m slow tests/test_trinity_examples.py`); {refused} are refused by name for a",
+        f"feature not built here, and {len(names) - runs - refused} need a package this Python",
+        "lacks (the feature is built; `validate` names the package to install).",
         "",
         "Every example gets: " + "; ".join(common) + ". Beyond that:",
         "",
@@ -559,7 +459,8 @@ def examples_table(tmp: Path) -> str:
         if n == DJ_RECIPE:
             lines.append(f"| `{n}` | {EXPECTED[n]} | |")
             continue
-        here = "runs here (2 steps on a tiny model)" if EXPECTED[n] == RUNS else EXPECTED[n]
+        here = RUN_NOTES.get(n, "runs here (2 steps on a tiny model)")
+        here = here if EXPECTED[n] == RUNS else EXPECTED[n]
         extra = "; ".join(c for c in changes[n] if c not in common)
         lines.append(f"| `{n}` | {here} | {extra.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
