@@ -788,7 +788,28 @@ def _load(storage: StorageConfig, kwargs: dict[str, Any]) -> Loaded:
         return e.key, str(e), [], 0
     except (TypeError, ValueError, RegistryError) as e:  # a generator refusing its arguments
         return "generator_args", str(e), [], 0  # (e.g. env_demos naming an unknown env)
+    if why := _feature_problem(storage, tasks, kwargs.get("default_seed", 42)):
+        return "data_selector.feature_keys", why, bad, len(tasks)
     return "", None, bad, len(tasks)
+
+
+def _feature_problem(storage: StorageConfig, tasks: list, seed: int) -> str | None:
+    """A curriculum's offline `feature_keys` must be a number in every row, as the selector
+    reads them before the first step (`tasks.curriculum.feature_matrix`)."""
+    from trinity.tasks import make_selector
+    from trinity.tasks.curriculum import feature_matrix
+
+    if storage.data_selector is None or not storage.data_selector.feature_keys:
+        return None
+    try:
+        keys = getattr(make_selector(storage.data_selector, seed), "feature_keys", None)
+    except ValueError:  # the selector check reports it
+        return None
+    try:
+        feature_matrix(tasks, keys or [])
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
 
 
 def _check_data(

@@ -37,7 +37,16 @@ def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple
             )
         )
     inp = cfg.buffer.explorer_input
-    if inp.taskset is None and not inp.tasksets:
+    if cfg.mode == "train":
+        problems.append(
+            (
+                at,
+                "not built yet: a task pipeline in mode train (Trinity-RFT writes its output to "
+                "the dpo or sft experience buffer); here the explorer runs the pipeline and "
+                "explores its output, so run it in mode both or explore",
+            )
+        )
+    elif inp.taskset is None and not inp.tasksets:
         problems.append(
             (
                 "buffer.explorer_input.taskset",

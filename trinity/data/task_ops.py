@@ -294,3 +294,11 @@ def build_row_operator(name: str, args: dict[str, Any]) -> RowOperator:
         return cls(**args)
     except (TypeError, ValueError) as e:
         raise ValueError(f"data operator {name!r}: {e}") from e
+
+
+# Trinity-RFT's operators that cannot run here, refused by name with the reason
+ROW_OPERATORS.refuse(
+    "human_preference_annotation_mapper",
+    "it sends each row to a Label Studio server (api_url) for people to choose the preferred "
+    "answer and waits for their annotations; no Label Studio client or server is here",
+)
