@@ -342,7 +342,8 @@ def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
 
 
 # nccl's bit-exact transfer is covered fast in test_sync_collective; its full run is slow-marked
-@pytest.mark.parametrize("method", ["checkpoint", pytest.param("nccl", marks=pytest.mark.slow)])
+@pytest.mark.slow  # whole runs; make test keeps room under its 6 minutes (sync: test_sync_*)
+@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
 def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     cfg = grpo_config(
         tmp_path,
@@ -360,9 +361,8 @@ def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     assert [records[s]["rollout/model_version"] for s in (1, 2, 3)] == [0, 0, 1]
 
 
-@pytest.mark.parametrize(
-    "style", ["trainer_driven", pytest.param("explorer_driven", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow  # whole runs; make test keeps room under its 6 minutes
+@pytest.mark.parametrize("style", ["trainer_driven", "explorer_driven"])
 def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, style):
     cfg = grpo_config(
         tmp_path,
@@ -439,6 +439,7 @@ def test_async_at_staleness_0_makes_the_same_updates_as_sync(tmp_path, tiny_mode
         assert torch.equal(w, weights["explorer_driven"][k]), k
 
 
+@pytest.mark.slow  # a whole run; make test keeps room under its 6 minutes
 def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     # 8 train tasks, 3 per step, 2 epochs: 16 tasks = five steps of 3, then 1. When an epoch's
     # last batch was served partial (2 tasks, step 3), the trainer waited for 3 tasks' worth of
