@@ -5,17 +5,15 @@ it, benched through its endpoint, scores each task as `mode: bench` of the check
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from test_e2e import ROOT, run_trinity
-from test_serve import lines_of
+from test_serve import lines_of, url_of
 
 pytestmark = pytest.mark.slow
 
@@ -113,14 +111,8 @@ def test_an_external_bench_of_trinity_serve_scores_as_the_checkpoint(tmp_path, t
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        out, seen, url = lines_of(server), [], None
-        deadline = time.time() + 180
-        while url is None:
-            line = out.get(timeout=max(1, deadline - time.time()))
-            assert line is not None, "".join(seen)
-            seen.append(line)
-            m = re.search(r"serving .* at (http://\S+/v1)", line)
-            url = m and m.group(1)
+        out, seen = lines_of(server), []
+        url = url_of(out, seen, bound_s=180)
         # 3. bench through its endpoint, by each API: the URL and key from the environment
         # (upstream's keys)
         external = {}

@@ -48,6 +48,18 @@ def lines_of(p: subprocess.Popen) -> queue.Queue:
     return q
 
 
+def url_of(out: queue.Queue, seen: list[str], bound_s: float = 240) -> str:
+    """The endpoint URL a `trinity serve` prints, read from its output lines `out` (each kept
+    in `seen`, shown when it ends first) within `bound_s` s."""
+    deadline = time.time() + bound_s
+    while True:
+        line = out.get(timeout=max(1, deadline - time.time()))
+        assert line is not None, "".join(seen)[-4000:]
+        seen.append(line)
+        if m := re.search(r"serving .* at (http://\S+/v1)", line):
+            return m.group(1)
+
+
 def test_an_openai_client_agent_is_trained_through_serve_mode(tmp_path, tiny_model_dir):
     cfg = config(
         tmp_path,
@@ -61,15 +73,8 @@ def test_an_openai_client_agent_is_trained_through_serve_mode(tmp_path, tiny_mod
             "explorer.api_port=0", "explorer.service_status_check_interval=1",
             "explorer.feedback_window=120",
         )  # fmt: skip
-        out = lines_of(server)
-        url, seen = None, []
-        deadline = time.time() + 180
-        while url is None:
-            line = out.get(timeout=max(1, deadline - time.time()))
-            assert line is not None, "".join(seen)
-            seen.append(line)
-            m = re.search(r"serving .* at (http://\S+/v1)", line)
-            url = m and m.group(1)
+        out, seen = lines_of(server), []
+        url = url_of(out, seen, bound_s=180)
         trainer = popen(
             "run", cfg, cluster,
             "mode=train", f"buffer.total_steps={TRAIN_STEPS}",

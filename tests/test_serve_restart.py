@@ -22,7 +22,7 @@ from typing import Any
 
 import openai
 import pytest
-from test_serve import lines_of, popen
+from test_serve import lines_of, popen, url_of
 from test_topologies import assert_clean, config, counts
 
 from tests.ray_cluster import private_cluster
@@ -158,16 +158,6 @@ class Agents:
         except Exception as e:  # reported by the test
             self.errors.append(f"{ep.name} t{t}: {e!r}")
             self.half.set()
-
-
-def url_of(out: Any, seen: list[str], bound_s: float = 240) -> str:
-    deadline = time.time() + bound_s
-    while True:
-        line = out.get(timeout=max(1, deadline - time.time()))
-        assert line is not None, "".join(seen)[-4000:]
-        seen.append(line)
-        if m := re.search(r"serving .* at (http://\S+/v1)", line):
-            return m.group(1)
 
 
 def listener_pid(port: int) -> int:

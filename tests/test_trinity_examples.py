@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -150,7 +148,7 @@ def test_the_async_explorer_and_trainer_run_two_steps_together(tmp_path):
 def test_the_external_model_example_benches_trinity_serve(tmp_path):
     # the endpoint is `trinity serve` of the tiny model, started as a user starts it (the
     # example's own model is a hosted API); tests/test_external_model_serve.py checks scores
-    from test_serve import lines_of
+    from test_serve import lines_of, url_of
 
     sub = substitute(EXTERNAL, tmp_path)
     server = subprocess.Popen(
@@ -160,14 +158,8 @@ def test_the_external_model_example_benches_trinity_serve(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        out, seen, url = lines_of(server), [], None
-        deadline = time.time() + 180
-        while url is None:
-            line = out.get(timeout=max(1, deadline - time.time()))
-            assert line is not None, "".join(seen)
-            seen.append(line)
-            m = re.search(r"serving .* at (http://\S+/v1)", line)
-            url = m and m.group(1)
+        out, seen = lines_of(server), []
+        url = url_of(out, seen, bound_s=180)
         r = run_example(sub, env={"OPENAI_BASE_URL": url})
     finally:
         server.send_signal(signal.SIGINT)
