@@ -81,7 +81,7 @@ def grpo_stage(
                    "format": taskset["format"]}  # fmt: skip
     taskset["data_selector"] = {"selector_type": selector}
     if selector == "difficulty_based":
-        taskset["data_selector"]["kwargs"] = {"m": repeat, **BOTS}
+        taskset["data_selector"]["kwargs"] = {"m": repeat, **BOTS, **args.bots}
         if reference is not None:
             taskset["data_selector"]["feature_keys"] = [REFERENCE_COLUMN]
     evals = [
@@ -171,12 +171,14 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
         "TRINITY_CHECKPOINT_ROOT": str(work / "ckpt"),
     }
     ckpt = sft_checkpoint(seed, sft_stage, base, work, env, args.sft_steps)
-    done_log = work / "rows.jsonl"  # finished (selector, seed) rows: a rerun skips them
+    # finished (selector, seed) rows: a rerun skips them; a --variant keeps its own
+    done_log = work / (f"rows_{args.variant}.jsonl" if args.variant else "rows.jsonl")
+    suffix = f"_{args.variant}" if args.variant else ""
     rows = [json.loads(x) for x in done_log.read_text().splitlines()] if done_log.exists() else []
 
     def config(selector: str, reference: Path | None) -> dict:
         stage = grpo_stage(rl_stage, selector, args, reference)
-        cfg = {**base, "seed": seed, "name": f"grpo_{selector}", "stages": [stage]}
+        cfg = {**base, "seed": seed, "name": f"grpo_{selector}{suffix}", "stages": [stage]}
         # a stage's keys merge into the top level's: the quickstart's taskset must not leak in
         cfg["buffer"] = {**base["buffer"], "explorer_input": stage["buffer"]["explorer_input"]}
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
@@ -190,7 +192,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
     for selector in args.selectors:
         if any(r["selector"] == selector for r in rows):
             continue
-        name = f"grpo_{selector}"
+        name = f"grpo_{selector}{suffix}"
         shutil.rmtree(work / "ckpt" / base["project"] / name, ignore_errors=True)
         records, wall = run(config(selector, reference), work, name, env)
         curve = accuracy_by_step(records)
@@ -280,6 +282,15 @@ def main() -> None:
         help="BOTS as designed: measure the SFT model's pass rate on each training task first "
         "(curriculum_reference.py) and give it to difficulty_based as a feature_keys column",
     )  # fmt: skip
+    ap.add_argument(
+        "--bots", type=lambda kv: dict([kv.split("=", 1)]), action="append", default=[],
+        metavar="KEY=VALUE",
+        help="a difficulty_based kwarg over the BOTS example's (a YAML value; repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--variant", default="",
+        help="a name for these settings: its runs and rows are kept apart in --work",
+    )  # fmt: skip
     ap.add_argument("--sft-steps", type=int, default=0, help="0: the quickstart's (1200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--out-name", default=None, help="JSON file name, no suffix")
@@ -288,6 +299,7 @@ def main() -> None:
         help="working folder; an existing one is resumed (its SFT models and finished rows kept)",
     )  # fmt: skip
     args = ap.parse_args()
+    args.bots = {k: yaml.safe_load(v) for d in args.bots for k, v in d.items()}
     work = args.work or Path(tempfile.mkdtemp(prefix="curriculum_"))
     rows = []
     for seed in args.seeds:
@@ -298,10 +310,12 @@ def main() -> None:
     stats = report(rows, args)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "out_name", "work")}
-    result = {"config": str(CONFIG.relative_to(ROOT)), "settings": settings, "bots": BOTS,
+    result = {"config": str(CONFIG.relative_to(ROOT)), "settings": settings,
+              "bots": {**BOTS, **args.bots},
               "runs": rows, "stats": stats, "logs": str(work)}  # fmt: skip
     name = args.out_name or "curriculum_seeds_" + "_".join(str(s) for s in args.seeds)
     name += "_reference" if args.reference and not args.out_name else ""
+    name += f"_{args.variant}" if args.variant and not args.out_name else ""
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"logs and checkpoints: {work}")
 

@@ -12,7 +12,10 @@
   (`BetaPassRates`), updated after every explore step from its tasks' observed pass rates; each
   batch favours the tasks whose (sampled, with `do_sample`) pass rate is nearest
   `target_reward`: scores s = -|target - p|, the top `batch_size` (`tau` 0) or a draw without
-  replacement with probabilities softmax(s / tau).
+  replacement with probabilities softmax(s / tau). `staleness_coef` (ours; Prioritized Level
+  Replay's staleness term, Jiang et al. 2021) draws that share of every batch by how long each
+  task has gone undrawn, so a task whose estimate says "solved" or "hopeless" is looked at
+  again: a pass rate can fall as well as rise, and only a draw shows it.
 
 Unlike Trinity-RFT's, whose state is its position alone, the posterior, the random draws and
 the batch being served are the selector's state: it travels with the explorer's cursor in the
@@ -178,18 +181,27 @@ class DifficultyBasedSelector(TaskSelector):
         tau: float = 1.0,
         do_sample: bool = False,
         adaptive_rho: bool = False,
+        staleness_coef: float = 0.0,
     ) -> None:
         super().__init__(seed)
         if tau < 0:
             raise ValueError(f"difficulty_based: tau must be >= 0, got {tau}")
+        if not 0 <= staleness_coef <= 1:
+            raise ValueError(
+                f"difficulty_based: staleness_coef must be in [0, 1], got {staleness_coef}"
+            )
         self.feature_keys = list(feature_keys)
         self.settings = {"m": m, "lamb": lamb, "rho": rho, "adaptive_rho": adaptive_rho}
         self.target, self.tau, self.do_sample = target_reward, tau, do_sample
+        self.staleness_coef = staleness_coef
         self.rates: BetaPassRates | None = None
+        self.steps = 0  # feedback calls so far
+        self.last_seen: np.ndarray | None = None  # per task: the step it was last observed, 0 never
 
     def prepare(self, tasks: Sequence[Any]) -> None:
         features = feature_matrix(tasks, self.feature_keys) if self.feature_keys else None
         self.rates = BetaPassRates(len(tasks), features, **self.settings)
+        self.last_seen = np.zeros(len(tasks), dtype=np.int64)
 
     def next_batch(self, n: int, batch_size: int, batch_no: int) -> list[int]:
         """Batch `batch_no` (0-based): the draws depend on the seed, the batch number and the
@@ -200,24 +212,50 @@ class DifficultyBasedSelector(TaskSelector):
         p = self.rates.pass_rates(rng if self.do_sample else None)
         scores = -np.abs(self.target - p)
         size = min(batch_size, n)
+        stale = round(self.staleness_coef * size)
         if self.tau == 0:
-            return [int(i) for i in np.argsort(-scores, kind="stable")[:size]]
-        logits = scores / self.tau
-        probs = np.exp(logits - logits.max())
-        return [int(i) for i in rng.choice(n, size=size, replace=False, p=probs / probs.sum())]
+            chosen = np.argsort(-scores, kind="stable")[: size - stale]
+        else:
+            logits = scores / self.tau
+            probs = np.exp(logits - logits.max())
+            chosen = rng.choice(n, size=size - stale, replace=False, p=probs / probs.sum())
+        return [int(i) for i in chosen] + self._stalest(chosen, stale, rng)
+
+    def _stalest(self, chosen: np.ndarray, count: int, rng: np.random.Generator) -> list[int]:
+        """`count` tasks outside `chosen`, drawn without replacement with probabilities
+        proportional to their staleness, the steps since each was last observed (PLR's
+        P_C(l) = (c - C_l) / Σ_k (c - C_k)); a task never observed has C = 0."""
+        if count == 0:
+            return []
+        assert self.last_seen is not None
+        weights = (self.steps + 1 - self.last_seen).astype(float)
+        weights[chosen] = 0.0
+        return [
+            int(i)
+            for i in rng.choice(len(weights), count, replace=False, p=weights / weights.sum())
+        ]
 
     def batch_count(self, n: int, batch_size: int, total_epochs: int) -> int:
         """As the epoch-based selectors: ceil(total_epochs · n / batch_size) batches."""
         return math.ceil(total_epochs * n / batch_size) if n else 0
 
     def feedback(self, indices: Sequence[int], values: Sequence[float]) -> None:
-        assert self.rates is not None
+        assert self.rates is not None and self.last_seen is not None
         self.rates.update(indices, values)
+        self.steps += 1
+        self.last_seen[np.asarray(indices, dtype=int)] = self.steps
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.rates is not None
-        return self.rates.state_dict()
+        assert self.rates is not None and self.last_seen is not None
+        return {
+            **self.rates.state_dict(),
+            "steps": self.steps,
+            "last_seen": self.last_seen.tolist(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         assert self.rates is not None
         self.rates.load_state_dict(state)
+        self.steps = state.get("steps", 0)  # absent in a cursor written before staleness
+        if "last_seen" in state:
+            self.last_seen = np.asarray(state["last_seen"], dtype=np.int64)
