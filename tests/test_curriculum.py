@@ -92,14 +92,15 @@ def test_tau_0_takes_the_tasks_nearest_the_target_and_learns_from_feedback():
     assert batch[0] == 3 and 2 not in batch[1:] and 0 not in batch and 1 not in batch
 
 
-def test_a_stream_resumed_from_its_state_continues_bit_exactly():
-    """A difficulty-based stream with sampled pass rates and a temperature, its state taken
-    mid-batch (JSON, as the cursor stores it), continues exactly as the uninterrupted one."""
+@pytest.mark.parametrize("staleness", [0.0, 0.5])
+def test_a_stream_resumed_from_its_state_continues_bit_exactly(staleness):
+    """A difficulty-based stream with sampled pass rates and a temperature (and half of each
+    batch drawn by staleness), its state taken mid-batch (JSON, as the cursor stores it),
+    continues exactly as the uninterrupted one."""
+    kwargs = {"tau": 0.5, "do_sample": True, "target_reward": 0.5, "staleness_coef": staleness}
 
     def run(stop: int | None) -> tuple[list[int], dict | None]:
-        s = TaskStream(
-            difficulty(tau=0.5, do_sample=True, target_reward=0.5), tasks(*[{}] * 12), 4, 3
-        )
+        s = TaskStream(difficulty(**kwargs), tasks(*[{}] * 12), 4, 3)
         out = []
         for k in range(20):
             out.append(next(s).index)
@@ -112,9 +113,7 @@ def test_a_stream_resumed_from_its_state_continues_bit_exactly():
     whole, _ = run(None)
     head, state = run(9)  # two batches and a half: pending holds the rest of the third
     assert state["pending"] and state["taken"] == 10
-    resumed = TaskStream(
-        difficulty(tau=0.5, do_sample=True, target_reward=0.5), tasks(*[{}] * 12), 4, 3
-    )
+    resumed = TaskStream(difficulty(**kwargs), tasks(*[{}] * 12), 4, 3)
     resumed.resume(10, state)
     tail = []
     for k in range(10, 20):
@@ -126,6 +125,50 @@ def test_a_stream_resumed_from_its_state_continues_bit_exactly():
     fresh = TaskStream(difficulty(), tasks(*[{}] * 12), 4, 3)
     with pytest.raises(ValueError, match="resuming it needs its state at the cursor"):
         fresh.resume(10, None)
+
+
+class RecordingRng:
+    """Stands in for numpy's Generator in `_stalest`: records the probabilities of the draw
+    and returns the first `size` candidates by index."""
+
+    def choice(self, n, size, replace, p):
+        self.p = p.tolist()
+        return np.flatnonzero(p)[:size]
+
+
+def test_staleness_draws_its_share_by_steps_since_each_task_was_last_seen():
+    """6 tasks, batches of 4, staleness_coef 0.5: 2 by score, 2 by staleness. After steps 1
+    (tasks 0-3 seen) and 2 (tasks 2, 3 seen), c = 3 and staleness c - C_l is 2, 2, 1, 1, 3, 3;
+    with tasks 2, 3 the closest to the target, the other four are drawn with probabilities
+    2/10, 2/10, 0, 0, 3/10, 3/10."""
+    sel = difficulty(target_reward=0.5, tau=0, m=4, staleness_coef=0.5)
+    sel.prepare(tasks(*[{}] * 6))
+    sel.feedback([0, 1, 2, 3], [1.0, 0.0, 0.5, 0.5])
+    sel.feedback([2, 3], [0.5, 0.5])
+    assert sel.last_seen.tolist() == [1, 1, 2, 2, 0, 0]
+    rng = RecordingRng()
+    assert sel._stalest(np.array([2, 3]), 2, rng) == [0, 1]
+    assert rng.p == pytest.approx([0.2, 0.2, 0.0, 0.0, 0.3, 0.3])
+    batch = sel.next_batch(6, 4, 2)
+    assert batch[:2] == [2, 3] and len(set(batch)) == 4 and not {2, 3} & set(batch[2:])
+    assert sel.next_batch(6, 4, 2) == batch  # the same batch number draws the same batch
+    with pytest.raises(ValueError, match="staleness_coef must be in"):
+        difficulty(staleness_coef=1.5)
+
+
+def test_without_staleness_a_task_estimated_solved_is_never_drawn_again():
+    """What staleness is for: tau 0 and target 0.5, task 0 seen passing every sample; with no
+    staleness share the next 20 batches of 2 never hold it, with a share of 1/2 they do."""
+    for coef, expect in ((0.0, False), (0.5, True)):
+        sel = difficulty(target_reward=0.5, tau=0, m=8, lamb=0.1, rho=0.1, staleness_coef=coef)
+        sel.prepare(tasks(*[{}] * 5))
+        sel.feedback([0], [1.0])
+        drawn = set()
+        for b in range(20):
+            batch = sel.next_batch(5, 2, b)
+            sel.feedback(batch, [1.0 if i == 0 else 0.5 for i in batch])
+            drawn |= set(batch)
+        assert (0 in drawn) is expect
 
 
 def test_offline_easy2hard_serves_the_highest_features_first():

@@ -105,7 +105,8 @@ class TaskSelectorConfig(ConfigSection):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """'difficulty_based': m (samples per task, 16), lamb (history discount, 0.2), rho
     (pseudo-count weight, 0.2), target_reward (1.0), tau (temperature; 0 = top-k, 1.0),
-    do_sample (draw pass rates from the posteriors, false), adaptive_rho (false)."""
+    do_sample (draw pass rates from the posteriors, false), adaptive_rho (false); ours:
+    staleness_coef (the share of each batch drawn by how long each task went unseen, 0)."""
 
 
 class ReplayBufferConfig(ConfigSection):
