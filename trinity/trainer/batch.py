@@ -37,6 +37,8 @@ class Batch:
     step_ids: torch.Tensor  # [B] long: the turn within its episode (EID.step)
     rollout_known: torch.Tensor  # [B] bool: the row came with engine logprobs
     expert_mask: torch.Tensor  # [B] bool: the row comes from an expert buffer (mix)
+    # [B] bool: the row is a replay copy (trained before); None: no row is
+    replayed: torch.Tensor | None = None
     token_rewards: torch.Tensor | None = None  # [B, R], a workflow's token-level rewards
     baselines: torch.Tensor | None = None  # [B] the explorer's reward baseline (ReMax)
     advantages: torch.Tensor | None = None  # [B, R]
@@ -130,6 +132,7 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
     run_ids = torch.tensor([e.eid.run for e in experiences], dtype=torch.long)
     step_ids = torch.tensor([e.eid.step for e in experiences], dtype=torch.long)
     expert = [bool(e.info.get("is_expert", False)) for e in experiences]
+    replayed = [int(e.info.get("use_count", 0)) > 0 for e in experiences]
     given_baselines = [e.info.get("reward_baseline") for e in experiences]
     baselines = (
         None if None in given_baselines else torch.tensor(given_baselines, dtype=torch.float32)
@@ -156,6 +159,7 @@ def collate(experiences: list[Experience], pad_id: int) -> Batch:
         step_ids=step_ids,
         rollout_known=torch.tensor(known, dtype=torch.bool),
         expert_mask=torch.tensor(expert, dtype=torch.bool),
+        replayed=torch.tensor(replayed, dtype=torch.bool) if any(replayed) else None,
         token_rewards=token_rewards,
         baselines=baselines,
         advantages=advantages,

@@ -56,6 +56,7 @@ from trinity.trainer.critic import Critic
 from trinity.trainer.logprobs import response_logprobs, response_token_stats
 from trinity.trainer.optim import build_optimizer
 from trinity.trainer.parallel import Ranks, idle_rows
+from trinity.trainer.replayed_rows import clip_copies_to_behaviour
 from trinity.trainer.sequence_parallel import use_sequence_parallel
 from trinity.trainer.sft_data import auxiliary_readers
 from trinity.trainer.sharding import (
@@ -305,6 +306,7 @@ class Trainer:
             self.ppo_epochs > 1
             or (self.mini_batch_size is not None and self.mini_batch_size < len(batch))
             or correction.enabled
+            or batch.replayed is not None  # a copy's π_old is its μ (replayed_rows)
         )
         # 2. reference and old logprobs, no grad
         with torch.no_grad():
@@ -317,6 +319,8 @@ class Trainer:
             if recompute_old:
                 with timers("old_logprob"):
                     batch.old_logprobs = self._logprobs_no_grad(self.policy, batch, mbs)
+                if batch.replayed is not None:
+                    metrics.update(clip_copies_to_behaviour(batch, batch.response_mask))
             if self.critic is not None:
                 with timers("values"):
                     batch.values = self.critic.values(batch, mbs)
@@ -365,6 +369,8 @@ class Trainer:
             metrics.update(update_metrics)
         if batch.has_rollout_logprobs and batch.old_logprobs is not None:
             seq = correction.rollout_is == "sequence"
+            if batch.replayed is not None:  # a copy's π_old is μ: no mismatch to measure
+                trained = trained & ~batch.replayed[:, None]
             mm = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, trained, seq)
             metrics.update({f"off_policy/{k}": v for k, v in mm.items()})
         self.step += 1
