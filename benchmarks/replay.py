@@ -90,7 +90,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
         "TRINITY_CHECKPOINT_ROOT": str(work / "ckpt"),
         "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    ckpt = sft_checkpoint(seed, sft_stage, base, work, env, 0)
+    ckpt = sft_checkpoint(seed, sft_stage, base, work, env, args.sft_steps)
     done_log = work / "replay_rows.jsonl"  # finished (buffer, seed) rows: a rerun skips them
     rows = [json.loads(x) for x in done_log.read_text().splitlines()] if done_log.exists() else []
     for buffer in args.buffers:
@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument("--delay", type=float, default=2.0, help="seconds each task's rollout waits")
     ap.add_argument("--uses", type=int, default=2, help="replay: times a group is trained")
     ap.add_argument("--max-staleness", type=int, default=4, help="replay: versions a copy may lag")
+    ap.add_argument("--sft-steps", type=int, default=0, help="0: the quickstart's (1200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--out-name", default=None, help="JSON file name, no suffix")
     ap.add_argument("--work", type=Path, default=None, help="working folder (resumed if it exists)")

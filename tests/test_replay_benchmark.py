@@ -1,0 +1,32 @@
+"""`benchmarks/replay.py` end to end at a tiny size: the plain and replay runs from one SFT
+model, the replay run training copies, and the result file with each run's curve."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_e2e import ROOT
+
+
+@pytest.mark.slow  # an SFT run and two GRPO runs of 2 explore steps (about 60 s on 2 cores)
+def test_the_replay_benchmark_runs_end_to_end(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "replay.py"), "--seeds", "5",
+           "--steps", "2", "--eval-interval", "1", "--sft-steps", "2", "--target", "0.0",
+           "--delay", "1.0", "--work", str(tmp_path / "work"),
+           "--out", str(tmp_path / "results")]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / "replay_seeds_5.json").read_text())
+    runs = {run["buffer"]: run for run in result["runs"]}
+    assert sorted(runs) == ["plain", "replay"]
+    for run in runs.values():
+        assert sorted(run["curve"], key=int) == ["0", "1", "2"]  # at the start, every step
+        assert run["steps_to_target"] == 0 and run["explore_steps"] == 2
+    plain, replay = runs["plain"], runs["replay"]
+    assert plain["train_steps"] == 2 and plain["copies_trained"] == 0
+    # each of the 2 explore steps' groups trained at most twice: copies while the explorer waits
+    assert 2 < replay["train_steps"] <= 4 and replay["copies_trained"] > 0
+    assert result["stats"]["ratio_replay_over_plain"] is None  # 0 / 0
