@@ -18,8 +18,9 @@ EXPERIENCE_STORAGES = ("queue", "sql", "file")
 `ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write;
 `file` only with an algorithm that trains on rollouts (`run_folder.reads_experiences`: with SFT
 or DPO a file is a dataset of rows)."""
-EXPERIENCE_FILE_SUFFIXES = (".jsonl",)
-"""What an experience file (`storage_type: file`, `buffer/file_storage.py`) may be named."""
+EXPERIENCE_FILE_SUFFIXES = (".jsonl", ".parquet")
+"""What an experience store that explorers write (`storage_type: file`, `buffer/file_storage.py`)
+may be named: a JSONL file or a folder of Parquet parts (`buffer/record_format.py`)."""
 
 
 MULTIMODAL_NOT_BUILT = (
