@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,9 @@ class Backend:
 
     def open(self, capacity: int = 10000, settled: list[int] = (), reopen: bool = False) -> Any:
         cls = SQLStorage if self.peers else FileStorage if self.kind in FILES else QueueStorage
-        return cls(self.path, capacity, settled, reopen, "proj/run/exp")
+        storage = cls(self.path, capacity, settled, reopen, "proj/run/exp")
+        assert self.kind != "parquet" or Path(self.path).is_dir()  # parts, not a JSONL file
+        return storage
 
     def die(self, storage: Any) -> None:
         if isinstance(storage, SQLStorage):
@@ -85,6 +88,17 @@ class Backend:
         )  # fmt: skip
         with storage.store.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(q)]
+
+
+def fill(store: str | Path, experiences: list[Experience]) -> None:
+    """A `file` storage's store written with `experiences` in one write, then closed."""
+
+    async def main() -> None:
+        q = FileStorage(str(store), 10000, [], False, "proj/run/exp")
+        await q.write(experiences)
+        q.log.close()
+
+    asyncio.run(main())
 
 
 def backend_for(kind: str, tmp_path: Path, request: Any) -> Backend:

@@ -49,9 +49,13 @@ def start(role: str, db: str, folder: Path, replay: bool) -> subprocess.Popen:
 @pytest.mark.parametrize(
     "where, replay",
     [
-        ("sqlite", False), ("postgres", False), ("file", False), ("parquet", False),
-        ("sqlite", True), ("postgres", True),
-    ],  # fmt: skip
+        ("sqlite", False),
+        ("postgres", False),
+        ("file", False),
+        ("parquet", False),
+        ("sqlite", True),
+        ("postgres", True),
+    ],
 )
 def test_sigkilled_writer_and_reader_lose_nothing_and_train_nothing_twice(
     tmp_path, request, where, replay

@@ -19,16 +19,16 @@ than indexed is refused (replaced).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trinity.buffer.record_format import (
     FORMATS,
+    FolderFormat,
     Found,
     Locator,
-    from_row,
+    from_rows,
     missing_columns,
     sidecar,
 )
@@ -65,27 +65,16 @@ def load(folder: Path) -> Any:
 
 def rows(ds: Any, indices: list[int], where: str) -> list[Experience]:
     """The experiences at these row indices; ValueError naming the row for one that is not."""
-    out = []
-    for i, row in zip(indices, ds.select(indices).to_list(), strict=True):
-        try:
-            out.append(from_row(row))
-        except ValueError as e:
-            raise ValueError(f"{where}: row {i}: {e}") from None
-    return out
+    return from_rows(ds.select(indices).to_list(), indices, where)
 
 
 @FORMATS.register("datasets")
-class DatasetsFormat:
+class DatasetsFormat(FolderFormat):
     writable = False
-    what = "a `datasets` save folder"
-
-    def __init__(self, path: Path, say: Callable[[str], None]) -> None:
-        self.folder = path
 
     def open(self) -> int:
         self.ds = load(self.folder)
-        self._fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        return self._fd
+        return super().open()
 
     def recover(self, marker: str | None, known: set[str]) -> None:
         """Nothing to undo: nothing is ever written here."""
@@ -102,7 +91,9 @@ class DatasetsFormat:
             return Found()
         new = list(range(start, n))
         found = rows(self.ds, new, str(self.folder))
-        return Found([(("", i, 1), e) for i, e in zip(new, found, strict=True)], {"indexed": str(n)})
+        return Found(
+            [(("", i, 1), e) for i, e in zip(new, found, strict=True)], {"indexed": str(n)}
+        )
 
     def begin(self, keys: Mapping[str, str]) -> str:
         raise PermissionError(f"{self.folder}: {READ_ONLY}")
@@ -112,11 +103,6 @@ class DatasetsFormat:
 
     def read(self, locators: list[Locator]) -> list[Experience]:
         return rows(self.ds, [i for _, i, _ in locators], str(self.folder))
-
-    def close(self) -> None:
-        if hasattr(self, "_fd"):
-            os.close(self._fd)
-            del self._fd
 
     @staticmethod
     def problem(path: Path) -> str | None:

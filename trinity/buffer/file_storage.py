@@ -34,7 +34,8 @@ from pathlib import Path
 from trinity.buffer.datasets_format import READ_ONLY
 from trinity.buffer.file_log import FileLog
 from trinity.buffer.queue import QueueStorage
-from trinity.buffer.storage import STORAGE
+from trinity.buffer.storage import STORAGE, Cursor
+from trinity.common.experience import Experience
 
 __all__ = ["FileStorage"]
 
@@ -59,15 +60,25 @@ class FileStorage(QueueStorage):
             self._writers.add(writer)
             if released:
                 self._released.add(writer)
-        read_only = not self.log.format.writable
-        if (read_only or self._writers and self._released == self._writers) and not self._closed:
+        done = bool(self._writers) and self._released == self._writers
+        if (done or not self.log.format.writable) and not self._closed:
             self._closed = True  # as `release_writer` leaves it
             self._released_at = time.monotonic()
 
-    async def register_writer(self, writer: str) -> int:
+    def _refuse_writers(self) -> None:
+        """A read-only store (a `datasets` folder) refuses writers and writes, saying why."""
         assert isinstance(self.log, FileLog)
         if not self.log.format.writable:
             raise PermissionError(f"{self.log.file}: {READ_ONLY}")
+
+    async def write(
+        self, experiences: list[Experience], cursor: Cursor | None = None, token: int | None = None
+    ) -> int:
+        self._refuse_writers()
+        return await super().write(experiences, cursor, token)
+
+    async def register_writer(self, writer: str) -> int:
+        self._refuse_writers()
         token = await super().register_writer(writer)
         self._save_writers()
         return token

@@ -48,7 +48,6 @@ def parse_line(raw: bytes) -> Experience:
 @FORMATS.register(".jsonl")
 class JsonlFormat:
     writable = True
-    what = "a .jsonl file"
 
     def __init__(self, path: Path, say: Callable[[str], None]) -> None:
         self.file, self.say = path, say

@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trinity.buffer.record_format import (
     FORMATS,
+    FolderFormat,
     Found,
     Locator,
     as_row,
-    from_row,
+    from_rows,
     missing_columns,
     sidecar,
 )
@@ -94,14 +95,9 @@ def experiences(part: Path, rows: list[int] | None = None) -> list[Experience]:
     """The part's experiences (`rows`: only these, in this order); ValueError naming the part
     and the row for one that is not an experience."""
     table = read_part(part)
-    table = table if rows is None else table.take(rows)
-    out = []
-    for i, row in enumerate(table.to_pylist()):
-        try:
-            out.append(from_row(row))
-        except ValueError as e:
-            raise ValueError(f"{part}: row {i if rows is None else rows[i]}: {e}") from None
-    return out
+    if rows is None:
+        return from_rows(table.to_pylist(), list(range(table.num_rows)), str(part))
+    return from_rows(table.take(rows).to_pylist(), rows, str(part))
 
 
 def read_part(part: Path) -> Any:
@@ -118,12 +114,8 @@ def read_part(part: Path) -> Any:
 
 
 @FORMATS.register(".parquet")
-class ParquetFormat:
+class ParquetFormat(FolderFormat):
     writable = True
-    what = "a .parquet folder of parts"
-
-    def __init__(self, path: Path, say: Callable[[str], None]) -> None:
-        self.folder, self.say = path, say
 
     def open(self) -> int:
         if self.folder.exists() and not self.folder.is_dir():
@@ -132,8 +124,7 @@ class ParquetFormat:
                 f"({self.folder}/part-000001.parquet, ...); move the file into such a folder"
             )
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        return self._fd
+        return super().open()
 
     def recover(self, marker: str | None, known: set[str]) -> None:
         for tmp in sorted(self.folder.glob(".part-*.parquet.tmp")):
@@ -200,11 +191,6 @@ class ParquetFormat:
             for row, e in zip(rows, experiences(self.folder / part, rows), strict=True)
         }
         return [got[(part, row)] for part, row, _ in locators]
-
-    def close(self) -> None:
-        if hasattr(self, "_fd"):
-            os.close(self._fd)
-            del self._fd
 
     @staticmethod
     def problem(path: Path) -> str | None:

@@ -25,6 +25,7 @@ records the sidecar does not know (written by another tool, or a store with no s
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,6 @@ class Found:
 
 class RecordFormat(Protocol):
     writable: ClassVar[bool]  # False: read only (a `datasets` folder)
-    what: ClassVar[str]  # the store in words, for messages ("a .jsonl file", ...)
 
     def __init__(self, path: Path, say: Callable[[str], None]) -> None:
         """`say`: reports what opening found and did (the log's notices)."""
@@ -138,6 +138,35 @@ def from_row(row: dict[str, Any]) -> Experience:
         return Experience.from_dict(row)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"not an experience (the columns of Experience.to_dict): {e!r}") from None
+
+
+def from_rows(rows: list[dict[str, Any]], indices: list[int], where: str) -> list[Experience]:
+    """Columnar rows back (`from_row`), `indices` their row numbers in `where`, which a row
+    that is not an experience is named by."""
+    out = []
+    for i, row in zip(indices, rows, strict=True):
+        try:
+            out.append(from_row(row))
+        except ValueError as e:
+            raise ValueError(f"{where}: row {i}: {e}") from None
+    return out
+
+
+class FolderFormat:
+    """What the folder formats share: the store is a folder, locked (and fsynced) through a
+    descriptor of its own."""
+
+    def __init__(self, path: Path, say: Callable[[str], None]) -> None:
+        self.folder, self.say = path, say
+
+    def open(self) -> int:
+        self._fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        return self._fd
+
+    def close(self) -> None:
+        if hasattr(self, "_fd"):
+            os.close(self._fd)
+            del self._fd
 
 
 def missing_columns(names: list[str]) -> str | None:
