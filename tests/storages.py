@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ from trinity.buffer.queue import QueueStorage
 from trinity.buffer.sql import SQLStorage
 from trinity.common.experience import EID, Experience
 
-KINDS = ("memory", "queue", "sqlite", "postgres", "file")
-DURABLE = ("queue", "sqlite", "postgres", "file")
+KINDS = ("memory", "queue", "sqlite", "postgres", "file", "parquet")
+DURABLE = ("queue", "sqlite", "postgres", "file", "parquet")
+FILES = ("file", "parquet")  # the `file` storage: a JSONL file, a folder of Parquet parts
 
 
 def exp(i: int, version: int = 0) -> Experience:
@@ -37,7 +40,8 @@ def exp(i: int, version: int = 0) -> Experience:
 @dataclass
 class Backend:
     kind: str  # one of KINDS
-    path: str | None  # the queue's log file, the sql storage's database, or the JSONL file
+    path: str | None  # the queue's log file, the sql storage's database, the JSONL file or the
+    # Parquet folder
 
     @property
     def peers(self) -> bool:
@@ -45,8 +49,10 @@ class Backend:
         return self.kind in ("sqlite", "postgres")
 
     def open(self, capacity: int = 10000, settled: list[int] = (), reopen: bool = False) -> Any:
-        cls = SQLStorage if self.peers else FileStorage if self.kind == "file" else QueueStorage
-        return cls(self.path, capacity, settled, reopen, "proj/run/exp")
+        cls = SQLStorage if self.peers else FileStorage if self.kind in FILES else QueueStorage
+        storage = cls(self.path, capacity, settled, reopen, "proj/run/exp")
+        assert self.kind != "parquet" or Path(self.path).is_dir()  # parts, not a JSONL file
+        return storage
 
     def die(self, storage: Any) -> None:
         if isinstance(storage, SQLStorage):
@@ -56,12 +62,14 @@ class Backend:
 
     def rows(self, storage: Any) -> list[tuple[int, int, int, float, int]]:
         """(state, acks, model_version, reward, payload bytes) per row, in write order (a
-        file's payload: its line, which the file keeps)."""
+        file's payload: its record, which the file keeps, as its JSON line's bytes)."""
         if isinstance(storage, FileStorage):
-            return storage.log.conn.execute(
-                "SELECT state, acks, model_version, reward, length FROM experience_log "
-                "JOIN file_line USING (id) ORDER BY id"
+            rows = storage.log.conn.execute(
+                "SELECT state, acks, model_version, reward, part, offset, length "
+                "FROM experience_log JOIN file_line USING (id) ORDER BY id"
             ).fetchall()
+            kept = storage.log.format.read([r[4:] for r in rows])
+            return [(*r[:4], len(json.dumps(e.to_dict()))) for r, e in zip(rows, kept, strict=True)]
         if isinstance(storage, QueueStorage):
             return storage.log.conn.execute(
                 "SELECT state, acks, model_version, reward, COALESCE(length(data), 0) "
@@ -82,13 +90,24 @@ class Backend:
             return [tuple(r) for r in conn.execute(q)]
 
 
+def fill(store: str | Path, experiences: list[Experience]) -> None:
+    """A `file` storage's store written with `experiences` in one write, then closed."""
+
+    async def main() -> None:
+        q = FileStorage(str(store), 10000, [], False, "proj/run/exp")
+        await q.write(experiences)
+        q.log.close()
+
+    asyncio.run(main())
+
+
 def backend_for(kind: str, tmp_path: Path, request: Any) -> Backend:
     if kind == "memory":
         return Backend(kind, None)
     if kind == "queue":
         return Backend(kind, str(tmp_path / "b.db"))
-    if kind == "file":
-        return Backend(kind, str(tmp_path / "b.jsonl"))
+    if kind in FILES:
+        return Backend(kind, str(tmp_path / ("b.jsonl" if kind == "file" else "b.parquet")))
     if kind == "sqlite":
         return Backend(kind, str(tmp_path / "b.sqlite"))
     return Backend(kind, request.getfixturevalue("postgres_url"))

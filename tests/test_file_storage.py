@@ -1,6 +1,8 @@
 """The `file` storage's own behaviour beyond the shared contract (`test_storage_contract.py`):
 the file is plain JSONL a later run reads, a write killed midway is rolled back with its cursor,
-a torn last line is never data, lines appended by others are read, one process at a time."""
+a torn last line is never data, lines appended by others are read; and for both formats (a JSONL
+file, a folder of Parquet parts: `test_parquet_storage.py` has the folder's own): a train run
+resumes exactly on an explore run's store, one process at a time, `trinity buffer stats`."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import asyncio
 import json
 
 import pytest
-from storages import exp
+from storages import exp, fill
 
 from trinity.buffer.file_log import FileLog, sidecar
 from trinity.buffer.file_storage import FileStorage
 from trinity.buffer.stats import store_counts
 from trinity.buffer.storage import BufferClosed, Cursor
 from trinity.common.experience import Experience
+
+NAMES = ["e.jsonl", "e.parquet"]  # the tests for both formats: the log's own behaviour
 
 
 def open_file(path, settled=()) -> FileStorage:
@@ -34,8 +38,9 @@ def test_the_file_is_one_experience_per_line_in_write_order(tmp_path):
     assert lines[1] == json.dumps(exp(1).to_dict())
 
 
-def test_an_explore_run_s_file_feeds_a_train_run_that_resumes_exactly(tmp_path):
-    f = tmp_path / "e.jsonl"
+@pytest.mark.parametrize("name", NAMES)
+def test_an_explore_run_s_file_feeds_a_train_run_that_resumes_exactly(tmp_path, name):
+    f = tmp_path / name
 
     async def explore():
         q = open_file(f)
@@ -146,8 +151,9 @@ def test_a_complete_line_that_is_not_an_experience_names_its_line(tmp_path):
         open_file(f)
 
 
-def test_a_second_process_over_the_file_is_refused(tmp_path):
-    f = tmp_path / "e.jsonl"
+@pytest.mark.parametrize("name", NAMES)
+def test_a_second_process_over_the_file_is_refused(tmp_path, name):
+    f = tmp_path / name
     first = FileLog(f)
     with pytest.raises(RuntimeError, match="open in another process"):
         FileLog(f)
@@ -156,8 +162,9 @@ def test_a_second_process_over_the_file_is_refused(tmp_path):
     assert sidecar(f).exists()
 
 
-def test_a_train_run_after_the_explore_run_ended_drains_the_file_and_ends(tmp_path):
-    f = tmp_path / "e.jsonl"
+@pytest.mark.parametrize("name", NAMES)
+def test_a_train_run_after_the_explore_run_ended_drains_the_file_and_ends(tmp_path, name):
+    f = tmp_path / name
 
     async def explore():
         q = open_file(f)
@@ -182,13 +189,14 @@ def test_a_train_run_after_the_explore_run_ended_drains_the_file_and_ends(tmp_pa
     asyncio.run(train())
 
 
-def test_buffer_stats_and_run_naming_find_a_configured_file_outside_the_run(tmp_path):
+@pytest.mark.parametrize("name", NAMES)
+def test_buffer_stats_and_run_naming_find_a_configured_file_outside_the_run(tmp_path, name):
     from types import SimpleNamespace
 
     from trinity.buffer.stats import run_counts
     from trinity.launcher.naming import buffers_finished
 
-    f, run_dir = tmp_path / "data" / "e.jsonl", tmp_path / "ckpt" / "p" / "r"
+    f, run_dir = tmp_path / "data" / name, tmp_path / "ckpt" / "p" / "r"
     run_dir.mkdir(parents=True)
     eb = SimpleNamespace(storage_type="file", path=str(f))
     cfg = SimpleNamespace(
@@ -213,15 +221,21 @@ def test_buffer_stats_and_run_naming_find_a_configured_file_outside_the_run(tmp_
 
 def test_a_file_shorter_than_its_state_records_is_refused(tmp_path):
     f = tmp_path / "e.jsonl"
-
-    async def main():
-        q = open_file(f)
-        await q.write([exp(0), exp(1)])
-        q.log.close()
-
-    asyncio.run(main())
+    fill(f, [exp(0), exp(1)])
     f.write_text(json.dumps(exp(0).to_dict()) + "\n")  # cut by hand
     with pytest.raises(ValueError, match="replaced or cut by hand"):
         open_file(f)
     sidecar(f).rename(tmp_path / "old.state.db")  # as the message says: read afresh
     assert asyncio.run(open_file(f).stats())["pending"] == 1
+
+
+def test_a_sidecar_from_before_parquet_parts_is_read(tmp_path):
+    import sqlite3
+
+    f = tmp_path / "e.jsonl"
+    fill(f, [exp(0), exp(1)])
+    with sqlite3.connect(sidecar(f)) as conn:  # the sidecar as the JSONL-only storage left it
+        conn.execute("ALTER TABLE file_line DROP COLUMN part")
+    q = open_file(f)
+    assert [e.reward for e in asyncio.run(q.read(2)).experiences] == [0.0, 1.0]
+    q.log.close()

@@ -1,6 +1,7 @@
 """`storage_type: file` as an experience buffer in the config: which file is experiences and which
-a dataset, and what `validate` refuses (a missing file for a reader, a name that is not JSONL, a
-file of dataset rows read as experiences)."""
+a dataset, and what `validate` refuses (a missing store for a reader, a writer's name that is
+neither .jsonl nor .parquet, a store of dataset rows read as experiences: a JSONL line, a Parquet
+part's columns, a `datasets` folder's columns)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,54 @@ def test_a_file_of_dataset_rows_is_not_read_as_experiences(tmp_path):
     assert messages(load_config(cfg_file(tmp_path, "train", "grpo", good))) == []
 
 
-@pytest.mark.parametrize("name", ["e.parquet", "e.json", "rollouts"])
-def test_an_experience_file_must_be_jsonl(tmp_path, name):
+@pytest.mark.parametrize("name", ["e.json", "rollouts"])
+def test_explorers_write_a_jsonl_file_or_a_parquet_folder(tmp_path, name):
     with pytest.raises(ConfigError) as info:
         load_config(cfg_file(tmp_path, "explore", "grpo", tmp_path / name))
-    assert WHERE in str(info.value) and "JSONL" in str(info.value)
+    assert WHERE in str(info.value) and "JSONL file (.jsonl) or a folder of Parquet" in str(
+        info.value
+    )
+    assert "nobody writes" in str(info.value)  # another name: a `datasets` folder, read only
+    assert (
+        messages(load_config(cfg_file(tmp_path, "explore", "grpo", tmp_path / "e.parquet"))) == []
+    )
+
+
+def test_a_train_run_on_parquet_checks_every_part_s_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "e.parquet"
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", folder)))
+    assert f"no experience file at {folder}" in problem  # nothing explored there yet
+    folder.mkdir()
+    good = {**exp(0).to_dict(), "info": "{}", "metrics": "{}"}
+    pq.write_table(pa.Table.from_pylist([good]), folder / "part-000001.parquet")
+    assert messages(load_config(cfg_file(tmp_path, "train", "grpo", folder))) == []
+    rows = pa.Table.from_pylist([{"prompt": "1+1=", "tokens": [1, 2]}])
+    pq.write_table(rows, folder / "part-000002.parquet")  # a later part: its columns count too
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", folder)))
+    assert f"{folder / 'part-000002.parquet'}: no column 'prompt_length'" in problem
+    single = tmp_path / "one.parquet"
+    pq.write_table(rows, single)
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", single)))
+    assert "is a file: experiences in Parquet are a folder of parts" in problem
+
+
+def test_a_train_run_reads_a_datasets_folder_of_experiences(tmp_path):
+    import datasets
+
+    saved = tmp_path / "exp_ds"
+    good = {**exp(0).to_dict(), "info": "{}", "metrics": "{}"}
+    datasets.Dataset.from_list([good]).save_to_disk(str(saved))
+    assert messages(load_config(cfg_file(tmp_path, "train", "grpo", saved))) == []
+    rows = tmp_path / "rows_ds"
+    datasets.Dataset.from_list([{"prompt": "1+1=", "response": "2"}]).save_to_disk(str(rows))
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", rows)))
+    assert f"{rows}: no column 'tokens', 'prompt_length'" in problem
+    other = tmp_path / "e.json"  # neither .jsonl nor .parquet nor a folder
+    other.write_text("[]")
+    (problem,) = messages(load_config(cfg_file(tmp_path, "train", "grpo", other)))
+    assert "an experience store is a .jsonl file, a .parquet folder of parts, or a `datasets`" in (
+        problem
+    )

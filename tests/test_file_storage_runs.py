@@ -1,6 +1,7 @@
-"""An explore-only run fills a JSONL experience file; a train-only run, SIGKILLed after its
-second checkpoint with every actor of the run (its buffer's too), and started again with
-`continue_from_checkpoint: true`, trains on it exactly once (slow: real processes).
+"""An explore-only run fills an experience file (JSONL, or a folder of Parquet parts); a
+train-only run, SIGKILLed after its second checkpoint with every actor of the run (its buffer's
+too), and started again with `continue_from_checkpoint: true`, trains on it exactly once (slow:
+real processes).
 
 The explore run ends before the train run starts, so the file and its sidecar are all they share:
 the train run has no step budget and ends when the file is drained (the explore run's writer
@@ -28,6 +29,7 @@ from tests.test_topologies import (
     wait_exit,
     wait_for_step,
 )
+from trinity.buffer.parquet_format import experiences, parts
 from trinity.buffer.stats import store_counts
 from trinity.common.experience import Experience
 
@@ -53,6 +55,13 @@ def kill_run_actors(cluster, namespace: str) -> None:
         time.sleep(0.5)
 
 
+def stored(store) -> list[Experience]:
+    """What the store holds, in write order: its JSONL lines or its Parquet parts' rows."""
+    if store.is_dir():
+        return [e for part in parts(store) for e in experiences(part)]
+    return [Experience.from_dict(json.loads(x)) for x in store.read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from tests.ray_cluster import private_cluster
@@ -61,11 +70,12 @@ def cluster():
         yield c
 
 
+@pytest.mark.parametrize("name", ["exp.jsonl", "exp.parquet"])
 def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
-    tmp_path, tiny_model_dir, cluster
+    tmp_path, tiny_model_dir, cluster, name
 ):
     cfg = config(tmp_path, tiny_model_dir, "file_split")
-    file = tmp_path / "rollouts" / "exp.jsonl"
+    file = tmp_path / "rollouts" / name
     cfg.write_text(
         cfg.read_text().replace("storage_type: queue", f"storage_type: file, path: {file}")
     )
@@ -73,9 +83,11 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     # 1. the explore-only run: STEPS steps into the file, then it ends
     wait_exit(start(cfg, cluster, "mode=explore", f"buffer.total_steps={STEPS}"), 300)
     assert explored_steps(run_dir, ".explorer-explorer") == list(range(1, STEPS + 1))
-    lines = file.read_text().splitlines()
-    assert len(lines) == STEPS * PER_STEP
-    assert {Experience.from_dict(json.loads(x)).model_version for x in lines} == {0}  # no trainer
+    written = stored(file)
+    assert len(written) == STEPS * PER_STEP
+    assert {e.model_version for e in written} == {0}  # no trainer
+    if file.is_dir():
+        assert len(parts(file)) == STEPS  # one part per explore step
     # 2. the train-only run, killed after its checkpoint at step 2 (save_interval 2); half an
     # explore step per train step, so 12 steps: the kill lands mid-run even when the metrics
     # file trails the trainer by several steps (a loaded machine)
@@ -99,4 +111,4 @@ def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     steps = trained_steps(run_dir, ".trainer")
     assert sorted(set(steps)) == list(range(1, 2 * STEPS + 1)), steps
     assert_clean(counts(cfg), trained=STEPS * PER_STEP)  # none lost, none trained twice
-    assert len(file.read_text().splitlines()) == STEPS * PER_STEP  # the file only grew by writes
+    assert len(stored(file)) == STEPS * PER_STEP  # the file only grew by writes

@@ -1,8 +1,9 @@
 """The storages' crash trial: a writer process (an explorer) and a reader process (a trainer
 that acks after its simulated checkpoints, `crash_roles.py`) on one SQLite file or PostgreSQL
-database, or one process holding a `file` storage with its writer and reader (the file storage
-is one process's: `buffer/file_log.py`), SIGKILLed at random moments and started again, until
-all finish (a kill mid-write leaves a part of a line, which the restart truncates). Then every
+database, or one process holding a `file` storage (a JSONL file or a folder of Parquet parts)
+with its writer and reader (the file storage is one process's: `buffer/file_log.py`), SIGKILLed
+at random moments and started again, until all finish (a kill mid-write leaves a part of a line,
+which the restart truncates, or a temporary or uncommitted Parquet part, which it removes). Then every
 experience was written once (the writer's cursor moves in its write's transaction) and trained
 once (the reader's checkpoint settles its leases, `reader_started` takes the rest back): nothing
 lost, nothing trained twice, and the storage's own counts agree. With replay (sql), each
@@ -28,6 +29,15 @@ ROLES = Path(__file__).with_name("crash_roles.py")
 KILLS = 12  # then both run to the end
 
 
+def stored(store: Path) -> int:
+    """The experiences the `file` storage's store holds: JSONL lines, or Parquet rows."""
+    if store.is_dir():
+        import pyarrow.dataset as ds
+
+        return ds.dataset(store, format="parquet").count_rows()
+    return len(store.read_text().splitlines())
+
+
 def start(role: str, db: str, folder: Path, replay: bool) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROLES), role, db, str(folder), *(["replay"] if replay else [])],
@@ -38,15 +48,23 @@ def start(role: str, db: str, folder: Path, replay: bool) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "where, replay",
-    [("sqlite", False), ("postgres", False), ("file", False), ("sqlite", True), ("postgres", True)],
+    [
+        ("sqlite", False),
+        ("postgres", False),
+        ("file", False),
+        ("parquet", False),
+        ("sqlite", True),
+        ("postgres", True),
+    ],
 )
 def test_sigkilled_writer_and_reader_lose_nothing_and_train_nothing_twice(
     tmp_path, request, where, replay
 ):
-    db = {"sqlite": str(tmp_path / "b.sqlite"), "file": str(tmp_path / "b.jsonl")}.get(where)
+    files = {"file": str(tmp_path / "b.jsonl"), "parquet": str(tmp_path / "b.parquet")}
+    db = {"sqlite": str(tmp_path / "b.sqlite"), **files}.get(where)
     db = db or request.getfixturevalue("postgres_url")
     rng = random.Random(0)
-    roles = ("both",) if where == "file" else ("writer", "reader")
+    roles = ("both",) if where in files else ("writer", "reader")
     procs = {role: start(role, db, tmp_path, replay) for role in roles}
     kills, t0 = dict.fromkeys(roles, 0), time.monotonic()
     while any(p is not None for p in procs.values()):
@@ -74,10 +92,9 @@ def test_sigkilled_writer_and_reader_lose_nothing_and_train_nothing_twice(
     reused = [i for i, uses in trained if uses > 0]
     assert all(uses <= 1 for _, uses in trained)  # use_count_limit 2: one reuse at most
     assert bool(reused) == replay, len(reused)
-    if where == "file":
+    if where in files:
         (counts,) = store_counts(db).values()
-        lines = Path(db).read_text().splitlines()
-        assert len(lines) == STEPS * PER_STEP  # every write once; a killed write's part truncated
+        assert stored(Path(db)) == STEPS * PER_STEP  # every write once; a killed write undone
     else:
         (counts,) = buffer_counts(db, "crash/").values()
     if replay:

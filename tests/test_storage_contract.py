@@ -1,7 +1,8 @@
 """The experience-storage contract (`trinity/buffer/storage.py`), one suite for every storage:
 the in-memory queue, the queue with its SQLite log, `sql` on SQLite and `sql` on a real PostgreSQL
-server (`postgres_url`; skipped without one locally, failed in CI), and the JSONL `file` (its
-lines kept once trained: the one departure, in the retention test). FIFO, blocking reads, leases and
+server (`postgres_url`; skipped without one locally, failed in CI), and the `file` storage as a
+JSONL file and as a folder of Parquet parts (their records kept once trained: the one departure,
+in the retention test). FIFO, blocking reads, leases and
 acks, staleness, exactly once across a restart, settled leases, retention, cursors, writers and
 their tokens, finish / close / linger, and several writers with a reader at once."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storages import DURABLE, KINDS, Backend, backend_for, exp
+from storages import DURABLE, FILES, KINDS, Backend, backend_for, exp
 
 from trinity.buffer.storage import BufferClosed, Cursor, Superseded
 from trinity.common.experience import EID
@@ -160,7 +161,7 @@ def test_trained_and_dropped_rows_keep_their_counts_not_their_payload(durable):
         lease = await q.read(1, min_version=1)  # exp(0) is stale (version 0): dropped
         await q.ack([lease.id])
         rows = durable.rows(q)
-        gone = [r[4] for r in rows[:3]] if durable.kind == "file" else [0, 0, 0]  # a file keeps
+        gone = [r[4] for r in rows[:3]] if durable.kind in FILES else [0, 0, 0]  # a file keeps
         assert rows[0] == (3, 0, 0, 0.0, gone[0])  # dropped: bookkeeping kept, payload gone
         assert rows[1] == (2, 1, 1, 1.0, gone[1])  # trained
         assert rows[2][0] == 3 and rows[2][4] == gone[2]  # exp(2), version 0: dropped on the read

@@ -1,20 +1,24 @@
-"""The `file` storage: experiences in a JSONL file that an explore-only run writes and a later
-train-only run reads, resuming exactly.
+"""The `file` storage: experiences in a file (or folder) that an explore-only run writes and a
+later train-only run reads, resuming exactly.
 
     buffer.trainer_input.experience_buffer: {name: exp_buffer, storage_type: file, path: exp.jsonl}
 
 Implements `trinity.buffer.storage.ExperienceStorage` as the `queue` storage does (leases acked
 after a checkpoint, cursors durable with their write, writer tokens, finish, close and linger:
-the same class), over a different log: `file_log.FileLog`, one `Experience.to_dict` JSON line
-per experience, appended and fsynced before a write returns, with the lines' states, the leases
-and the cursors in a SQLite sidecar beside it (`<file>.state.db`). How a torn last line and a
-write killed midway are told apart and handled, and why the file keeps trained lines, is in
-`file_log.py`.
+the same class), over a different log: `file_log.FileLog`, the experiences in a store of one of
+the formats of `record_format.py`, chosen by the path's name: `exp.jsonl`, one
+`Experience.to_dict` JSON line per experience (`jsonl_format.py`); `exp.parquet`, a folder of
+Parquet parts, one per write (`parquet_format.py`); any other name, a `datasets` save folder,
+read only (`datasets_format.py`). A write is durable before it returns; the records' states,
+the leases and the cursors are in a SQLite sidecar beside the store (`<path>.state.db`). How a
+write killed midway and records added by others are handled, and why the store keeps trained
+records, is in `file_log.py` and each format's module.
 
 Departs from `queue` in one more way: the writers and their releases are in the sidecar too, so
 a train-only run started after the explore-only run that wrote the file ended finds every
 writer released (the buffer closed): it trains on what the file holds and ends, without a step
-budget; an explorer run again reopens it, as in a live run.
+budget; an explorer run again reopens it, as in a live run. A read-only store (a `datasets`
+folder) is closed from the start: nobody writes it, and a writer registering is refused.
 
 Which experience buffer with `storage_type: file` is this storage: one that explorers write
 (modes both and explore) or, in mode train, one read by an algorithm that trains on rollouts
@@ -27,9 +31,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from trinity.buffer.datasets_format import READ_ONLY
 from trinity.buffer.file_log import FileLog
 from trinity.buffer.queue import QueueStorage
-from trinity.buffer.storage import STORAGE
+from trinity.buffer.storage import STORAGE, Cursor
+from trinity.common.experience import Experience
 
 __all__ = ["FileStorage"]
 
@@ -54,11 +60,25 @@ class FileStorage(QueueStorage):
             self._writers.add(writer)
             if released:
                 self._released.add(writer)
-        if self._writers and self._released == self._writers and not self._closed:
+        done = bool(self._writers) and self._released == self._writers
+        if (done or not self.log.format.writable) and not self._closed:
             self._closed = True  # as `release_writer` leaves it
             self._released_at = time.monotonic()
 
+    def _refuse_writers(self) -> None:
+        """A read-only store (a `datasets` folder) refuses writers and writes, saying why."""
+        assert isinstance(self.log, FileLog)
+        if not self.log.format.writable:
+            raise PermissionError(f"{self.log.file}: {READ_ONLY}")
+
+    async def write(
+        self, experiences: list[Experience], cursor: Cursor | None = None, token: int | None = None
+    ) -> int:
+        self._refuse_writers()
+        return await super().write(experiences, cursor, token)
+
     async def register_writer(self, writer: str) -> int:
+        self._refuse_writers()
         token = await super().register_writer(writer)
         self._save_writers()
         return token

@@ -7,7 +7,7 @@ one buffer store named by path or URL. Read-only: safe while a run writes.
 Counts per buffer: written, trained (acked after a checkpoint), pending (waiting to be read),
 leased (read, not yet checkpointed), dropped (too stale, or written after the trainer's step
 budget was reached), trained_twice (0 unless broken). A queue's log (a file storage's sidecar,
-`<file>.state.db`, or the configured file) is keyed by its file (relative
+`<store>.state.db`, or the configured store) is keyed by its file (relative
 to the run folder); an sql buffer by its database and its name in it (`storage.store_name`).
 """
 
@@ -61,15 +61,16 @@ def run_counts(cfg: Any, run_dir: Path) -> Counts:
 
 
 def store_counts(target: str) -> Counts:
-    """The counts of the buffers in one store: a queue's log file, or an sql storage's SQLite
-    file or database URL (every buffer in it). FileNotFoundError when a file is missing,
-    ValueError for a file that is neither."""
+    """The counts of the buffers in one store: a queue's log file, a file storage's store (its
+    JSONL file, Parquet or `datasets` folder), or an sql storage's SQLite file or database URL
+    (every buffer in it). FileNotFoundError when a file is missing, ValueError for a file that
+    is neither."""
     if "://" not in target:
         file = Path(target)
+        if file.exists() and sidecar(file).is_file():  # a file storage's store (a JSONL file,
+            return {str(file): _queue_counts(sidecar(file))}  # a folder): counts in its sidecar
         if not file.is_file():
             raise FileNotFoundError(f"no such file: {file}")
-        if sidecar(file).is_file():  # a file storage's JSONL: its counts are in its sidecar
-            return {str(file): _queue_counts(sidecar(file))}
         if "experience_log" in _tables(file):
             return {str(file): _queue_counts(file)}
         if "trinity_meta" not in _tables(file):

@@ -18,8 +18,9 @@ EXPERIENCE_STORAGES = ("queue", "sql", "file")
 `ExperienceStorage`): with one of these, mode train reads what `mode: explore` processes write;
 `file` only with an algorithm that trains on rollouts (`run_folder.reads_experiences`: with SFT
 or DPO a file is a dataset of rows)."""
-EXPERIENCE_FILE_SUFFIXES = (".jsonl",)
-"""What an experience file (`storage_type: file`, `buffer/file_storage.py`) may be named."""
+EXPERIENCE_FILE_SUFFIXES = (".jsonl", ".parquet")
+"""What an experience store that explorers write (`storage_type: file`, `buffer/file_storage.py`)
+may be named: a JSONL file or a folder of Parquet parts (`buffer/record_format.py`)."""
 
 
 MULTIMODAL_NOT_BUILT = (
@@ -141,8 +142,10 @@ class StorageConfig(ConfigSection):
     name (a taskset's table; an experience buffer's rows in the storage's own tables)."""
     storage_type: Literal["file", "queue", "sql", "synthetic"] = "file"
     """'file' = a local dataset (jsonl/parquet/HF folder) or hub id in `path`; as the experience
-    buffer of an algorithm that trains on rollouts, a JSONL file of experiences that explorers
-    append to and a trainer reads, resuming exactly (docs/data.md, "File storage"); 'queue' =
+    buffer of an algorithm that trains on rollouts, a JSONL file (or a `.parquet` folder of
+    parts, one per write) of experiences that explorers append to and a trainer reads, resuming
+    exactly, or a `datasets` save folder of experiences a trainer reads (docs/data.md, "File
+    storage"); 'queue' =
     experience queue in memory with a SQLite log in the run folder; 'sql' = a SQL database at
     `path` (SQLite or PostgreSQL): experiences, or for a taskset its rows from the table `name`
     (Trinity-RFT's task table or plain columns); 'synthetic' = a generated taskset whose
@@ -152,7 +155,8 @@ class StorageConfig(ConfigSection):
     SQLite file, `sqlite:///file`, or `postgresql://user@host/db` (a Unix socket:
     `postgresql://user@/db?host=/socket/dir&port=5432`); None = `<run folder>/buffer/<name>.sqlite`
     (an experience buffer; a taskset from SQL names its database). An experience file (file
-    storage): a `.jsonl` file; None = `<run folder>/buffer/<name>.jsonl`.
+    storage): a `.jsonl` file, a `.parquet` folder of parts, or (mode train only) a `datasets`
+    save folder; None = `<run folder>/buffer/<name>.jsonl`.
     A dataset path is checked to exist by the pre-flight pass (`validate` and `run`), a database
     URL's form by the config check (no connection is made)."""
     subset_name: str | None = None

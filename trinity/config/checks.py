@@ -174,18 +174,20 @@ def _replay_settings(cfg: TrinityConfig) -> Iterator[Problem]:
 
 
 @_check("buffer.trainer_input.experience_buffer")
-def _experience_file_is_jsonl(cfg: TrinityConfig) -> Iterator[Problem]:
-    """The `file` experience storage writes and reads JSONL only (`buffer/file_storage.py`)."""
+def _experience_file_format(cfg: TrinityConfig) -> Iterator[Problem]:
+    """Explorers of the `file` experience storage write a `.jsonl` file or a `.parquet` folder
+    of parts (`buffer/record_format.py`); any other name is a `datasets` save folder, which a
+    train run reads and nobody writes (what the path holds is the pre-flight pass's to check)."""
     eb = cfg.buffer.trainer_input.experience_buffer
     if eb is None or eb.storage_type != "file" or not eb.path or not writes_experience_file(cfg):
         return
-    if not eb.path.endswith(SUFFIXES):
+    if cfg.mode in ("both", "explore") and not eb.path.endswith(SUFFIXES):
         suffix = PurePath(eb.path).suffix or "no extension"
         yield Problem(
             "buffer.trainer_input.experience_buffer.path",
-            f"storage_type file as an experience buffer is a JSONL file ({', '.join(SUFFIXES)}), "
-            f"not {suffix!r}: experiences in Parquet or a `datasets` folder are not built (a "
-            "Parquet file cannot be appended to); name a .jsonl file",
+            f"storage_type file as an experience buffer that explorers write is a JSONL file "
+            f"(.jsonl) or a folder of Parquet parts (.parquet), not {suffix!r} (another name is "
+            "a `datasets` save folder, which a train run reads and nobody writes)",
         )
 
 

@@ -593,50 +593,43 @@ def _storage_name_problems(
 
 
 def _experience_file_problems(cfg: TrinityConfig, where: str) -> list[Problem]:
-    """A configured experience file (`storage_type: file`, `buffer/file_storage.py`): mode train
-    needs it written already (by a `mode: explore` run, or any tool writing
-    `Experience.to_dict` lines), and a file that exists must hold experiences, not a dataset's
-    rows (its first line is read). A missing file is fine for a writer: it creates it."""
+    """A configured experience store (`storage_type: file`, `buffer/file_storage.py`): mode
+    train needs it written already (by a `mode: explore` run, or any tool writing experiences),
+    and a store that exists must hold experiences, not a dataset's rows: its format
+    (`buffer/record_format.py`, by the path's name) reads its first record and checks what
+    else it can cheaply (a Parquet folder: every part's columns). A missing store is fine for a
+    writer: it creates it."""
     eb = cfg.buffer.trainer_input.experience_buffer
-    if eb is None or not eb.path or not eb.path.endswith(EXPERIENCE_FILE_SUFFIXES):
-        return []  # unset: the run folder's file; another suffix: the config check says so
-    file = Path(eb.path).expanduser()
-    if file.is_dir():
-        return [Problem(where, f"{file} is a folder; an experience file is one .jsonl file")]
-    if not file.exists():
+    if eb is None or not eb.path:
+        return []  # unset: the run folder's file
+    if cfg.mode != "train" and not eb.path.endswith(EXPERIENCE_FILE_SUFFIXES):
+        return []  # a writer's other name: the config check says so
+    from trinity.buffer.record_format import format_for
+
+    store = Path(eb.path).expanduser()
+    if not store.exists():
         if cfg.mode != "train":
             return []
         return [
             Problem(
                 where,
-                f"no experience file at {file}: nothing was written there yet; run the explore "
+                f"no experience file at {store}: nothing was written there yet; run the explore "
                 "process (mode explore, the same path) first, or leave path unset to meet it in "
                 "the run folder (buffer/<name>.jsonl)",
             )
         ]
-    from trinity.buffer.file_log import parse_line
-
-    with open(file, "rb") as f:
-        for no, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            if not raw.endswith(b"\n"):
-                break  # a last line: perhaps torn, which the storage reports and skips
-            try:
-                parse_line(raw)
-            except ValueError as e:
-                algo = cfg.algorithm.algorithm_type
-                return [
-                    Problem(
-                        where,
-                        f"{file}:{no}: {e}; algorithm_type {algo!r} trains on rollouts, so "
-                        "this file is read as experiences (an SFT or DPO algorithm reads a file "
-                        "as a dataset of rows; a stage that inherits an SFT stage's dataset "
-                        "wants its own experience_buffer, e.g. storage_type queue)",
-                    )
-                ]
-            break
-    return []
+    if (why := format_for(store).problem(store)) is None:
+        return []
+    algo = cfg.algorithm.algorithm_type
+    return [
+        Problem(
+            where,
+            f"{why}; algorithm_type {algo!r} trains on rollouts, so this is read as "
+            "experiences (an SFT or DPO algorithm reads a file as a dataset of rows; a stage "
+            "that inherits an SFT stage's dataset wants its own experience_buffer, e.g. "
+            "storage_type queue)",
+        )
+    ]
 
 
 def _generator_problems(path: str, storage: StorageConfig) -> list[Problem]:
