@@ -49,4 +49,3 @@ def test_a_train_step_clips_a_copy_against_the_policy_that_sampled_it(tmp_path, 
         assert not torch.equal(inp.logprob.detach()[on], inp.old_logprob[on])
     assert metrics["replay/behaviour_abs_logprob_diff"] > 0.1  # μ was moved by up to ±0.8
     assert metrics["train/pg_clipfrac"] > 0
-
