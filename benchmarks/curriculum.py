@@ -222,6 +222,29 @@ def mean_std(values: list[float]) -> dict:
     }
 
 
+def steps_to_target_stats(
+    rows: list[dict], arm: str, names: list[str], target: float, budget: int
+) -> dict:
+    """Per `arm` value in `names`: mean ± std of `steps_to_target` over the rows (seeds) that
+    reached it, and how many did not; printed one line each."""
+    stats: dict = {}
+    for name in names:
+        mine = [r for r in rows if r[arm] == name]
+        steps = [r["steps_to_target"] for r in mine if r["steps_to_target"] is not None]
+        stats[name] = {"steps_to_target": mean_std(steps), "not_reached": len(mine) - len(steps)}
+        s = stats[name]["steps_to_target"]
+        cell = f"{s['mean']:.1f} ± {s['std']:.1f}" if s["mean"] is not None else "-"
+        print(f"{name}: steps to {target} = {cell} over {s['n']} seeds reaching it "
+              f"({stats[name]['not_reached']} not within {budget} steps)")  # fmt: skip
+    return stats
+
+
+def stats_ratio(stats: dict, pair: tuple[str, str]) -> float | None:
+    """Mean steps of pair[1] over pair[0]'s, where both have one (and pair[0]'s is not 0)."""
+    means = [stats[n]["steps_to_target"]["mean"] for n in pair if n in stats]
+    return means[1] / means[0] if len(means) == 2 and None not in means and means[0] else None
+
+
 def report(rows: list[dict], args: argparse.Namespace) -> dict:
     """Print the table; the per-selector statistics."""
     fmt = "{:>17} {:>5} {:>15} {:>20} {:>20} {:>20} {:>7}"
@@ -233,22 +256,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict:
         keys = ("valid_ratio_mean", "all_passed_mean", "all_failed_mean")
         spread = "/".join(f"{r[k]:.2f}" if r[k] is not None else "-" for k in keys)
         print(fmt.format(r["selector"], r["seed"], reached, *levels, spread, f"{r['wall_s']:.0f}"))
-    stats = {}
-    for selector in args.selectors:
-        mine = [r for r in rows if r["selector"] == selector]
-        steps = [r["steps_to_target"] for r in mine if r["steps_to_target"] is not None]
-        stats[selector] = {
-            "steps_to_target": mean_std(steps),
-            "not_reached": len(mine) - len(steps),
-        }
-        s = stats[selector]["steps_to_target"]
-        cell = f"{s['mean']:.1f} ± {s['std']:.1f}" if s["mean"] is not None else "-"
-        print(f"{selector}: steps to {args.target} = {cell} over {s['n']} seeds reaching it "
-              f"({stats[selector]['not_reached']} not within {args.steps} steps)")  # fmt: skip
-    means = [stats[s]["steps_to_target"]["mean"] for s in SELECTORS if s in stats]
-    ratio = None  # of the mean steps, where both selectors have one (and random's is not 0)
-    if len(means) == 2 and None not in means and means[0] > 0:
-        ratio = means[1] / means[0]
+    stats = steps_to_target_stats(rows, "selector", args.selectors, args.target, args.steps)
+    ratio = stats_ratio(stats, SELECTORS)
+    if ratio is not None:
         print(f"difficulty_based / random (mean steps to target): {ratio:.3f}")
     stats["ratio_difficulty_based_over_random"] = ratio
     paired = {}

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 from algorithms import run  # `trinity run` and its metrics (a script beside this one)
-from curriculum import mean_std, sft_checkpoint
+from curriculum import sft_checkpoint, stats_ratio, steps_to_target_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
@@ -136,17 +136,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict:
         print(fmt.format(r["buffer"], r["seed"], reached, f"{r['start']:.3f}", f"{r['best']:.3f}",
                          f"{r['final']:.3f}", r["train_steps"], f"{r['copies_trained']:.0f}",
                          f"{r['wall_s']:.0f}"))  # fmt: skip
-    stats: dict = {}
-    for buffer in args.buffers:
-        mine = [r for r in rows if r["buffer"] == buffer]
-        steps = [r["steps_to_target"] for r in mine if r["steps_to_target"] is not None]
-        stats[buffer] = {"steps_to_target": mean_std(steps), "not_reached": len(mine) - len(steps)}
-        s = stats[buffer]["steps_to_target"]
-        cell = f"{s['mean']:.1f} ± {s['std']:.1f}" if s["mean"] is not None else "-"
-        print(f"{buffer}: explore steps to {args.target} = {cell} over {s['n']} seeds reaching "
-              f"it ({stats[buffer]['not_reached']} not within {args.steps})")  # fmt: skip
-    means = [stats[b]["steps_to_target"]["mean"] for b in BUFFERS if b in stats]
-    ratio = means[1] / means[0] if len(means) == 2 and None not in means and means[0] else None
+    stats = steps_to_target_stats(rows, "buffer", args.buffers, args.target, args.steps)
+    ratio = stats_ratio(stats, BUFFERS)
     if ratio is not None:
         print(f"replay / plain (mean explore steps to target): {ratio:.3f}")
     stats["ratio_replay_over_plain"] = ratio
