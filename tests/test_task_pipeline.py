@@ -244,10 +244,11 @@ def test_a_recipe_of_native_ops_runs_without_data_juicer(tmp_path, monkeypatch):
 def test_a_recipe_with_an_op_not_built_is_refused_naming_it(tmp_path, monkeypatch):
     monkeypatch.delenv(DJ_ENV, raising=False)
     p = recipe(tmp_path, "process:\n  - language_id_score_filter: {lang: en}\n")
+    runner = RecipeRunner(read_recipe(p))  # validate refuses it; a run refuses it as well
     with pytest.raises(
         RecipeError, match=f"'language_id_score_filter' not built.*make setup-data-juicer.*{DJ_ENV}"
     ):
-        RecipeRunner(read_recipe(p))
+        asyncio.run(runner.process(q("abc"), OpContext()))
 
 
 FAKE_DJ = """#!{python}
@@ -356,7 +357,7 @@ def test_data_juicer_experience_operator_scores_then_shaping_reads_the_score(tmp
         for i, (w, r) in enumerate([("easy", 1.0), ("hard", 0.0), ("medium", 1.0)])
     ]  # fmt: skip
     models, _ = judge_models(tokenizer)
-    asyncio.run(pipeline.prepare(exps, models))
+    asyncio.run(pipeline.prepare(exps, OpContext(models=models)))
     kept, m = pipeline.run(list(exps))
     assert [e.prompt_text for e in kept] == ["hard", "medium"]  # easy: 0.1 < 0.3
     assert [e.reward for e in kept] == pytest.approx([0.9, 1.5])

@@ -17,7 +17,10 @@ base config and every stage (problems located under `stages[i].`):
 4. model folders exist (`tiny://` URLs only have to parse: they are built on first use), a
    tensor-parallel engine's size divides its model's heads and MLP width, and with sequence
    parallelism the trained models' heads split over its ranks; `model.external_model`'s
-   endpoint answers (its URL, its key, the model name it serves);
+   endpoint answers (its URL, its key, the model name it serves); a Data-Juicer (the server
+   of `service.data_juicer`, or `dj-process`) runs the recipe ops not built here, and that
+   server, where a recipe needs it, can start (a Data-Juicer environment) or answers as ours
+   (`data.checks.data_juicer_service_report`);
 5. every taskset and dataset the run reads is loaded with the runtime's own loader
    (`load_taskset`, the same arguments as the explorer and trainer pass), so each bad row is
    reported as `file:line: problem`, or, with `skip_bad_rows: true`, counted;
@@ -88,6 +91,13 @@ def preflight(cfg: TrinityConfig, skip: Sequence[Loc] = ()) -> PreflightReport:
         from trinity.explorer.workflow_env import ONE_PROCESS_NOTE
 
         report.notes.append(ONE_PROCESS_NOTE)
+    # 4. the Data-Juicer server (one serves every stage), where a recipe needs Data-Juicer
+    if cfg.service.data_juicer is not None and not blocked(skip, "service.data_juicer"):
+        from trinity.data.checks import data_juicer_service_report
+
+        found_dj, notes = data_juicer_service_report(cfg)
+        report.problems += [Problem(p, why) for p, why in found_dj]
+        report.notes += notes
     # 6. the monitor backends: installed, and their arguments (one monitor serves every stage)
     if not blocked(skip, "monitor"):
         found, notes = monitor_problems(cfg.monitor)
@@ -402,6 +412,13 @@ def _operator_problems(cfg: TrinityConfig) -> list[Problem]:
                 found = [Problem(f"{where}.args", str(e))]
             else:
                 found = _model_name_problems(f"{where}.args", built, served)
+                if dj_ops := built.data_juicer_ops():  # a recipe Data-Juicer runs: one does
+                    from trinity.data.recipes import recipe_problems
+
+                    said = recipe_problems(
+                        [(n, {}) for n in dj_ops], f"{where}.args", cfg.service.data_juicer
+                    )
+                    found += [Problem(f"{where}.args", why) for why in said]
                 built.close()
         problems += found
     return problems

@@ -128,7 +128,8 @@ class TaskPipelineConfig(ConfigSection):
     """Worker processes."""
     config_path: str | None = None
     """A Data-Juicer recipe (its `process` list); when set, operators are ignored. Ops not
-    built here run through Data-Juicer's dj-process named by TRINITY_DJ_PROCESS."""
+    built here run through Data-Juicer: its server (service.data_juicer) or its dj-process
+    named by TRINITY_DJ_PROCESS."""
     inputs: list[str] = Field(default_factory=list)
     """Raw input files."""
     output: StorageConfig | None = None
@@ -155,28 +156,30 @@ class DataProcessorConfig(ConfigSection):
 
 
 class DataJuicerServiceConfig(ConfigSection):
-    """Where the Data-Juicer server runs."""
+    """Where the Data-Juicer server runs: a worker of ours (trinity/data/dj_worker.py, in
+    Data-Juicer's own environment) that imports Data-Juicer once and runs every recipe with an
+    op not built here (docs/data.md); neither auto_start nor server_url: each such recipe runs
+    dj-process (TRINITY_DJ_PROCESS) once."""
 
     server_url: str | None = None
-    """URL of a running Data-Juicer server."""
+    """URL of a running Data-Juicer server: a worker of ours (Trinity-RFT's own server speaks
+    another protocol); validate checks it answers."""
     auto_start: bool = False
-    """Start a Data-Juicer server automatically."""
-    port: int | None = Field(None, ge=1)
-    """Port of an auto-started server."""
+    """Start a Data-Juicer server automatically: the explorer starts it (before its first
+    recipe), restarts it once if it dies, and stops it at its end. Needs Data-Juicer's
+    environment: TRINITY_DJ_PROCESS (make setup-data-juicer) or python."""
+    port: int | None = Field(None, ge=0)
+    """Port of an auto-started server on 127.0.0.1; None or 0 = a free one."""
+    python: str | None = None
+    """The python of Data-Juicer's environment that runs an auto-started server (ours); None =
+    the python beside TRINITY_DJ_PROCESS's dj-process."""
 
 
 class ServiceConfig(ConfigSection):
     """Outside services the run talks to."""
 
-    data_juicer: Annotated[
-        DataJuicerServiceConfig | None,
-        NotApplicable(
-            "no Data-Juicer server is used: recipes' ops run natively, or through Data-Juicer's "
-            "dj-process in its own environment (TRINITY_DJ_PROCESS), started per run of the "
-            "recipe with a health check and a timeout (docs/data.md)"
-        ),
-    ] = None
-    """The Data-Juicer service; None = not used."""
+    data_juicer: DataJuicerServiceConfig | None = None
+    """The Data-Juicer service; None = not used (recipes run dj-process each)."""
 
 
 class LogConfig(ConfigSection):

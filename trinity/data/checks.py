@@ -60,7 +60,7 @@ def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple
             recipe = read_recipe(tp.config_path)
         except RecipeError as e:
             return [*problems, (f"{at}.config_path", str(e))]
-        found = recipe_problems(recipe, f"{at}.config_path")
+        found = recipe_problems(recipe, f"{at}.config_path", cfg.service.data_juicer)
         problems += [(f"{at}.config_path", why) for why in found]
         if not found and not missing_ops(recipe):  # else Data-Juicer runs it all
             ops = [build_row_operator(n, a) for n, a in recipe]
@@ -89,3 +89,48 @@ def task_pipeline_problems(cfg: Any, served: dict[int | str, int]) -> list[tuple
                     )
                 )
     return problems
+
+
+def data_juicer_users(cfg: Any) -> list[str]:
+    """The key paths of what sends ops to a real Data-Juicer in this run (a task pipeline's
+    recipe, an experience operator's) with the ops; empty: every Data-Juicer op it names is
+    built here, so no Data-Juicer server is needed. What does not build is left to the checks
+    that report it."""
+    from trinity.data.operators import build_operator
+
+    users = []
+    tp = cfg.data_processor.task_pipeline
+    if tp is not None and tp.config_path:
+        try:
+            if missing := missing_ops(read_recipe(tp.config_path)):
+                users.append(f"data_processor.task_pipeline.config_path ({', '.join(missing)})")
+        except RecipeError:
+            pass
+    ep = cfg.data_processor.experience_pipeline
+    for i, op in enumerate(ep.operators if ep is not None else []):
+        try:
+            built = build_operator(op.name, dict(op.args))
+        except (RegistryError, ValueError, TypeError):
+            continue
+        if ops := built.data_juicer_ops():
+            at = f"data_processor.experience_pipeline.operators[{i}]"
+            users.append(f"{at} ({', '.join(ops)})")
+        built.close()
+    return users
+
+
+def data_juicer_service_report(cfg: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """(problems, notes) of `service.data_juicer`: checked (`dj_server.service_problems`) where
+    a recipe of the run needs Data-Juicer; noted as unused where none does (Trinity-RFT's
+    examples set it beside recipes of ops built here)."""
+    from trinity.data.dj_server import service_notes, service_problems
+
+    svc = cfg.service.data_juicer
+    if svc is None or not (svc.auto_start or svc.server_url):
+        return [], []
+    if not data_juicer_users(cfg):
+        return [], [
+            "service.data_juicer: no server is started or used: every Data-Juicer op this run "
+            "names is built here (docs/data.md)"
+        ]
+    return service_problems(svc), service_notes(svc)

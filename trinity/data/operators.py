@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trinity.common.experience import Experience
 from trinity.common.registry import Registry
+
+if TYPE_CHECKING:
+    from trinity.data.task_ops import OpContext
 
 Metrics = dict[str, float]
 
@@ -35,9 +38,14 @@ class ExperienceOperator:
     def process(self, exps: list[Experience]) -> tuple[list[Experience], Metrics]:
         raise NotImplementedError
 
-    async def prepare(self, exps: list[Experience], models: Any) -> None:
+    async def prepare(self, exps: list[Experience], ctx: OpContext) -> None:
         """Before `process`, what needs the event loop (an LLM operator's scoring with the
-        served auxiliary `models`); nothing, for most."""
+        served auxiliary models, `ctx.models`; a recipe run by the run's Data-Juicer server,
+        `ctx.data_juicer`); nothing, for most."""
+
+    def data_juicer_ops(self) -> list[str]:
+        """The ops it has a real Data-Juicer run (`validate` checks one is configured)."""
+        return []
 
     def close(self) -> None:
         """Release what the operator holds (nothing, for the built-in ones)."""
@@ -215,16 +223,17 @@ class DataJuicerOperator(ExperienceOperator):
     def models_needed(self) -> list[str]:
         return self.runner.models_needed()
 
-    async def prepare(self, exps: list[Experience], models: Any) -> None:
+    def data_juicer_ops(self) -> list[str]:
+        return self.runner.missing
+
+    async def prepare(self, exps: list[Experience], ctx: OpContext) -> None:
         rows = [
             {**e.info, "prompt_text": e.prompt_text or "", "response_text": e.response_text or "",
              "_exp": i}
             for i, e in enumerate(exps)
         ]  # fmt: skip
         before = {i: set(r) for i, r in enumerate(rows)}
-        from trinity.data.task_ops import OpContext
-
-        kept, self._metrics = await self.runner.process(rows, OpContext(models=models))
+        kept, self._metrics = await self.runner.process(rows, ctx)
         by_index = {r["_exp"]: r for r in kept}
         for i, row in enumerate(rows):  # natively rows are changed in place; else the kept copy
             row = by_index.get(i, row)

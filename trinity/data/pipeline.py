@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trinity.common.experience import Experience, exclude_from_training
 from trinity.data.operators import build_operator
+
+if TYPE_CHECKING:
+    from trinity.data.task_ops import OpContext
 
 Group = tuple[int, list[Experience]]  # (the task's position in the step, its experiences)
 # metrics that count: summed over a step's refills (the others are means)
@@ -51,11 +54,12 @@ class ExperiencePipeline:
     def __bool__(self) -> bool:
         return bool(self.ops)
 
-    async def prepare(self, exps: list[Experience], models: Any) -> None:
+    async def prepare(self, exps: list[Experience], ctx: OpContext) -> None:
         """Each operator's `prepare` (what needs the event loop: an LLM operator's scoring
-        with the served auxiliary `models`), before `run` sees the same experiences."""
+        with the served auxiliary models, a recipe run by the run's Data-Juicer server: `ctx`),
+        before `run` sees the same experiences."""
         for _, op in self.ops:
-            await op.prepare(exps, models)
+            await op.prepare(exps, ctx)
 
     def run(self, exps: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         """The experiences the operators keep (changed in place by mappers), and the metrics:

@@ -5,16 +5,20 @@
       - llm_quality_score_filter: {api_or_hf_model: judge, min_score: 0.5}
 
 `RecipeRunner` runs a recipe's ops natively (`task_ops`) when every one is built here; else
-through a real Data-Juicer: its `dj-process` command in an environment of its own, named by the
-`TRINITY_DJ_PROCESS` environment variable (Data-Juicer pins torch, transformers and vLLM
-versions of its own, so it never enters this project's environment). The command is checked
-first (`--help` must exit 0 within `HEALTH_TIMEOUT_S`), then runs the recipe over the rows as a
-jsonl file, within `timeout_s`. Without it a recipe with an op not built here is refused naming
-the op and how to get Data-Juicer.
+through a real Data-Juicer, in an environment of its own (Data-Juicer pins torch, transformers
+and vLLM versions of its own, so it never enters this project's environment):
+- the run's Data-Juicer server (`OpContext.data_juicer`, `dj_server`, `service.data_juicer`),
+  which started once: one HTTP call per recipe run, within `timeout_s`;
+- else its `dj-process` command, named by the `TRINITY_DJ_PROCESS` environment variable, once
+  per recipe run: checked first (`--help` must exit 0 within `HEALTH_TIMEOUT_S`), then run over
+  the rows as a jsonl file, within `timeout_s`.
+With neither, a recipe with an op not built here is refused (by `validate`, `recipe_problems`,
+and when it runs) naming the op and how to get Data-Juicer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -64,10 +68,21 @@ def dj_command() -> str | None:
     return os.environ.get(DJ_ENV) or None
 
 
-def recipe_problems(ops: list[tuple[str, dict[str, Any]]], where: str) -> list[str]:
+def uses_server(service: Any) -> bool:
+    """`service.data_juicer` names a Data-Juicer server (auto-started or at server_url): it
+    runs the recipes (`dj_server.service_problems` checks it)."""
+    return service is not None and bool(service.auto_start or service.server_url)
+
+
+def recipe_problems(
+    ops: list[tuple[str, dict[str, Any]]], where: str, service: Any = None
+) -> list[str]:
     """Why the recipe cannot run here (empty: it can): an op neither built nor run by a
-    configured Data-Juicer, or a native op's bad arguments."""
+    configured Data-Juicer (a server, `service`: `service.data_juicer`; or `dj-process`), or a
+    native op's bad arguments."""
     missing = missing_ops(ops)
+    if missing and uses_server(service):
+        return []
     if missing and dj_command() is None:
         return [
             f"{where}: Data-Juicer op(s) {', '.join(map(repr, missing))} not built natively "
@@ -88,16 +103,16 @@ def recipe_problems(ops: list[tuple[str, dict[str, Any]]], where: str) -> list[s
 
 
 class RecipeRunner:
-    """A recipe's ops, run natively or by a Data-Juicer subprocess (module doc)."""
+    """A recipe's ops, run natively or by Data-Juicer (module doc). Built, it has checked its
+    native ops' arguments; whether a Data-Juicer runs the others is the run's (`validate`
+    checks it: `recipe_problems`)."""
 
     def __init__(self, ops: list[tuple[str, dict[str, Any]]], timeout_s: float = 3600.0):
-        problems = recipe_problems(ops, "data_juicer recipe")
-        if problems:
-            raise RecipeError("; ".join(problems))
         self.raw = ops
         self.timeout_s = timeout_s
+        self.missing = missing_ops(ops)  # the ops Data-Juicer runs (then it runs them all)
         self.native: list[tuple[str, RowOperator]] | None = None
-        if not missing_ops(ops):
+        if not self.missing:
             self.native = [(n, build_row_operator(n, a)) for n, a in ops]
 
     def models_needed(self) -> list[str]:
@@ -106,8 +121,18 @@ class RecipeRunner:
     async def process(
         self, rows: list[dict], ctx: OpContext
     ) -> tuple[list[dict], dict[str, float]]:
-        if self.native is None:
-            return run_dj_subprocess(self.raw, rows, self.timeout_s), {}
+        if self.native is None:  # in a thread: the event loop serves the engines meanwhile
+            if ctx.data_juicer is not None:
+                run = ctx.data_juicer.run
+            elif dj_command() is None:
+                raise RecipeError(
+                    f"data_juicer recipe: Data-Juicer op(s) {', '.join(map(repr, self.missing))} "
+                    f"not built natively; to run them {INSTALL_HINT}, or set "
+                    "service.data_juicer (docs/data.md)"
+                )
+            else:
+                run = run_dj_subprocess
+            return await asyncio.to_thread(run, self.raw, rows, self.timeout_s), {}
         metrics: dict[str, float] = {}
         for i, (name, op) in enumerate(self.native):
             before = len(rows)

@@ -40,11 +40,13 @@ Metrics = dict[str, float]
 
 @dataclass
 class OpContext:
-    """What an operator may call: the served auxiliary models, and (in a task pipeline) the
-    rollout model's pass rate of each row run as a task (None: its workflow failed)."""
+    """What an operator may call: the served auxiliary models, (in a task pipeline) the
+    rollout model's pass rate of each row run as a task (None: its workflow failed), and the
+    run's Data-Juicer server (`dj_server.DataJuicerServer`; None: a recipe runs `dj-process`)."""
 
     models: Any = None
     pass_rates: Callable[[list[dict]], Awaitable[list[float | None]]] | None = None
+    data_juicer: Any = None
 
 
 class RowOperator:

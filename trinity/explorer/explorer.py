@@ -35,7 +35,10 @@ from trinity.common.startup import StartupMarks
 from trinity.common.turns import EnginesTurn
 from trinity.config import seeds
 from trinity.config.resolved import chat_template_kwargs, engines_in_explorer, resolve
+from trinity.data.checks import data_juicer_users
+from trinity.data.dj_server import DataJuicerServer
 from trinity.data.pipeline import ExperiencePipeline, StepGroups
+from trinity.data.task_ops import OpContext
 from trinity.explorer import workflow_env
 from trinity.explorer.auxiliary import (
     AuxiliaryModels,
@@ -164,6 +167,18 @@ class Explorer:
         # data_processor.experience_pipeline: operators over each step's experiences
         pcfg = config.data_processor.experience_pipeline
         self.pipeline = ExperiencePipeline(pcfg.operators if pcfg is not None else [])
+        # service.data_juicer: the run's Data-Juicer server, where a recipe needs Data-Juicer;
+        # started now, so it imports Data-Juicer while the engines load; ready before the
+        # first recipe (`prepare`)
+        self.data_juicer = (
+            DataJuicerServer.from_config(
+                config.service.data_juicer, Path(resolve(config).run_dir) / "data_juicer"
+            )
+            if data_juicer_users(config)
+            else None
+        )
+        if self.data_juicer is not None:
+            self.data_juicer.spawn()
         self.pipeline_batches = pcfg.max_num_gen_batches if pcfg is not None else 0
         # the engines hold the trainer's live weights (sync_method shared): a step's evaluation
         # runs before its experiences are written, while the trainer still waits for them
@@ -255,6 +270,13 @@ class Explorer:
             print(f"explorer {self._name}: OpenAI-compatible endpoint for workflows at {url}")
         if self.aux_engines and self.auxiliary is None:
             self.auxiliary = await self._serve_auxiliary()
+        if self.data_juicer is not None and self.data_juicer.pid is None:
+            with heartbeat.waiting(self._beat, "data_juicer", "its server's start"):
+                await asyncio.to_thread(self.data_juicer.wait_ready)
+            print(
+                f"explorer {self._name}: Data-Juicer server (pid {self.data_juicer.pid}) at "
+                f"{self.data_juicer.url}"
+            )
         if pipeline_first:
             self._load_train_tasks(await self._run_task_pipeline())
         self.startup.mark("explorer_ready")
@@ -292,7 +314,9 @@ class Explorer:
         from trinity.data.task_ops import OpContext
         from trinity.data.task_pipeline import run_task_pipeline
 
-        ctx = OpContext(models=self.auxiliary, pass_rates=self._row_pass_rates)
+        ctx = OpContext(
+            models=self.auxiliary, pass_rates=self._row_pass_rates, data_juicer=self.data_juicer
+        )
         out, metrics = await run_task_pipeline(self.cfg, resolve(self.cfg).run_dir, ctx)
         summary = ", ".join(f"{k.removeprefix('task_pipeline/')}={v:g}" for k, v in metrics.items())
         print(f"explorer {self._name}: task pipeline wrote {out} ({summary})")
@@ -717,7 +741,8 @@ class Explorer:
     async def _prepared(self, groups: list[Any]) -> list[Any]:
         """`groups`, after the experience operators' `prepare` (an LLM operator's scoring)."""
         if self.pipeline:
-            await self.pipeline.prepare([e for _, exps in groups for e in exps], self.auxiliary)
+            ctx = OpContext(models=self.auxiliary, data_juicer=self.data_juicer)
+            await self.pipeline.prepare([e for _, exps in groups for e in exps], ctx)
         return groups
 
     def _grouped(self, step: int, tasks: list[Task], groups: list[Any]) -> list[Any]:
@@ -1097,6 +1122,8 @@ class Explorer:
         )
 
     async def shutdown(self) -> None:
+        if self.data_juicer is not None:
+            self.data_juicer.stop()
         if self.serve_mode is not None:
             await self.serve_mode.stop()
         if self.endpoint is not None:
