@@ -384,19 +384,21 @@ import asyncio
 import json
 from trinity.workflows.math_workflow import MathWorkflow
 class SlowEnv(MathWorkflow):
-    '''An episode that takes 0.4 s of waiting (an environment, a tool, a sandbox).'''
+    '''An episode that takes 1.5 s of waiting (an environment, a tool, a sandbox).'''
     async def run(self, task, model):
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.5)
         return await super().run(task, model)
 """
 
 
-@pytest.mark.slow  # two whole runs (about 40 s on 2 cores)
+@pytest.mark.slow  # two whole runs (about 60 s on 2 cores)
 def test_with_a_slow_explorer_replay_trains_twice_per_explore_step(tmp_path, tiny_model_dir):
-    """An explorer slower than the trainer (0.4 s episodes), trainer_driven sync: without replay
-    the trainer waits for every explore step; with replay (each group twice, no cooldown) it
-    trains a group's copy while the explorer works, so its 8 steps take about half the explore
-    steps, and the explorer samples with weights that advance about 2 versions a step."""
+    """An explorer slower than the trainer (1.5 s episodes: slower than a train step on a busy
+    machine too; 0.4 s was not under a load of 6 on 2 cores), trainer_driven sync: without
+    replay the trainer waits for every explore step; with replay (each group twice, no
+    cooldown) it trains a group's copy while the explorer works, so its 8 steps take about half
+    the explore steps, and the explorer samples with weights that advance about 2 versions a
+    step."""
     from test_e2e import ROOT, grpo_config, run_trinity, user_module
 
     user_module(tmp_path, "slowpkg", "slow", SLOW_ENV)
