@@ -67,9 +67,10 @@ def rl_stage_for(buffer: str, rl_stage: dict, args: argparse.Namespace) -> dict:
     return stage
 
 
-def explore_curve(records: list[dict]) -> dict[int, float]:
-    """Held-out greedy accuracy at each evaluated explore step."""
-    return {r["step"]: r[ACCURACY] for r in records if ACCURACY in r}
+def explore_curve(records: list[dict], budget: int) -> dict[int, float]:
+    """Held-out greedy accuracy at each evaluated explore step (the run's closing evaluation,
+    after its last train step, is numbered by train steps: it is the run's `final`)."""
+    return {r["step"]: r[ACCURACY] for r in records if ACCURACY in r and r["step"] <= budget}
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
@@ -102,7 +103,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
         cfg = {**base, "seed": seed, "name": name, "stages": [stage]}
         cfg["model"] = {**base["model"], "model_path": str(ckpt)}
         records, wall = run(cfg, work, name, env)
-        curve = explore_curve(records)
+        curve = explore_curve(records, args.steps)
         reused = [r.get("replay/reused", 0.0) for r in records if "train/loss" in r]
         explore_steps = sum(1 for r in records if "rollout/reward_mean" in r)
         reached = next((s for s in sorted(curve) if curve[s] >= args.target), None)
@@ -112,7 +113,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
                 "seed": seed,
                 "steps_to_target": reached,
                 "start": curve[min(curve)],
-                "final": curve[max(curve)],
+                "final": [r[ACCURACY] for r in records if ACCURACY in r][-1],
                 "best": max(curve.values()),
                 "curve": {str(s): v for s, v in sorted(curve.items())},
                 "explore_steps": explore_steps,
