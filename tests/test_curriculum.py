@@ -194,6 +194,9 @@ def test_selector_settings_are_checked_before_the_run():
     bad = ok.model_copy(update={"data_selector": ok.data_selector.model_copy(
         update={"kwargs": {"temperature": 1}})})  # fmt: skip
     assert "unexpected keyword argument 'temperature'" in str(_selector_problems("t", bad, 0)[0])
+    stale = ok.model_copy(update={"data_selector": ok.data_selector.model_copy(
+        update={"kwargs": {"staleness_coef": 2}})})  # fmt: skip
+    assert "staleness_coef must be in [0, 1], got 2" in str(_selector_problems("t", stale, 0)[0])
     three = ok.model_copy(update={"data_selector": ok.data_selector.model_copy(
         update={"kwargs": {}, "feature_keys": ["a", "b", "c"]})})  # fmt: skip
     with pytest.raises(ValueError, match="0, 1 or 2 feature_keys, not 3"):

@@ -11,16 +11,22 @@ import pytest
 from test_e2e import ROOT
 
 
+def replay_benchmark(tmp_path, seed: int, *args: str, timeout: int = 900) -> tuple[dict, dict]:
+    """`benchmarks/replay.py --seeds seed *args` in tmp_path: (its result file, runs by buffer)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "replay.py"), "--seeds", str(seed), *args,
+           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "results")]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / f"replay_seeds_{seed}.json").read_text())
+    return result, {run["buffer"]: run for run in result["runs"]}
+
+
 @pytest.mark.slow  # an SFT run and two GRPO runs of 2 explore steps (about 60 s on 2 cores)
 def test_the_replay_benchmark_runs_end_to_end(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "replay.py"), "--seeds", "5",
-           "--steps", "2", "--eval-interval", "1", "--sft-steps", "2", "--target", "0.0",
-           "--delay", "1.0", "--work", str(tmp_path / "work"),
-           "--out", str(tmp_path / "results")]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    result = json.loads((tmp_path / "results" / "replay_seeds_5.json").read_text())
-    runs = {run["buffer"]: run for run in result["runs"]}
+    result, runs = replay_benchmark(
+        tmp_path, 5, "--steps", "2", "--eval-interval", "1", "--sft-steps", "2",
+        "--target", "0.0", "--delay", "1.0",
+    )  # fmt: skip
     assert sorted(runs) == ["plain", "replay"]
     for run in runs.values():
         assert sorted(run["curve"], key=int) == ["0", "1", "2"]  # at the start, every step
@@ -38,13 +44,7 @@ def test_replay_reaches_the_quickstart_target_in_fewer_explore_steps(tmp_path):
     three published in docs/benchmarks.md: 8 explore steps against 16; the claim over seeds
     lives in the benchmark). Reuse hangs on the explorer being slower than the trainer, which
     its 2 s rollouts make sure of on a busy machine too (copies are counted, and asserted)."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "replay.py"), "--seeds", "1",
-           "--steps", "30", "--work", str(tmp_path / "work"),
-           "--out", str(tmp_path / "results")]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    result = json.loads((tmp_path / "results" / "replay_seeds_1.json").read_text())
-    runs = {run["buffer"]: run for run in result["runs"]}
+    _, runs = replay_benchmark(tmp_path, 1, "--steps", "30", timeout=1700)
     plain, replay = runs["plain"], runs["replay"]
     assert replay["copies_trained"] >= 0.5 * 30 * 256, replay  # most groups were trained twice
     assert replay["steps_to_target"] is not None, replay
