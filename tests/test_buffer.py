@@ -4,6 +4,7 @@ storage, is `test_storage_contract.py`."""
 
 import asyncio
 import pickle
+import sqlite3
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import torch
 from storages import exp
 
 from trinity.buffer.queue import BufferClosed, QueueStorage
-from trinity.common.experience import EID, Experience
+from trinity.common.experience import EID, Experience, ExperienceKind
 
 
 def test_the_file_does_not_grow_with_trained_experiences(tmp_path):
@@ -79,6 +80,64 @@ def test_a_pickled_experience_keeps_its_tensors_packed_until_one_is_read():
     assert "tokens" not in vars(packed) and packed.response_length == 3
     with pytest.raises(ValueError, match="advantages has length 1, expected response length 3"):
         Experience.from_dict({**e.to_dict(), "advantages": [0.0]})
+
+
+def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
+    e = Experience(
+        tokens=torch.tensor([5, 6, 7, 8]),
+        prompt_length=1,
+        logprobs=torch.tensor([-0.1, -1 / 3, -2.5]),  # not exact as short decimals
+        topk_ids=torch.tensor([[6, 1], [7, 2], [8, 3]]),
+        topk_logprobs=torch.full((3, 2), -0.7),
+        reward=1.0,
+        eid=EID(batch=3, task=2, run=1, suffix="math"),
+        kind=ExperienceKind.MULTI_TURN,
+        info={"turns": [1, 2]},
+        metrics={"m": 0.5},
+        response_text="ok",
+    )
+    blob = e.to_bytes()
+    # 4 (magic) + 4 (header length) + header + 8 * 4 tokens + 4 * 3 logprobs + 1 * 3 mask +
+    # 8 * 6 top-k ids + 4 * 6 top-k logprobs
+    head = int.from_bytes(blob[4:8], "little")
+    assert blob[:4] == b"TEX1" and len(blob) == 8 + head + 32 + 12 + 3 + 48 + 24
+    again = Experience.from_bytes(blob)
+    assert "tokens" not in vars(again)  # packed, as from a pickle
+    assert again.to_dict() == e.to_dict()
+    assert torch.equal(again.logprobs, e.logprobs)  # the float32 bits, not a decimal
+    assert again.eid == e.eid and again.kind is ExperienceKind.MULTI_TURN
+    assert again.to_bytes() == blob  # packed in, the same bytes out
+    for bad, why in [
+        (blob[:-1], "not 24 bytes of float32"),  # the last tensor cut short
+        (blob + b"\0", "1 bytes after its last tensor"),
+        (blob[:20], "cut short in its"),
+        (b'{"tokens": [1]}', "not an experience blob"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            Experience.from_bytes(bad)
+
+
+def test_a_log_written_with_json_payloads_is_read_on_restart(tmp_path):
+    """Logs written before the blobs keep each payload as JSON text of `to_dict`: a restart
+    over one hands its pending rows out as they were written."""
+    import json
+
+    path = tmp_path / "old.db"
+    QueueStorage(path).log.close()  # the tables
+    old = [exp(i) for i in range(3)]
+    with sqlite3.connect(path) as db:
+        for i, e in enumerate(old, start=1):
+            db.execute("INSERT INTO experience_log (id, model_version, reward, payload) "
+                       "VALUES (?, 0, ?, '')", (i, e.reward))  # fmt: skip
+            db.execute("INSERT INTO experience_payload VALUES (?, ?)", (i, json.dumps(e.to_dict())))
+
+    async def main():
+        q = QueueStorage(path)
+        await q.write([exp(3)])  # a blob after the JSON rows, with the next id
+        lease = await q.read(4)
+        return [e.to_dict() for e in lease.experiences]
+
+    assert asyncio.run(main()) == [e.to_dict() for e in [*old, exp(3)]]
 
 
 @pytest.mark.parametrize("kind", ["queue", "sql", "parquet"])

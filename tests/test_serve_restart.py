@@ -8,7 +8,6 @@ four `trinity` processes)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import re
@@ -26,6 +25,7 @@ from test_serve import lines_of, popen, url_of
 from test_topologies import assert_clean, config, counts
 
 from tests.ray_cluster import private_cluster
+from trinity.common.experience import Experience
 
 pytestmark = pytest.mark.slow
 
@@ -200,10 +200,8 @@ class BufferRows:
                 finally:
                     db.close()
                 for i, data in got:
-                    d = json.loads(data)
-                    eid = d["eid"]
-                    group = (eid["batch"], eid["task"], eid["suffix"])
-                    self.rows[i] = (d["info"]["session_id"], group)
+                    e = Experience.from_bytes(data)
+                    self.rows[i] = (e.info["session_id"], e.eid.group)
             time.sleep(0.05)
 
 

@@ -11,11 +11,12 @@ Each written experience is one row with a state:
 `trinity buffer stats` reports it so a user can check). On start-up the pending and leased rows,
 in write order, are the storage's content.
 
-Retention: the experience itself (nearly all of a row's bytes) lives in `experience_payload` and
-is deleted when its row is trained or dropped; the `experience_log` row keeps its state, ack
-count, version and reward, so counts and the exactly-once check stay exact. Payloads are deleted
-in write order, so whole pages empty out and SQLite reuses them: the file stays near the size of
-the experiences not yet trained instead of growing with every one ever written.
+Retention: the experience itself (nearly all of a row's bytes: `Experience.to_bytes`, or JSON
+text in a log written before the blobs) lives in `experience_payload` and is deleted when its row
+is trained or dropped; the `experience_log` row keeps its state, ack count, version and reward, so
+counts and the exactly-once check stay exact. Payloads are deleted in write order, so whole pages
+empty out and SQLite reuses them: the file stays near the size of the experiences not yet
+trained instead of growing with every one ever written.
 
 `buffer_state` says whether the run's trainer has finished (`finished`): its step budget was
 reached, so nothing written afterwards can be trained. A buffer started again over the file (an
@@ -103,22 +104,29 @@ class SQLiteLog:
     def append(self, experiences: list[Experience], cursor: Cursor | None = None) -> list[int]:
         """Insert the rows and, in the same transaction, move the writer's cursor (and keep
         its step's metrics report)."""
-        ids = []
         with self.conn:
-            self.conn.execute("BEGIN")
-            for e in experiences:
-                cur = self.conn.execute(
-                    "INSERT INTO experience_log (model_version, reward, payload) VALUES (?, ?, '')",
-                    (e.model_version, e.reward),
-                )
-                ids.append(int(cur.lastrowid))
-                self.conn.execute(
-                    "INSERT INTO experience_payload (id, data) VALUES (?, ?)",
-                    (ids[-1], json.dumps(e.to_dict())),
-                )
+            self.conn.execute("BEGIN IMMEDIATE")  # the ids below stay ours until the commit
+            first = self._next_id()
+            ids = list(range(first, first + len(experiences)))
+            self.conn.executemany(
+                "INSERT INTO experience_log (id, model_version, reward, payload) "
+                "VALUES (?, ?, ?, '')",
+                [(i, e.model_version, e.reward) for i, e in zip(ids, experiences, strict=True)],
+            )
+            self.conn.executemany(
+                "INSERT INTO experience_payload (id, data) VALUES (?, ?)",
+                [(i, e.to_bytes()) for i, e in zip(ids, experiences, strict=True)],
+            )
             if cursor is not None:
                 self._move_cursor(cursor)
         return ids
+
+    def _next_id(self) -> int:
+        """The id the next row gets (AUTOINCREMENT: above every id ever given, deleted or not)."""
+        row = self.conn.execute(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'experience_log'"
+        ).fetchone()
+        return 1 + int(row[0] if row else 0)
 
     def _move_cursor(self, cursor: Cursor) -> None:
         """In the caller's transaction: the writer's cursor, its step's report and selector."""
@@ -237,7 +245,7 @@ class SQLiteLog:
             "ORDER BY e.id LIMIT ?",
             (after, limit),
         ).fetchall()
-        return [(int(i), Experience.from_dict(json.loads(p))) for i, p in rows]
+        return [(int(i), _experience(p)) for i, p in rows]
 
     def max_lease(self) -> int:
         return int(
@@ -273,3 +281,11 @@ class SQLiteLog:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _experience(payload: bytes | str) -> Experience:
+    """A row's payload: a blob (`Experience.to_bytes`), or JSON text of `to_dict` (how a log
+    written before the blobs keeps it)."""
+    if isinstance(payload, bytes):
+        return Experience.from_bytes(payload)
+    return Experience.from_dict(json.loads(payload))

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import array
 import enum
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +49,13 @@ _DTYPES = {
 }
 # a packed tensor: (torch dtype name, shape, raw bytes)
 Packed = tuple[str, tuple[int, ...], bytes]
+# the fields besides the tensors, as `to_dict` and `to_bytes` write them
+_SCALARS = ("prompt_length", "reward", "eid", "model_version", "truncated", "kind",
+            "prompt_text", "response_text", "info", "metrics")  # fmt: skip
+BLOB_MAGIC = b"TEX1"  # `Experience.to_bytes`
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # one encoder: `json.dumps` builds one a call
+_ITEM_BYTES = {"int64": 8, "int32": 4, "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+               "bool": 1, "uint8": 1}  # fmt: skip
 
 
 class ExperienceKind(enum.StrEnum):
@@ -203,6 +212,46 @@ class Experience:
             if length is not None and length != n:
                 raise ValueError(f"{name} has length {length}, expected response length {n}")
         return exp
+
+    def to_bytes(self) -> bytes:
+        """The experience as one blob: the raw bytes of its tensors behind a JSON header of its
+        scalars (`BLOB_MAGIC`, the header's length as 4 little-endian bytes, the header, then
+        each tensor's bytes in `_TENSORS` order). Exact (a float32 keeps its bits) and cheap for
+        a packed experience: no number is formatted as text. The queue's log keeps these."""
+        scalars, tensors = self.__reduce__()[1]
+        head = {
+            "s": {k: scalars[k] for k in _SCALARS},
+            "t": [None if t is None else [t[0], t[1], len(t[2])] for t in map(tensors.get, _TENSORS)],
+        }  # fmt: skip
+        head["s"].update(eid=self.eid.to_dict(), kind=self.kind.value)
+        text = _COMPACT.encode(head).encode()
+        raw = [t[2] for t in map(tensors.get, _TENSORS) if t is not None]
+        return b"".join([BLOB_MAGIC, len(text).to_bytes(4, "little"), text, *raw])
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Experience:
+        """The experience `to_bytes` wrote, packed. ValueError for a blob that is not one whole
+        (cut short, with bytes left over, or naming an unknown dtype)."""
+        if blob[:4] != BLOB_MAGIC or len(blob) < 8:
+            raise ValueError(f"not an experience blob (starts {bytes(blob[:8])!r})")
+        at = 8 + int.from_bytes(blob[4:8], "little")
+        if len(blob) < at:
+            raise ValueError(f"experience blob cut short in its {at - 8}-byte header")
+        head = json.loads(blob[8:at])
+        packed: dict[str, Packed | None] = {}
+        for name, item in zip(_TENSORS, head["t"], strict=True):
+            if item is None:
+                packed[name] = None
+                continue
+            dtype, shape, size = item[0], tuple(item[1]), item[2]
+            if _ITEM_BYTES.get(dtype, 0) * math.prod(shape) != size or len(blob) < at + size:
+                raise ValueError(f"experience blob: {name} is not {size} bytes of {dtype} {shape}")
+            packed[name] = (dtype, shape, bytes(blob[at : at + size]))
+            at += size
+        if at != len(blob):
+            raise ValueError(f"experience blob has {len(blob) - at} bytes after its last tensor")
+        s = head["s"]
+        return _unpack({**s, "eid": EID(**s["eid"]), "kind": ExperienceKind(s["kind"])}, packed)
 
     # -- the packed form (pickling without torch) -------------------------------------------
 
