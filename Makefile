@@ -1,6 +1,6 @@
 # The two quick-start commands: `make quickstart` and `make test`; CI runs `make test`, then
 # `make test-slow`, then `make test-vllm` (.ci/run).
-.PHONY: setup setup-vllm setup-data-juicer quickstart test test-slow test-vllm lint bench
+.PHONY: setup setup-vllm setup-data-juicer quickstart test test-slow test-long test-vllm lint bench
 
 PYTEST = .venv/bin/python -m pytest -q --durations=25
 
@@ -18,9 +18,14 @@ lint: setup
 test: lint
 	$(PYTEST) -m "not slow" --timeout=600
 
-# the slow tests: long learning runs and crash trials (exit 5, none collected, is not a failure)
+# the slow tests: crash trials, topologies, whole runs (exit 5, none collected, is not a failure)
 test-slow: setup
-	$(PYTEST) -m slow --timeout=1800 || [ $$? -eq 5 ]
+	$(PYTEST) -m "slow and not long" --timeout=1800 || [ $$? -eq 5 ]
+
+# the long tests, not in CI: learning curves, benchmarks' claims at full size, every example
+# walked (about an hour and a half on 2 cores)
+test-long: setup
+	$(PYTEST) -m long --timeout=3600 || [ $$? -eq 5 ]
 
 setup-vllm:
 	bash scripts/setup_vllm.sh

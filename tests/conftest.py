@@ -45,9 +45,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(RAY_TMP, ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `vllm` are skipped where vLLM is not installed (`.venv` has none;
-    `make test-vllm` runs them in `.venv-vllm`)."""
+    """A test marked `long` is slow as well (`make test` never runs it; `make test-slow`
+    leaves it to `make test-long`). Tests marked `vllm` are skipped where vLLM is not
+    installed (`.venv` has none; `make test-vllm` runs them in `.venv-vllm`)."""
+    for item in items:
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(pytest.mark.slow)
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vLLM is not installed here (scripts/setup.sh vllm)")

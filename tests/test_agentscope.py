@@ -395,9 +395,13 @@ def _steps(run_dir: Path) -> tuple[list[dict], list[dict]]:
     )
 
 
-@pytest.mark.slow  # ~1 minute each on 2 shared cores
+@pytest.mark.long  # ~1 minute each on 2 shared cores
 @pytest.mark.parametrize(
-    "example", [pytest.param("agentscope", marks=needs_agentscope), "openai_tool_agent"]
+    "example",
+    [
+        pytest.param("agentscope", marks=needs_agentscope),
+        pytest.param("openai_tool_agent", marks=pytest.mark.long),  # fast tests run its agent
+    ],
 )
 def test_agent_example_trains_a_few_steps_end_to_end(example, tmp_path):
     """The example config for 3 GRPO steps through `trinity run`: each step's episodes all

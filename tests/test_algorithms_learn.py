@@ -26,7 +26,7 @@ from test_e2e import ROOT, run_trinity
 
 CONFIG = ROOT / "examples" / "quickstart" / "quickstart.yaml"
 STEPS = 30
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long  # a learning curve each: `make test-long`
 
 
 def metrics(run_dir: Path) -> list[dict]:

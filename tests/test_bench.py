@@ -34,7 +34,7 @@ def test_checkpoints_of_a_staged_run_are_numbered_run_wide(tmp_path):
     assert find_checkpoints(tmp_path / "missing") == []
 
 
-@pytest.mark.slow  # ~40 s of bench runs on 2 cores: keeps `make test` under its 10 minutes
+@pytest.mark.long  # ~40 s of bench runs on 2 cores: keeps `make test` under its 10 minutes
 def test_bench_evaluates_every_checkpoint_as_the_training_run_did(
     tmp_path, tiny_model_dir, grpo_run
 ):

@@ -203,7 +203,7 @@ def test_selector_settings_are_checked_before_the_run():
         TaskStream(make_selector(three.data_selector), tasks(*[{"a": 0, "b": 0, "c": 0}] * 2), 1, 1)
 
 
-@pytest.mark.slow  # a whole run (about 20 s on 2 cores)
+@pytest.mark.long  # a whole run (about 20 s on 2 cores)
 def test_a_run_with_difficulty_based_selection_keeps_its_state_at_the_cursor(
     tmp_path, tiny_model_dir
 ):

@@ -12,8 +12,8 @@ import yaml
 from test_e2e import ROOT
 
 
-@pytest.mark.slow  # an SFT run and two GRPO runs of 2 steps (about 50 s on 2 cores)
-@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.long  # an SFT run and two GRPO runs of 2 steps (about 50 s on 2 cores)
+@pytest.mark.parametrize("reference", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_the_curriculum_benchmark_runs_end_to_end(tmp_path, reference):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "curriculum.py"), "--seeds", "5",
            "--steps", "2", "--eval-interval", "1", "--tasks", "12", "--eval-tasks", "3",

@@ -172,7 +172,7 @@ def test_best_of_group_keeps_each_tasks_best() -> None:
     ]
 
 
-@pytest.mark.slow  # a learning curve: 12 DPO steps of a whole run
+@pytest.mark.long  # a learning curve: 12 DPO steps of a whole run
 def test_dpo_mode_train_raises_the_chosen_over_rejected_margin(tmp_path) -> None:
     data = tmp_path / "prefs.jsonl"
     # 16 pairs, 8 a batch: 12 steps are 6 epochs. Measured in-process with these settings

@@ -343,7 +343,7 @@ def test_actor_failure_exits_nonzero_with_traceback(tmp_path, tiny_model_dir):
 
 # nccl's bit-exact transfer is covered fast in test_sync_collective; its full run is slow-marked
 @pytest.mark.slow  # whole runs; make test keeps room under its 6 minutes (sync: test_sync_*)
-@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
+@pytest.mark.parametrize("method", ["checkpoint", pytest.param("nccl", marks=pytest.mark.long)])
 def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     cfg = grpo_config(
         tmp_path,
@@ -361,7 +361,7 @@ def test_sync_method_with_offset(tmp_path, tiny_model_dir, method):
     assert [records[s]["rollout/model_version"] for s in (1, 2, 3)] == [0, 0, 1]
 
 
-@pytest.mark.slow  # whole runs; make test keeps room under its 6 minutes
+@pytest.mark.long  # whole runs; make test keeps room under its 6 minutes
 @pytest.mark.parametrize("style", ["trainer_driven", "explorer_driven"])
 def test_dynamic_sync_styles_with_staleness_admission(tmp_path, tiny_model_dir, style):
     cfg = grpo_config(
@@ -439,7 +439,7 @@ def test_async_at_staleness_0_makes_the_same_updates_as_sync(tmp_path, tiny_mode
         assert torch.equal(w, weights["explorer_driven"][k]), k
 
 
-@pytest.mark.slow  # a whole run; make test keeps room under its 6 minutes
+@pytest.mark.long  # a whole run; make test keeps room under its 6 minutes
 def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     # 8 train tasks, 3 per step, 2 epochs: 16 tasks = five steps of 3, then 1. When an epoch's
     # last batch was served partial (2 tasks, step 3), the trainer waited for 3 tasks' worth of
@@ -465,7 +465,7 @@ def test_epochs_with_a_partial_batch_run_on_policy(tmp_path, tiny_model_dir):
     assert max(rec["step"] for rec in records if "train/loss" in rec) == len(tasks)
 
 
-@pytest.mark.slow  # a recovery trial: a whole run after a dead cluster's address file
+@pytest.mark.long  # a recovery trial: a whole run after a dead cluster's address file
 def test_stale_ray_address_file_falls_back_to_a_local_instance(tmp_path, tiny_model_dir):
     # a `ray start --head` that was killed leaves its address file behind: `ray_address: auto`
     # used to try the dead cluster for ~35 s and fail; now it says so and starts a local one
@@ -544,7 +544,7 @@ def test_failing_tasks_are_dropped_counted_and_replaced(tmp_path, tiny_model_dir
         assert "train/loss" in rec
 
 
-@pytest.mark.slow  # a topology: a `ray start` cluster and three `trinity run` processes
+@pytest.mark.long  # a topology: a `ray start` cluster and three `trinity run` processes
 def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path, tiny_model_dir):
     # fully asynchronous RFT as Trinity-RFT users run it: `ray start --head`, then two
     # `trinity run`s with mode explore (distinct explorer names) and one with mode train, sharing

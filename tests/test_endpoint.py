@@ -859,7 +859,7 @@ def real(tiny_model_dir, tokenizer) -> Iterator[Served]:
 
 
 @pytest.mark.slow  # a fuzz trial of 2,000 requests; each route's own tests stay fast
-@pytest.mark.parametrize("engine_kind", ["scripted", "real"])
+@pytest.mark.parametrize("engine_kind", [pytest.param("scripted", marks=pytest.mark.long), "real"])
 def test_2000_fuzzed_requests_over_every_route_get_no_5xx(engine_kind, request):
     """Every route, /feedback and /commit included: 2,000 requests, none answered 5xx, against a
     scripted engine (tool calls in every reply) and against the tiny model's real engine."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_e2e import run_trinity
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long  # Trinity-RFT's examples, trained: `make test-long`
 
 
 def metrics(ckpt: Path) -> list[dict]:

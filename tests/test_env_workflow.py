@@ -230,7 +230,7 @@ def _rewards_rise(rewards: list[float], k: int = 10) -> tuple[float, float, floa
     return statistics.fmean(first), statistics.fmean(last), 2 * se
 
 
-@pytest.mark.slow  # 3 to 5 minutes each on 2 shared cores
+@pytest.mark.long  # 3 to 5 minutes each on 2 shared cores
 @pytest.mark.parametrize(("name", "steps"), LEARNS)
 def test_env_example_raises_its_reward_on_cpu(name, steps, tmp_path):
     """examples/envs/<name>.yaml for `steps` GRPO steps from random init, seed 0: the mean
@@ -258,7 +258,7 @@ def test_env_example_raises_its_reward_on_cpu(name, steps, tmp_path):
     assert last - first > bar, (first, last, bar, rewards)
 
 
-@pytest.mark.slow  # ~3.5 minutes on 2 quiet cores
+@pytest.mark.long  # ~3.5 minutes on 2 quiet cores
 def test_countdown_example_raises_its_held_out_reward_on_cpu(tmp_path):
     """examples/envs/countdown_calculator.yaml with its two stages shortened (80 SFT steps on the
     expert's demonstrations, then 30 GRPO steps), seed 0: the held-out reward at the end of the

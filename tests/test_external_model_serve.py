@@ -15,7 +15,7 @@ import pytest
 from test_e2e import ROOT, run_trinity
 from test_serve import lines_of, url_of
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long  # two serve processes and three benches (over 2 minutes)
 
 KEY = "sk-bench-key"
 TASKS = 16

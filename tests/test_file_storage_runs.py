@@ -70,7 +70,7 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("name", ["exp.jsonl", "exp.parquet"])
+@pytest.mark.parametrize("name", ["exp.jsonl", pytest.param("exp.parquet", marks=pytest.mark.long)])
 def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     tmp_path, tiny_model_dir, cluster, name
 ):

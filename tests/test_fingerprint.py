@@ -134,7 +134,7 @@ def test_a_payload_without_a_fingerprint_is_received_unchecked(tmp_path):
     assert sorted(m.receive(own)) == sorted(state())
 
 
-@pytest.mark.slow  # a whole run (10-20 s on 2 cores)
+@pytest.mark.long  # a whole run (10-20 s on 2 cores)
 def test_a_run_checks_every_sync_and_stamps_each_experience_with_its_weights(
     tmp_path, tiny_model_dir
 ):

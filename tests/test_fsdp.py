@@ -119,7 +119,7 @@ CASES = {
 @pytest.mark.parametrize(
     "case",
     [
-        c if c == "grpo_kl_idle_micro_batch" else pytest.param(c, marks=pytest.mark.slow)
+        c if c == "grpo_kl_idle_micro_batch" else pytest.param(c, marks=pytest.mark.long)
         for c in CASES
     ],
 )
@@ -217,7 +217,7 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks(tmp_path, tiny_model_dir)
 
 
 @pytest.mark.slow  # 2 ranks per method
-@pytest.mark.parametrize("method", ["memory", "checkpoint"])
+@pytest.mark.parametrize("method", ["memory", pytest.param("checkpoint", marks=pytest.mark.long)])
 def test_a_sharded_trainer_publishes_the_gathered_weights(tmp_path, tiny_model_dir, method):
     """What an engine receives is every parameter, whole (the tied LM head once), and the bytes
     the publish reports are theirs."""
@@ -262,7 +262,7 @@ def test_trinity_run_trains_on_two_ranks(tmp_path, tiny_model_dir):
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
-@pytest.mark.slow  # two runs
+@pytest.mark.long  # two runs
 def test_a_two_rank_run_continues_on_one_rank(tmp_path, tiny_model_dir):
     """A run of 2 steps on 2 ranks, continued to 4 steps on 1 rank (fsdp2, world 1) from its
     checkpoint: the continued run trains steps 3 and 4 only."""
@@ -275,7 +275,7 @@ def test_a_two_rank_run_continues_on_one_rank(tmp_path, tiny_model_dir):
     assert trained_steps(run_dir) == [1, 2, 3, 4]
 
 
-@pytest.mark.slow  # a topology: a two-node Ray cluster
+@pytest.mark.long  # a topology: a two-node Ray cluster
 def test_trainer_ranks_go_to_different_nodes(tmp_path, tiny_model_dir):
     """Two nodes (two raylets on this machine, as Ray's own tests build them), `node_num: 2`:
     rank 0 and rank 1 of the trainer run on different nodes, and the run trains."""

@@ -46,7 +46,7 @@ def rss(mode: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # a memory trial: two processes grow a 144 MB cache and idle
+@pytest.mark.long  # a memory trial: two processes grow a 144 MB cache and idle
 def test_an_idle_process_gives_its_freed_heap_back():
     kept, trimmed = rss("keep"), rss("trim")
     # the control shows what there is to give back: the cache's last size is 30 x 64 x 3 x 104

@@ -207,7 +207,7 @@ def memory_sync_runs(
     return runs, titles
 
 
-@pytest.mark.slow  # two whole runs (about 50 s on 2 cores)
+@pytest.mark.long  # two whole runs (about 50 s on 2 cores)
 def test_an_engine_in_the_explorers_process_trains_what_an_engine_process_trains(
     tmp_path, tiny_model_dir
 ):

@@ -23,6 +23,7 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # a learning curve of hundreds of steps
 def test_sft_mode_train_learns_from_a_messages_file(tmp_path, tiny_model_dir):
     # 1-digit sums as chat conversations: a system turn, the question, the assistant's answer
     rows = [

@@ -322,7 +322,7 @@ def test_resume_restores_adapter_and_optimizer_exactly(tmp_path, tiny_model_dir)
 
 
 @pytest.mark.slow  # two trinity runs (15 s, 34 s): make test keeps its 6 minutes
-@pytest.mark.parametrize("method", ["default", "nccl"])
+@pytest.mark.parametrize("method", ["default", pytest.param("nccl", marks=pytest.mark.long)])
 def test_a_lora_grpo_run_syncs_only_the_adapter(tmp_path, tiny_model_dir, method):
     """`trinity run`, mode both, 3 GRPO steps with a rank-4 adapter: the default layout (one
     process, where an unset sync method is memory with LoRA) and actors with nccl (gloo)."""
@@ -359,7 +359,7 @@ def test_a_lora_grpo_run_syncs_only_the_adapter(tmp_path, tiny_model_dir, method
         assert (merged(input_ids=ids).logits - want).abs().max() < 1e-5
 
 
-@pytest.mark.slow  # a crash trial: an interrupted and an uninterrupted `trinity run` (~45 s)
+@pytest.mark.long  # a crash trial: an interrupted and an uninterrupted `trinity run` (~45 s)
 def test_a_resumed_lora_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, tiny_model_dir):
     """SFT with an adapter: 6 steps at once, or 4 steps then a resume to 6 (a new process
     that loads the adapter and its optimizer state from the step-4 checkpoint)."""
@@ -407,7 +407,7 @@ def lora_grpo_config(tmp_path, model_dir):
     return cfg, {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
 
 
-@pytest.mark.slow  # two `trinity run`s (~60 s)
+@pytest.mark.long  # two `trinity run`s (~60 s)
 def test_a_resumed_lora_grpo_run_samples_with_the_trainer_s_weights(tmp_path, tiny_model_dir):
     """2 steps, then a resume to 4: the engines, built from the base, continue from the
     checkpoint's adapter, and every step's rollouts come from the weights the trainer trains

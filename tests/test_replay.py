@@ -391,7 +391,7 @@ class SlowEnv(MathWorkflow):
 """
 
 
-@pytest.mark.slow  # two whole runs (about 60 s on 2 cores)
+@pytest.mark.long  # two whole runs (about 60 s on 2 cores)
 def test_with_a_slow_explorer_replay_trains_twice_per_explore_step(tmp_path, tiny_model_dir):
     """An explorer slower than the trainer (1.5 s episodes: slower than a train step on a busy
     machine too; 0.4 s was not under a load of 6 on 2 cores), trainer_driven sync: without

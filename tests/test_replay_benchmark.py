@@ -21,7 +21,7 @@ def replay_benchmark(tmp_path, seed: int, *args: str, timeout: int = 900) -> tup
     return result, {run["buffer"]: run for run in result["runs"]}
 
 
-@pytest.mark.slow  # an SFT run and two GRPO runs of 2 explore steps (about 60 s on 2 cores)
+@pytest.mark.long  # an SFT run and two GRPO runs of 2 explore steps (about 60 s on 2 cores)
 def test_the_replay_benchmark_runs_end_to_end(tmp_path):
     result, runs = replay_benchmark(
         tmp_path, 5, "--steps", "2", "--eval-interval", "1", "--sft-steps", "2",
@@ -38,7 +38,7 @@ def test_the_replay_benchmark_runs_end_to_end(tmp_path):
     assert result["stats"]["ratio_replay_over_plain"] is None  # 0 / 0
 
 
-@pytest.mark.slow  # the quickstart SFT stage and two 30-step GRPO runs (17 min at 100 GFLOP/s)
+@pytest.mark.long  # the quickstart SFT stage and two 30-step GRPO runs (17 min at 100 GFLOP/s)
 def test_replay_reaches_the_quickstart_target_in_fewer_explore_steps(tmp_path):
     """The learning gain, at the benchmark's full size, on its seed 1 (the widest margin of the
     three published in docs/benchmarks.md: 8 explore steps against 16; the claim over seeds

@@ -22,7 +22,7 @@ def test_fresh_name_is_trinity_rft_s_timestamp_suffix():
     assert fresh_name("add2", datetime(2026, 11, 23, 5, 4, 3)) == "add2_20261123050403"
 
 
-@pytest.mark.slow  # two whole runs; the folder naming itself is tested fast above
+@pytest.mark.long  # two whole runs; the folder naming itself is tested fast above
 def test_rerun_gets_a_fresh_folder_and_never_trains_on_leftovers(
     tmp_path, tiny_model_dir, grpo_run
 ):
@@ -72,7 +72,7 @@ def sft_config(tmp_path, model_dir, total_steps: int):
     return cfg
 
 
-@pytest.mark.slow  # a crash trial: an interrupted and an uninterrupted run (35-51 s)
+@pytest.mark.long  # a crash trial: an interrupted and an uninterrupted run (35-51 s)
 def test_resumed_sft_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path, tiny_model_dir):
     # uninterrupted: 6 steps
     whole = tmp_path / "whole"
@@ -166,7 +166,7 @@ def test_crashed_grpo_run_resumes_exactly_once(tmp_path, tiny_model_dir):
     assert versions == {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
 
 
-@pytest.mark.slow  # a crash trial: a train process dead between checkpoint and ack
+@pytest.mark.long  # a crash trial: a train process dead between checkpoint and ack
 def test_an_explore_process_settles_the_leases_of_the_run_s_checkpoint(tmp_path, tiny_model_dir):
     """Split mode: the train process crashed between writing a checkpoint and acking its
     leases, and the explore process is the first to come back. It creates the buffer, so it is

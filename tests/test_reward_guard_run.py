@@ -30,7 +30,7 @@ def hangs_on_two(response, truth, task_raw):
 """
 
 
-@pytest.mark.slow  # a whole run (3 steps and an evaluation)
+@pytest.mark.long  # a whole run (3 steps and an evaluation)
 def test_a_hanging_reward_does_not_freeze_a_run(tmp_path, tiny_model_dir):
     cfg = grpo_config(tmp_path, tiny_model_dir)
     text = cfg.read_text().replace(

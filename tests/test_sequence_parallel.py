@@ -238,7 +238,7 @@ def _sequence_place(rank) -> tuple[int, int, str]:
 
 @pytest.mark.parametrize(
     "case",
-    [c if c == "world2_grpo_kl" else pytest.param(c, marks=pytest.mark.slow) for c in SP_CASES],
+    [c if c == "world2_grpo_kl" else pytest.param(c, marks=pytest.mark.long) for c in SP_CASES],
 )
 def test_sequence_parallel_ranks_make_the_updates_of_one_process(
     tmp_path, tiny_model_dir, ray_instance, case
@@ -276,7 +276,7 @@ def test_trinity_run_trains_with_sequence_parallelism(tmp_path, tiny_model_dir):
     assert trained_steps(run_dir) == [1, 2, 3]
 
 
-@pytest.mark.slow  # 2 ranks and one process, 2 steps each
+@pytest.mark.long  # 2 ranks and one process, 2 steps each
 def test_a_lora_adapter_trained_with_sequence_parallelism_is_one_process_s(
     tmp_path, tiny_model_dir, ray_instance
 ):

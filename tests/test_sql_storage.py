@@ -285,7 +285,7 @@ def test_the_config_takes_sql_for_the_experience_buffer_and_checks_its_url(tmp_p
 
 
 @pytest.mark.slow  # two whole runs (about 12-20 s on 2 cores)
-@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+@pytest.mark.parametrize("where", [pytest.param("sqlite", marks=pytest.mark.long), "postgres"])
 def test_a_grpo_run_trains_from_sql_storage(tmp_path, tiny_model_dir, request, where):
     """`trinity run` (mode both, GRPO, 3 steps) with `storage_type: sql`: with no path the buffer
     is a SQLite file in the run folder, with a PostgreSQL URL rows of that database; every

@@ -89,7 +89,12 @@ def _started_past_a_checkpoint(
 
 @pytest.mark.slow  # two runs: one interrupted at its fourth step, then its continuation
 @pytest.mark.parametrize(
-    ("sig", "group"), [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+    ("sig", "group"),
+    [
+        (signal.SIGINT, False),
+        pytest.param(signal.SIGTERM, False, marks=pytest.mark.long),
+        pytest.param(signal.SIGINT, True, marks=pytest.mark.long),
+    ],
     ids=["SIGINT", "SIGTERM", "Ctrl-C"],
 )  # fmt: skip
 def test_an_interrupted_run_prints_the_command_that_continues_it(
@@ -128,7 +133,9 @@ def test_an_interrupted_run_prints_the_command_that_continues_it(
 
 
 @pytest.mark.slow  # two runs: one whose one process is killed, then its continuation
-@pytest.mark.parametrize("on_ray", [False, True], ids=["without_ray", "on_ray"])
+@pytest.mark.parametrize(
+    "on_ray", [False, pytest.param(True, marks=pytest.mark.long)], ids=["without_ray", "on_ray"]
+)
 def test_a_crash_of_the_one_process_ends_the_run_with_the_command_that_continues_it(
     tmp_path, tiny_model_dir, on_ray
 ):

@@ -241,7 +241,7 @@ def test_a_rank_that_fails_alone_fails_the_engine_at_once(ray_local, monkeypatch
     stuck.set()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_tp2_engine_whose_rank_dies_is_restarted_with_its_weights(
     ray_local, tiny_model_dir, tmp_path
 ) -> None:
@@ -274,7 +274,7 @@ def test_a_tp2_engine_whose_rank_dies_is_restarted_with_its_weights(
         pools.release()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_nccl_sync_reaches_every_rank_as_a_member_of_the_broadcast(engines, tmp_path) -> None:
     """sync_method nccl (gloo here): each rank joins the trainer's broadcast as its own member
     (rank r of engine i is member i·2 + r of 2) and keeps its slices."""

@@ -173,6 +173,7 @@ def assert_shares(outs: dict[str, str], cpus: int, engines: int = 1) -> dict[str
     return held
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("steps", "tasks", "expect"),
     [(3, 200, 3), (50, 12, 3)],
@@ -194,6 +195,7 @@ def test_mode_both(tmp_path, tiny_model_dir, steps, tasks, expect):
     assert_clean(counts(cfg), trained=expect * PER_STEP)
 
 
+@pytest.mark.long
 def test_explore_and_train_processes_trainer_budget_first(tmp_path, tiny_model_dir, cluster):
     # the trainer's budget (3 steps) ends the run: the explorer, planning 20, is told by its
     # next write and stops cleanly; what it wrote past the budget is dropped, counted. The
@@ -221,7 +223,7 @@ def test_explore_and_train_processes_trainer_budget_first(tmp_path, tiny_model_d
     assert named_actors(cluster, "trinity:topo/split_budget") == []
 
 
-@pytest.mark.parametrize("storage", ["queue", "sql"])
+@pytest.mark.parametrize("storage", ["queue", pytest.param("sql", marks=pytest.mark.long)])
 def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, cluster, storage):
     # no budget on the trainer: it trains until its explorer has finished (3 steps); the two
     # processes meet in a queue or in sql storage (a SQLite file in the run folder)
@@ -266,6 +268,7 @@ def test_explore_and_train_processes_tasks_first(tmp_path, tiny_model_dir, clust
     old.close()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("budget", "trained"), [(6, 6), (20, 8)], ids=["budget_first", "tasks_first"]
 )
@@ -347,6 +350,7 @@ def test_sigkill_the_trainer_of_a_split_run_and_start_it_again_alone(
     assert named_actors(cluster, "trinity:topo/kill_trainer") == []
 
 
+@pytest.mark.long
 def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_model_dir, cluster4):
     # alpha runs first against a buffer that holds 3 steps: it writes steps 1-3 and blocks in
     # the write of step 4. SIGKILLed there and started again alone, it joins the live run (its
@@ -385,6 +389,7 @@ def test_sigkill_one_explorer_of_two_and_start_it_again_alone(tmp_path, tiny_mod
     assert named_actors(cluster, "trinity:topo/kill_explorer") == []
 
 
+@pytest.mark.long
 def test_the_docs_two_process_example_runs_as_printed(tmp_path, cluster):
     # docs/running.md's block, command for command; `ray start --head` / `ray stop` are the
     # private cluster here, which `ray_address: auto` joins through RAY_ADDRESS as it would the

@@ -75,6 +75,18 @@ def test_the_docs_table_is_current(tmp_path):
 ASYNC = ("examples/async_gsm8k/explorer.yaml", "examples/async_gsm8k/trainer.yaml")
 EXTERNAL = "examples/bench/external_model.yaml"
 WALKED = [n for n in RUNNABLE if n not in ASYNC and n != EXTERNAL]
+# walked in CI (`make test-slow`): GRPO on math, CHORD's mix of SFT and RL batches, the BOTS
+# curriculum and a multi-turn environment; `make test-long` walks the rest
+WALKED_IN_CI = {
+    "examples/grpo_gsm8k/gsm8k.yaml",
+    "examples/mix_chord/mix_chord.yaml",
+    "examples/bots/bots.yaml",
+    "examples/grpo_frozen_lake/frozen_lake.yaml",
+}
+
+
+def test_every_example_walked_in_ci_is_walked():
+    assert set(WALKED) >= WALKED_IN_CI, WALKED_IN_CI - set(WALKED)
 
 
 def run_example(sub, *sets: str, env: dict | None = None, timeout: int = 300):
@@ -104,7 +116,9 @@ CACHE = Path(tempfile.gettempdir()) / "trinity-examples-cache"  # tiny:// builds
 
 
 @pytest.mark.slow  # a whole run each (~15 s)
-@pytest.mark.parametrize("name", WALKED)
+@pytest.mark.parametrize(
+    "name", [n if n in WALKED_IN_CI else pytest.param(n, marks=pytest.mark.long) for n in WALKED]
+)
 def test_an_example_runs_two_steps(name, tmp_path):
     sub = substitute(name, tmp_path)
     r = run_example(sub)
@@ -112,7 +126,7 @@ def test_an_example_runs_two_steps(name, tmp_path):
     assert steps_logged(tmp_path / "ckpt") == {1, 2}
 
 
-@pytest.mark.slow  # two processes of one run on a private Ray cluster
+@pytest.mark.long  # two processes of one run on a private Ray cluster
 def test_the_async_explorer_and_trainer_run_two_steps_together(tmp_path):
     # Trinity-RFT's two-process example: both configs name the same run (project, name), so
     # the explorer's queue is the trainer's buffer; docs/running.md
@@ -144,7 +158,7 @@ def test_the_async_explorer_and_trainer_run_two_steps_together(tmp_path):
     assert steps_logged(tmp_path / "ckpt") == {1, 2}
 
 
-@pytest.mark.slow  # `trinity serve` and a bench
+@pytest.mark.long  # `trinity serve` and a bench
 def test_the_external_model_example_benches_trinity_serve(tmp_path):
     # the endpoint is `trinity serve` of the tiny model, started as a user starts it (the
     # example's own model is a hosted API); tests/test_external_model_serve.py checks scores
