@@ -614,7 +614,7 @@ def test_two_explorers_and_a_trainer_as_three_processes_on_one_cluster(tmp_path,
         assert named_actors(cluster, "trinity:e2e/grpo") == []
 
 
-@pytest.mark.slow  # a topology: a two-node `ray start` cluster
+@pytest.mark.long  # a topology: a two-node `ray start` cluster
 def test_node_num_spreads_the_engines_over_the_cluster_s_nodes(tmp_path, tiny_model_dir):
     # a two-node Ray cluster on this machine (two raylets, as Ray's own tests build one): the
     # trainer and engine 0 go to the first node, engine 1 to the other

@@ -49,7 +49,7 @@ def _zero_weights(model_dir) -> dict[str, torch.Tensor]:
     return {k: torch.zeros_like(v) for k, v in engine.model.state_dict().items()}
 
 
-@pytest.mark.slow  # an engine actor killed and restarted (about 30 s on 2 cores)
+@pytest.mark.long  # an engine actor killed and restarted (about 30 s on 2 cores)
 def test_a_crashed_engine_comes_back_with_the_weights_it_held(tiny_model_dir, ray_local, tmp_path):
     zeros = _zero_weights(tiny_model_dir)
     engine_cls = ray.remote(HFRolloutEngine).options(num_cpus=0, max_restarts=2)

@@ -70,7 +70,9 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("name", ["exp.jsonl", pytest.param("exp.parquet", marks=pytest.mark.long)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.long) for n in ("exp.jsonl", "exp.parquet")]
+)
 def test_explore_run_writes_a_file_a_killed_train_run_resumes_on_it_exactly(
     tmp_path, tiny_model_dir, cluster, name
 ):

@@ -71,7 +71,7 @@ def test_the_session_environment_is_hermetic() -> None:
     assert os.environ["RAY_TMPDIR"] == RAY_TMP and Path(RAY_TMP).is_dir()
 
 
-@pytest.mark.slow  # a topology: a live `ray start --head` cluster and three drivers
+@pytest.mark.long  # a topology: a live `ray start --head` cluster and three drivers
 def test_a_live_announced_cluster_is_never_joined(tmp_path) -> None:
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
     # the cluster's token, given to head and drivers alike (Ray's token auth is on by default)

@@ -51,10 +51,10 @@ def start(role: str, db: str, folder: Path, replay: bool) -> subprocess.Popen:
     [
         ("sqlite", False),
         ("postgres", False),
-        pytest.param("file", False, marks=pytest.mark.long),
-        pytest.param("parquet", False, marks=pytest.mark.long),
+        ("file", False),
+        ("parquet", False),
         ("sqlite", True),
-        pytest.param("postgres", True, marks=pytest.mark.long),
+        ("postgres", True),
     ],
 )
 def test_sigkilled_writer_and_reader_lose_nothing_and_train_nothing_twice(

@@ -75,13 +75,12 @@ def test_the_docs_table_is_current(tmp_path):
 ASYNC = ("examples/async_gsm8k/explorer.yaml", "examples/async_gsm8k/trainer.yaml")
 EXTERNAL = "examples/bench/external_model.yaml"
 WALKED = [n for n in RUNNABLE if n not in ASYNC and n != EXTERNAL]
-# walked in CI (`make test-slow`): GRPO on math, CHORD's mix of SFT and RL batches, the BOTS
-# curriculum and a multi-turn environment; `make test-long` walks the rest
+# walked in CI (`make test-slow`): GRPO on math, CHORD's mix of SFT and RL batches and the BOTS
+# curriculum; `make test-long` walks the rest
 WALKED_IN_CI = {
     "examples/grpo_gsm8k/gsm8k.yaml",
     "examples/mix_chord/mix_chord.yaml",
     "examples/bots/bots.yaml",
-    "examples/grpo_frozen_lake/frozen_lake.yaml",
 }
 
 
