@@ -49,7 +49,7 @@ _DTYPES = {
 }
 # a packed tensor: (torch dtype name, shape, raw bytes)
 Packed = tuple[str, tuple[int, ...], bytes]
-# the fields besides the tensors, as `to_dict` and `to_bytes` write them
+# the fields besides the tensors, as `to_bytes` writes them (the scalars `to_dict` writes)
 _SCALARS = ("prompt_length", "reward", "eid", "model_version", "truncated", "kind",
             "prompt_text", "response_text", "info", "metrics")  # fmt: skip
 BLOB_MAGIC = b"TEX1"  # `Experience.to_bytes`
