@@ -6,8 +6,8 @@
 Per seed: the quickstart's SFT stage runs once (`examples/quickstart/quickstart.yaml`: the
 teacher that forgets the carry, 2-digit sums only; its own fresh cache), then the quickstart's
 GRPO stage runs once per selector from that SFT checkpoint, on a taskset of mixed difficulty
-(`arithmetic_levels`, `--tasks` problems, a third of each level: 2-digit sums without a carry,
-solved after SFT; with a carry, learnable; 3-digit sums, out of reach) with only
+(`arithmetic_levels`, `--tasks` problems, an equal share of each of `--levels`: 2-digit sums
+without a carry, solved after SFT; with a carry, learnable; 3-digit sums, out of reach) with only
 `data_selector.selector_type` changed. Both selectors run with the same seed, taskset, batch
 (`--batch-size` tasks × 8 samples), lr schedule, step budget (`--steps`) and experience pipeline
 (`pass_rate_calculator`, which changes nothing trained: it reports `selection/valid_ratio`, the
@@ -17,8 +17,8 @@ lamb 0.1, rho 0.1, target_reward 0.5, tau 0, do_sample) with m = the samples per
 offline reference columns (this taskset has none: the posterior learns from rollouts alone).
 
 Held-out accuracy (greedy, `--eval-tasks` problems of each level that no training set holds) is
-evaluated at the start and every `--eval-interval` steps; its mean over the three levels is
-the accuracy of the mix. The result of a run is the first evaluated step at which that mean
+evaluated at the start and every `--eval-interval` steps; its mean over the levels is the
+accuracy of the mix. The result of a run is the first evaluated step at which that mean
 reaches `--target`, or "not reached" within the budget. Prints one row per (selector, seed),
 then per selector the mean ± std of the steps to target (over the seeds that reached it), the
 ratio difficulty_based / random of the means, and writes
@@ -75,7 +75,8 @@ def grpo_stage(
     `reference`, the taskset is that file (its rows and their offline pass rates)."""
     stage = json.loads(json.dumps(rl_stage))  # a deep copy
     repeat = stage["algorithm"]["repeat_times"]
-    taskset = levels_set("levels", "train", args.tasks, [1, 1, 1])
+    weights = [int(name in args.levels) for name in LEVELS]
+    taskset = levels_set("levels", "train", args.tasks, weights)
     if reference is not None:  # the same rows, with their offline pass rate, from a file
         taskset = {"name": "levels", "storage_type": "file", "path": str(reference),
                    "format": taskset["format"]}  # fmt: skip
@@ -87,6 +88,7 @@ def grpo_stage(
     evals = [
         levels_set(f"heldout_{name}", "test", args.eval_tasks, [int(k == i) for k in range(3)])
         for i, name in enumerate(LEVELS)
+        if name in args.levels
     ]
     buffer = stage["buffer"]
     buffer["batch_size"] = args.batch_size
@@ -106,9 +108,9 @@ def grpo_stage(
     return stage
 
 
-def accuracy_by_step(records: list[dict]) -> dict[int, list[float]]:
-    """Held-out greedy accuracy of each level at each evaluated step."""
-    keys = [f"eval/heldout_{name}/accuracy" for name in LEVELS]
+def accuracy_by_step(records: list[dict], levels: list[str]) -> dict[int, list[float]]:
+    """Held-out greedy accuracy of each of `levels` at each evaluated step."""
+    keys = [f"eval/heldout_{name}/accuracy" for name in levels]
     return {r["step"]: [r[k] for k in keys] for r in records if all(k in r for k in keys)}
 
 
@@ -195,7 +197,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
         name = f"grpo_{selector}{suffix}"
         shutil.rmtree(work / "ckpt" / base["project"] / name, ignore_errors=True)
         records, wall = run(config(selector, reference), work, name, env)
-        curve = accuracy_by_step(records)
+        curve = accuracy_by_step(records, args.levels)
         rows.append(
             {
                 "selector": selector,
@@ -248,8 +250,8 @@ def stats_ratio(stats: dict, pair: tuple[str, str]) -> float | None:
 def report(rows: list[dict], args: argparse.Namespace) -> dict:
     """Print the table; the per-selector statistics."""
     fmt = "{:>17} {:>5} {:>15} {:>20} {:>20} {:>20} {:>7}"
-    print(fmt.format("selector", "seed", "steps_to_target", "start (levels 0/1/2)",
-                     "final (levels 0/1/2)", "tasks mixed/1/0", "wall_s"))  # fmt: skip
+    print(fmt.format("selector", "seed", "steps_to_target", "start (by level)",
+                     "final (by level)", "tasks mixed/1/0", "wall_s"))  # fmt: skip
     for r in rows:
         reached = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
         levels = ["/".join(f"{x:.2f}" for x in r[k]) for k in ("start", "final")]
@@ -283,7 +285,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80, help="GRPO step budget per run")
     ap.add_argument("--target", type=float, default=0.58, help="held-out accuracy of the mix")
     ap.add_argument("--eval-interval", type=int, default=1, help="steps between evaluations")
-    ap.add_argument("--tasks", type=int, default=240, help="training problems (a third a level)")
+    ap.add_argument(
+        "--levels", nargs="+", default=list(LEVELS), choices=LEVELS,
+        help="the levels in the taskset (equal shares) and in the held-out mean",
+    )  # fmt: skip
+    ap.add_argument("--tasks", type=int, default=240, help="training problems (equal per level)")
     ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
     ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
