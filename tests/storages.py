@@ -90,6 +90,23 @@ class Backend:
             return [tuple(r) for r in conn.execute(q)]
 
 
+def payloads_as_json_text(url: Any) -> None:
+    """The database at `url` back to how schema version 2 kept payloads: `to_dict` JSON text in
+    a text column (the version number is the caller's to set)."""
+    from trinity.buffer.sql_schema import payloads
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        rows = conn.execute(sa.select(payloads.c.id, payloads.c.data)).all()
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE trinity_payload ALTER COLUMN data TYPE TEXT USING ''")
+        for i, data in rows:
+            text = json.dumps(Experience.from_stored(data).to_dict())
+            conn.execute(sa.text("UPDATE trinity_payload SET data = :d WHERE id = :i"),
+                         {"d": text, "i": i})  # fmt: skip
+    engine.dispose()
+
+
 def fill(store: str | Path, experiences: list[Experience]) -> None:
     """A `file` storage's store written with `experiences` in one write, then closed."""
 

@@ -3,6 +3,7 @@ serialisation, which every storage relies on. The storage contract itself, share
 storage, is `test_storage_contract.py`."""
 
 import asyncio
+import json
 import pickle
 import sqlite3
 import subprocess
@@ -82,6 +83,10 @@ def test_a_pickled_experience_keeps_its_tensors_packed_until_one_is_read():
         Experience.from_dict({**e.to_dict(), "advantages": [0.0]})
 
 
+_TENSOR_FIELDS = ("tokens", "logprobs", "action_mask", "advantages", "returns",
+                  "token_level_reward", "topk_ids", "topk_logprobs")  # fmt: skip
+
+
 def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
     e = Experience(
         tokens=torch.tensor([5, 6, 7, 8]),
@@ -100,18 +105,29 @@ def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
     # 4 (magic) + 4 (header length) + header + 8 * 4 tokens + 4 * 3 logprobs + 1 * 3 mask +
     # 8 * 6 top-k ids + 4 * 6 top-k logprobs
     head = int.from_bytes(blob[4:8], "little")
-    assert blob[:4] == b"TEX1" and len(blob) == 8 + head + 32 + 12 + 3 + 48 + 24
+    assert blob[:4] == b"TEX2" and len(blob) == 8 + head + 32 + 12 + 3 + 48 + 24
     again = Experience.from_bytes(blob)
     assert "tokens" not in vars(again)  # packed, as from a pickle
     assert again.to_dict() == e.to_dict()
     assert torch.equal(again.logprobs, e.logprobs)  # the float32 bits, not a decimal
     assert again.eid == e.eid and again.kind is ExperienceKind.MULTI_TURN
     assert again.to_bytes() == blob  # packed in, the same bytes out
+    # the first layout (TEX1, a dict header with each tensor's byte count), built by hand
+    tensors = [e.tokens, e.logprobs, e.action_mask, None, None, None, e.topk_ids, e.topk_logprobs]
+    scalars = {k: v for k, v in e.to_dict().items() if k not in _TENSOR_FIELDS}
+    head = {"s": scalars, "t": [None if t is None else
+                                [str(t.dtype)[6:], list(t.shape), t.numel() * t.element_size()]
+                                for t in tensors]}  # fmt: skip
+    text = json.dumps(head).encode()
+    v1 = b"TEX1" + len(text).to_bytes(4, "little") + text
+    v1 += b"".join(t.numpy().tobytes() for t in tensors if t is not None)
+    assert Experience.from_stored(v1).to_dict() == e.to_dict()
     for bad, why in [
         (blob[:-1], "not 24 bytes of float32"),  # the last tensor cut short
         (blob + b"\0", "1 bytes after its last tensor"),
         (blob[:20], "cut short in its"),
         (b'{"tokens": [1]}', "not an experience blob"),
+        (b"TEX2\x02\x00\x00\x00[]", "its header is not one"),
     ]:
         with pytest.raises(ValueError, match=why):
             Experience.from_bytes(bad)
@@ -120,8 +136,6 @@ def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
 def test_a_log_written_with_json_payloads_is_read_on_restart(tmp_path):
     """Logs written before the blobs keep each payload as JSON text of `to_dict`: a restart
     over one hands its pending rows out as they were written."""
-    import json
-
     path = tmp_path / "old.db"
     QueueStorage(path).log.close()  # the tables
     old = [exp(i) for i in range(3)]

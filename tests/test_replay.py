@@ -11,6 +11,7 @@ import time
 import pytest
 import sqlalchemy as sa
 import torch
+from storages import payloads_as_json_text
 
 from trinity.buffer.replay import (
     ReplaySpec,
@@ -224,8 +225,9 @@ def test_a_version_1_database_is_migrated_and_its_rows_read(db):
         await s.register_writer("w")
         await s.write(group(0, 0, version=0))
         s.shutdown()
+        payloads_as_json_text(database_url(db))  # back to version 1: JSON payloads,
         engine = sa.create_engine(database_url(db))
-        with engine.begin() as conn:  # back to version 1: the replay columns removed
+        with engine.begin() as conn:  # and no replay columns
             conn.exec_driver_sql("DROP INDEX trinity_experience_origin")
             for column in ("reason", "group_key", "uses", "priority", "ready_at", "origin"):
                 conn.exec_driver_sql(f"ALTER TABLE trinity_experience DROP COLUMN {column}")

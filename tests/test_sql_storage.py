@@ -16,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 import torch
 from safetensors.torch import save as safetensors_save
-from storages import exp
+from storages import exp, payloads_as_json_text
 
 from trinity.buffer.sql import SQLStorage
-from trinity.buffer.sql_schema import SCHEMA_VERSION, SchemaVersionError, meta
+from trinity.buffer.sql_schema import SCHEMA_VERSION, SchemaVersionError, meta, payloads
 from trinity.buffer.sql_url import database_url, shown, url_problem
 from trinity.buffer.storage import BufferClosed
 from trinity.buffer.trinity_rft_sql import read_trinity_rft_table
@@ -74,6 +74,36 @@ def test_a_database_of_another_schema_version_is_refused_naming_both(db):
         SchemaVersionError, match=rf"version 99.*reads and writes version {SCHEMA_VERSION}"
     ):
         SQLStorage(db)
+
+
+def test_a_version_2_database_keeps_its_json_payloads_and_new_ones_are_blobs(db):
+    """Schema 3 stores `Experience.to_bytes`; a version-2 database (payloads as JSON text) is
+    migrated at open: its rows read back exactly, and rows written after are blobs."""
+
+    async def main():
+        s = SQLStorage(db, name="p/r/exp")
+        await s.write([exp(0), exp(1)])
+        s.shutdown()
+        url = database_url(db)
+        payloads_as_json_text(url)
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(meta.update().values(value="2"))
+        engine.dispose()
+        s = SQLStorage(db, name="p/r/exp")
+        await s.write([exp(2)])
+        with s.store.engine.connect() as conn:
+            stored = dict(conn.execute(sa.select(payloads.c.id, payloads.c.data)).all())
+            version = conn.execute(sa.select(meta.c.value)).scalar_one()
+        assert version == str(SCHEMA_VERSION) == "3"
+        assert [bytes(d)[:1] for d in stored.values()] == [b"{", b"{", b"T"]  # JSON, JSON, TEX2
+        got = (await s.read(3)).experiences
+        for e, want in zip(got, [exp(0), exp(1), exp(2)], strict=True):
+            assert e.tokens.tolist() == want.tokens.tolist() and e.reward == want.reward
+            assert e.logprobs.tolist() == want.logprobs.tolist()
+        s.shutdown()
+
+    asyncio.run(main())
 
 
 def test_two_readers_take_different_rows_each_in_write_order(db):

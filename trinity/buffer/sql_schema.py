@@ -19,8 +19,9 @@ tables apart from a Trinity-RFT table (named after its buffer) in the same datab
   its lease, how often it was acked (above 1 = trained twice: never, by design), and the scalars
   counts and staleness use. With replay (`replay.py`) also its group, priority, use count, when
   it is ready, and for a replay copy the lease whose read made it (`origin`).
-- `trinity_payload`: the experience itself (`Experience.to_dict` as JSON), deleted when its row is
-  trained or dropped (retention: counts stay exact, bytes go; deleted in write order, so whole
+- `trinity_payload`: the experience itself (`Experience.to_bytes`: its tensors' raw bytes behind
+  a JSON header; a database migrated from version 2 also holds `to_dict` JSON as UTF-8 bytes,
+  read by `Experience.from_stored`), deleted when its row is trained or dropped (retention: counts stay exact, bytes go; deleted in write order, so whole
   SQLite pages empty out and are reused).
 - `trinity_lease`: each lease handed out: its reader token and whether it is open, acked or
   returned (its reader was superseded), so an ack from any process is checked.
@@ -44,7 +45,8 @@ from sqlalchemy.engine import URL, Engine
 
 from trinity.buffer.sql_url import shown
 
-SCHEMA_VERSION = 2  # 2: the replay columns of trinity_experience (`migrate` adds them to a 1)
+# 2: the replay columns of trinity_experience; 3: binary payloads (`MIGRATIONS`)
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 60_000  # how long a SQLite transaction waits for another process's
 
 # lease states
@@ -94,7 +96,7 @@ payloads = sa.Table(
     "trinity_payload",
     metadata,
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
-    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),  # version 3; before, JSON text
 )
 leases = sa.Table(
     "trinity_lease",
@@ -184,9 +186,13 @@ def open_database(url: URL) -> Engine:
     return engine
 
 
-# version 1 -> 2: the replay columns (NOT NULL ones with their default, so old rows read as
-# fresh experiences of a storage without replay)
-MIGRATIONS = {
+# The statements that bring version k to k + 1; a statement is SQL for every dialect, or a
+# dict of it per dialect (a dialect not named runs nothing).
+# 1 -> 2: the replay columns (NOT NULL ones with their default, so old rows read as fresh
+# experiences of a storage without replay).
+# 2 -> 3: payloads binary; the JSON text already there kept as its UTF-8 bytes (SQLite types
+# values, not columns: the CAST makes the stored values blobs, the declared type stays TEXT).
+MIGRATIONS: dict[int, list[str | dict[str, str]]] = {
     1: [
         "ALTER TABLE trinity_experience ADD COLUMN reason SMALLINT NOT NULL DEFAULT 0",
         "ALTER TABLE trinity_experience ADD COLUMN group_key VARCHAR(256)",
@@ -195,7 +201,14 @@ MIGRATIONS = {
         "ALTER TABLE trinity_experience ADD COLUMN ready_at FLOAT",
         "ALTER TABLE trinity_experience ADD COLUMN origin BIGINT",
         "CREATE INDEX trinity_experience_origin ON trinity_experience (origin)",
-    ]
+    ],
+    2: [
+        {
+            "postgresql": "ALTER TABLE trinity_payload ALTER COLUMN data TYPE BYTEA "
+            "USING convert_to(data, 'UTF8')",
+            "sqlite": "UPDATE trinity_payload SET data = CAST(data AS BLOB)",
+        }
+    ],
 }
 
 
@@ -204,7 +217,10 @@ def migrate(conn: sa.Connection, found: int) -> None:
     (on SQLite and PostgreSQL alike, DDL is transactional: a failed migration changes nothing)."""
     for version in range(found, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
-            conn.exec_driver_sql(statement)
+            if isinstance(statement, dict):
+                statement = statement.get(conn.dialect.name, "")
+            if statement:
+                conn.exec_driver_sql(statement)
     conn.execute(
         meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
     )

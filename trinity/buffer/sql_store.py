@@ -110,6 +110,38 @@ def _insert(conn: sa.Connection, table: sa.Table) -> Any:
     return insert(table)
 
 
+# a read's statements, built once: an `IN` of one expanding parameter, not one per id
+_LEASE_ROWS = (
+    experiences.update()
+    .where(experiences.c.id.in_(sa.bindparam("ids", expanding=True)))
+    .values(state=LEASED, lease=sa.bindparam("lease"))
+)
+_PAYLOADS_OF = sa.select(payloads.c.id, payloads.c.data).where(
+    payloads.c.id.in_(sa.bindparam("ids", expanding=True))
+)
+
+
+def _insert_rows(conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert `rows` into `trinity_experience`; their ids, in order (write order). SQLite: ids
+    given here, after the highest ever given (AUTOINCREMENT's `sqlite_sequence`), one
+    `executemany`: the transaction holds the write lock from its start (`BEGIN IMMEDIATE`), so
+    no other writer takes them, and its RETURNING would send the rows one statement each.
+    PostgreSQL: the sequence's, by RETURNING in parameter order (several writers at once)."""
+    if not rows:
+        return []
+    if conn.dialect.name == "sqlite":
+        last = conn.exec_driver_sql(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence"
+            " WHERE name = 'trinity_experience'), 0),"
+            " coalesce((SELECT max(id) FROM trinity_experience), 0))"
+        ).scalar_one()
+        ids = list(range(int(last) + 1, int(last) + 1 + len(rows)))
+        conn.execute(experiences.insert(), [{**r, "id": i} for r, i in zip(rows, ids, strict=True)])
+        return ids
+    insert = experiences.insert().returning(experiences.c.id, sort_by_parameter_order=True)
+    return [int(r[0]) for r in conn.execute(insert, rows)]
+
+
 class SQLStore:
     """One buffer (`buffer`: its name in the database) on the database at `url`; `replay`: its
     replay settings (None: write order, each row read once); `capacity`: the pending rows beyond
@@ -184,17 +216,9 @@ class SQLStore:
                 return Written(state, refused="write to a closed buffer")
             if state.pending >= capacity:
                 return Written(state, full=True)
-            rows = [self._fresh_row(e) for e in items]
-            ids: list[int] = []
-            if rows:
-                insert = experiences.insert().returning(
-                    experiences.c.id, sort_by_parameter_order=True
-                )
-                ids = [int(r[0]) for r in conn.execute(insert, rows)]
-                data = [
-                    {"id": i, "data": json.dumps(e.to_dict(), separators=(",", ":"))}
-                    for i, e in zip(ids, items, strict=True)
-                ]
+            ids = _insert_rows(conn, [self._fresh_row(e) for e in items])
+            if ids:
+                data = [{"id": i, "data": e.to_bytes()} for i, e in zip(ids, items, strict=True)]
                 conn.execute(payloads.insert(), data)
             if cursor is not None:
                 self._move_cursor(conn, cursor)
@@ -275,28 +299,22 @@ class SQLStore:
                 buffer=self.buffer, reader=state.reader, size=len(ids), state=OPEN
             )
             lease = int(conn.execute(insert.returning(leases.c.id)).scalar_one())
-            conn.execute(
-                experiences.update().where(e.id.in_(ids)).values(state=LEASED, lease=lease)
-            )
-            got = dict(
-                conn.execute(
-                    sa.select(payloads.c.id, payloads.c.data).where(payloads.c.id.in_(ids))
-                ).all()
-            )
+            conn.execute(_LEASE_ROWS, {"ids": ids, "lease": lease})
+            got = dict(conn.execute(_PAYLOADS_OF, {"ids": ids}).all())
             if len(got) != len(ids):
                 raise RuntimeError(f"{self.where()}: pending rows without their payload")
             if self.replay is not None and self.replay.reuses and not ended:
                 self._copy_for_replay(conn, lease, ids, got)
         rows = []
         for i in ids:
-            experience = Experience.from_dict(json.loads(got[i]))
+            experience = Experience.from_stored(got[i])
             if self.replay is not None:
                 experience.info["use_count"] = taken[i]
             rows.append((i, experience))
         return Taken(state, lease=lease, rows=rows)
 
     def _copy_for_replay(
-        self, conn: sa.Connection, lease: int, ids: list[int], data: dict[int, str]
+        self, conn: sa.Connection, lease: int, ids: list[int], data: dict[int, bytes]
     ) -> None:
         """The replay copies of the rows `lease` took (each group the priority function puts
         back: one more use, ready after the cooldown), then the lowest-priority copies beyond
@@ -322,8 +340,7 @@ class SQLStore:
                      "ready_at": ready_at, "origin": lease}
                 )  # fmt: skip
         if copies:
-            insert = experiences.insert().returning(e.id, sort_by_parameter_order=True)
-            new = [int(x[0]) for x in conn.execute(insert, copies)]
+            new = _insert_rows(conn, copies)
             conn.execute(
                 payloads.insert(),
                 [{"id": i, "data": data[o]} for i, o in zip(new, copied, strict=True)],

@@ -245,7 +245,7 @@ class SQLiteLog:
             "ORDER BY e.id LIMIT ?",
             (after, limit),
         ).fetchall()
-        return [(int(i), _experience(p)) for i, p in rows]
+        return [(int(i), Experience.from_stored(p)) for i, p in rows]
 
     def max_lease(self) -> int:
         return int(
@@ -281,11 +281,3 @@ class SQLiteLog:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def _experience(payload: bytes | str) -> Experience:
-    """A row's payload: a blob (`Experience.to_bytes`), or JSON text of `to_dict` (how a log
-    written before the blobs keeps it)."""
-    if isinstance(payload, bytes):
-        return Experience.from_bytes(payload)
-    return Experience.from_dict(json.loads(payload))

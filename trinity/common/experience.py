@@ -52,7 +52,8 @@ Packed = tuple[str, tuple[int, ...], bytes]
 # the fields besides the tensors, as `to_bytes` writes them (the scalars `to_dict` writes)
 _SCALARS = ("prompt_length", "reward", "eid", "model_version", "truncated", "kind",
             "prompt_text", "response_text", "info", "metrics")  # fmt: skip
-BLOB_MAGIC = b"TEX1"  # `Experience.to_bytes`
+BLOB_MAGIC = b"TEX2"  # `Experience.to_bytes`
+_BLOB_V1 = b"TEX1"  # read only: its header a dict (the queue's logs of 2026-11-29)
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # one encoder: `json.dumps` builds one a call
 _ITEM_BYTES = {"int64": 8, "int32": 4, "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
                "bool": 1, "uint8": 1}  # fmt: skip
@@ -214,44 +215,70 @@ class Experience:
         return exp
 
     def to_bytes(self) -> bytes:
-        """The experience as one blob: the raw bytes of its tensors behind a JSON header of its
-        scalars (`BLOB_MAGIC`, the header's length as 4 little-endian bytes, the header, then
-        each tensor's bytes in `_TENSORS` order). Exact (a float32 keeps its bits) and cheap for
-        a packed experience: no number is formatted as text. The queue's log keeps these."""
-        scalars, tensors = self.__reduce__()[1]
-        head = {
-            "s": {k: scalars[k] for k in _SCALARS},
-            "t": [None if t is None else [t[0], t[1], len(t[2])] for t in map(tensors.get, _TENSORS)],
-        }  # fmt: skip
-        head["s"].update(eid=self.eid.to_dict(), kind=self.kind.value)
+        """The experience as one blob: the raw bytes of its tensors behind a JSON header
+        (`BLOB_MAGIC`, the header's length as 4 little-endian bytes, the header, then each
+        tensor's bytes in `_TENSORS` order). The header is a list, by position: the scalars in
+        `_SCALARS` order (`eid` as its 5 fields, `kind` as its value), then per tensor its
+        [dtype, shape] or null. Exact (a float32 keeps its bits) and cheap for a packed
+        experience: no number of a tensor is formatted as text. The queue's log and the sql
+        storage keep these."""
+        d = self.__dict__
+        packed = d.get("_packed") or {}
+        tensors = [packed[n] if n not in d else _pack(d[n]) for n in _TENSORS]
+        eid = d["eid"]
+        scalars = {**d, "eid": [eid.batch, eid.task, eid.run, eid.step, eid.suffix],
+                   "kind": d["kind"].value}  # fmt: skip
+        head = [scalars[k] for k in _SCALARS]
+        head.append([None if t is None else [t[0], t[1]] for t in tensors])
         text = _COMPACT.encode(head).encode()
-        raw = [t[2] for t in map(tensors.get, _TENSORS) if t is not None]
+        raw = [t[2] for t in tensors if t is not None]
         return b"".join([BLOB_MAGIC, len(text).to_bytes(4, "little"), text, *raw])
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Experience:
-        """The experience `to_bytes` wrote, packed. ValueError for a blob that is not one whole
-        (cut short, with bytes left over, or naming an unknown dtype)."""
-        if blob[:4] != BLOB_MAGIC or len(blob) < 8:
+        """The experience `to_bytes` wrote (or a `_BLOB_V1` one), packed. ValueError for a blob
+        that is not one whole (cut short, with bytes left over, or naming an unknown dtype)."""
+        magic = bytes(blob[:4])
+        if magic not in (BLOB_MAGIC, _BLOB_V1) or len(blob) < 8:
             raise ValueError(f"not an experience blob (starts {bytes(blob[:8])!r})")
         at = 8 + int.from_bytes(blob[4:8], "little")
         if len(blob) < at:
             raise ValueError(f"experience blob cut short in its {at - 8}-byte header")
         head = json.loads(blob[8:at])
+        try:
+            if magic == _BLOB_V1:  # {"s": {name: scalar}, "t": [[dtype, shape, bytes] | null]}
+                scalars, specs = head["s"], head["t"]
+                scalars["eid"] = EID(**scalars["eid"])
+            else:
+                scalars, specs = dict(zip(_SCALARS, head[:-1], strict=True)), head[-1]
+                scalars["eid"] = EID(*scalars["eid"])
+            scalars["kind"] = ExperienceKind(scalars["kind"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"experience blob: its header is not one ({e})") from None
         packed: dict[str, Packed | None] = {}
-        for name, item in zip(_TENSORS, head["t"], strict=True):
+        for name, item in zip(_TENSORS, specs, strict=True):
             if item is None:
                 packed[name] = None
                 continue
-            dtype, shape, size = item[0], tuple(item[1]), item[2]
-            if _ITEM_BYTES.get(dtype, 0) * math.prod(shape) != size or len(blob) < at + size:
+            dtype, shape = item[0], tuple(item[1])
+            size = _ITEM_BYTES.get(dtype, 0) * math.prod(shape)
+            if dtype not in _ITEM_BYTES or item[2:] not in ([], [size]) or len(blob) < at + size:
                 raise ValueError(f"experience blob: {name} is not {size} bytes of {dtype} {shape}")
             packed[name] = (dtype, shape, bytes(blob[at : at + size]))
             at += size
         if at != len(blob):
             raise ValueError(f"experience blob has {len(blob) - at} bytes after its last tensor")
-        s = head["s"]
-        return _unpack({**s, "eid": EID(**s["eid"]), "kind": ExperienceKind(s["kind"])}, packed)
+        return _unpack(scalars, packed)
+
+    @classmethod
+    def from_stored(cls, payload: bytes | str) -> Experience:
+        """A stored payload: a blob (`to_bytes`), or JSON of `to_dict` as text or UTF-8 bytes
+        (how logs and databases written before the blobs keep it)."""
+        if isinstance(payload, str):
+            return cls.from_dict(json.loads(payload))
+        if payload[:4] in (BLOB_MAGIC, _BLOB_V1):
+            return cls.from_bytes(payload)
+        return cls.from_dict(json.loads(payload))
 
     # -- the packed form (pickling without torch) -------------------------------------------
 
