@@ -21,8 +21,9 @@ tables apart from a Trinity-RFT table (named after its buffer) in the same datab
   it is ready, and for a replay copy the lease whose read made it (`origin`).
 - `trinity_payload`: the experience itself (`Experience.to_bytes`: its tensors' raw bytes behind
   a JSON header; a database migrated from version 2 also holds `to_dict` JSON as UTF-8 bytes,
-  read by `Experience.from_stored`), deleted when its row is trained or dropped (retention: counts stay exact, bytes go; deleted in write order, so whole
-  SQLite pages empty out and are reused).
+  read by `Experience.from_stored`), deleted when its row is trained or dropped (retention:
+  counts stay exact, bytes go; deleted in write order, so whole SQLite pages empty out and are
+  reused).
 - `trinity_lease`: each lease handed out: its reader token and whether it is open, acked or
   returned (its reader was superseded), so an ack from any process is checked.
 - `trinity_writer`: each registered writer, its token and whether it released the buffer: the

@@ -226,9 +226,10 @@ class Experience:
         packed = d.get("_packed") or {}
         tensors = [packed[n] if n not in d else _pack(d[n]) for n in _TENSORS]
         eid = d["eid"]
-        head = [d["prompt_length"], d["reward"], [eid.batch, eid.task, eid.run, eid.step, eid.suffix],
-                d["model_version"], d["truncated"], d["kind"].value, d["prompt_text"],
-                d["response_text"], d["info"], d["metrics"],  # `_SCALARS`, in its order
+        head = [d["prompt_length"], d["reward"],  # `_SCALARS`, in its order
+                [eid.batch, eid.task, eid.run, eid.step, eid.suffix], d["model_version"],
+                d["truncated"], d["kind"].value, d["prompt_text"], d["response_text"],
+                d["info"], d["metrics"],
                 [None if t is None else [t[0], t[1]] for t in tensors]]  # fmt: skip
         text = _COMPACT.encode(head).encode()
         raw = [t[2] for t in tensors if t is not None]
