@@ -6,7 +6,7 @@
 Per seed: the quickstart's SFT stage runs once (`examples/quickstart/quickstart.yaml`: the
 teacher that forgets the carry, 2-digit sums only; its own fresh cache), then the quickstart's
 GRPO stage runs once per selector from that SFT checkpoint, on a taskset of mixed difficulty
-(`arithmetic_levels`, `--tasks` problems, an equal share of each of `--levels`: 2-digit sums
+(`arithmetic_levels`, `--tasks` problems, each of `--levels` by `--weights`: 2-digit sums
 without a carry, solved after SFT; with a carry, learnable; 3-digit sums, out of reach) with only
 `data_selector.selector_type` changed. Both selectors run with the same seed, taskset, batch
 (`--batch-size` tasks × 8 samples), lr schedule, step budget (`--steps`) and experience pipeline
@@ -75,7 +75,8 @@ def grpo_stage(
     `reference`, the taskset is that file (its rows and their offline pass rates)."""
     stage = json.loads(json.dumps(rl_stage))  # a deep copy
     repeat = stage["algorithm"]["repeat_times"]
-    weights = [int(name in args.levels) for name in LEVELS]
+    share = dict(zip(args.levels, args.weights or [1] * len(args.levels), strict=True))
+    weights = [share.get(name, 0) for name in LEVELS]
     taskset = levels_set("levels", "train", args.tasks, weights)
     if reference is not None:  # the same rows, with their offline pass rate, from a file
         taskset = {"name": "levels", "storage_type": "file", "path": str(reference),
@@ -188,7 +189,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> list[dict]:
 
     reference = None
     if args.reference:  # the SFT model's pass rate on each training task, measured once
-        reference = work / "reference_tasks.jsonl"
+        reference = work / f"reference_tasks{suffix}.jsonl"
         if not reference.exists():
             measure_reference(config("random", None), work, reference, env)
     for selector in args.selectors:
@@ -289,7 +290,11 @@ def main() -> None:
         "--levels", nargs="+", default=list(LEVELS), choices=LEVELS,
         help="the levels in the taskset (equal shares) and in the held-out mean",
     )  # fmt: skip
-    ap.add_argument("--tasks", type=int, default=240, help="training problems (equal per level)")
+    ap.add_argument(
+        "--weights", type=int, nargs="+", default=None,
+        help="each of --levels' share of the training problems (default: equal)",
+    )  # fmt: skip
+    ap.add_argument("--tasks", type=int, default=240, help="training problems")
     ap.add_argument("--eval-tasks", type=int, default=100, help="held-out problems per level")
     ap.add_argument("--batch-size", type=int, default=16, help="tasks per step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
