@@ -116,6 +116,7 @@ def test_a_sandboxed_call_past_its_timeout_is_killed_and_replaced():
     assert 3.0 <= took < 3.0 + 5  # the timeout, plus killing the worker
     assert isinstance(errors, RewardFailed) and errors.kind == "error"
     assert "ValueError: the reward code broke" in str(errors)
+    assert not isinstance(after, RewardFailed), f"{after} ({after.__dict__})"
     assert after["pid"] != before["pid"]  # the killed worker's replacement ...
     assert pool_of(t).started == 2  # ... and no other (the exception kept its worker)
 
@@ -138,4 +139,5 @@ def test_a_waiting_call_gets_the_replacement_of_a_killed_worker():
 
     hung, waited = asyncio.run(go())
     assert isinstance(hung, RewardFailed) and hung.kind == "timeout"
+    assert not isinstance(waited, RewardFailed), f"{waited} ({waited.__dict__})"
     assert waited["accuracy"] == 1.0 and pool_of(t).started == 2
