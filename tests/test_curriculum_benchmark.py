@@ -42,3 +42,28 @@ def test_the_curriculum_benchmark_runs_end_to_end(tmp_path, reference):
         cfg = yaml.safe_load((tmp_path / "work/seed_5/grpo_difficulty_based.yaml").read_text())
         selector = cfg["stages"][0]["buffer"]["explorer_input"]["taskset"]["data_selector"]
         assert selector["feature_keys"] == ["sft_pass_rate"]
+
+
+def test_levels_and_weights_shape_the_taskset_and_the_held_out_mean():
+    """`--levels carry three_digit --weights 1 7`: the training set draws those two levels 1 : 7
+    (`arithmetic_levels` weights by level index), and only their held-out sets are evaluated and
+    averaged."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curriculum
+
+    args = argparse.Namespace(levels=["carry", "three_digit"], weights=[1, 7], tasks=640,
+                              eval_tasks=100, batch_size=16, steps=80, eval_interval=1,
+                              bots={})  # fmt: skip
+    rl_stage = {"algorithm": {"repeat_times": 8}, "buffer": {}}
+    stage = curriculum.grpo_stage(rl_stage, "random", args)
+    inputs = stage["buffer"]["explorer_input"]
+    assert inputs["taskset"]["generator_args"] == {"num_tasks": 640, "weights": [0, 1, 7]}
+    evals = {e["name"]: e["generator_args"]["weights"] for e in inputs["eval_tasksets"]}
+    assert evals == {"heldout_carry": [0, 1, 0], "heldout_three_digit": [0, 0, 1]}
+    records = [{"step": 3, "eval/heldout_carry/accuracy": 0.8,
+                "eval/heldout_three_digit/accuracy": 0.0}]  # fmt: skip
+    curve = curriculum.accuracy_by_step(records, args.levels)
+    assert curve == {3: [0.8, 0.0]} and curriculum.steps_to_target(curve, 0.4) == 3
+    assert curriculum.steps_to_target(curve, 0.41) is None
