@@ -14,7 +14,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
-# lint, then every test not marked slow (under 10 minutes on 2 cores)
+# lint, then every test not marked slow (5 to 14 minutes on 2 cores: docs/testing.md)
 test: lint
 	$(PYTEST) -m "not slow" --timeout=600
 
