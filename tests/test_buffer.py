@@ -14,7 +14,7 @@ import torch
 from storages import exp
 
 from trinity.buffer.queue import BufferClosed, QueueStorage
-from trinity.common.experience import EID, Experience, ExperienceKind
+from trinity.common.experience import _TENSORS, EID, Experience, ExperienceKind
 
 
 def test_the_file_does_not_grow_with_trained_experiences(tmp_path):
@@ -83,10 +83,6 @@ def test_a_pickled_experience_keeps_its_tensors_packed_until_one_is_read():
         Experience.from_dict({**e.to_dict(), "advantages": [0.0]})
 
 
-_TENSOR_FIELDS = ("tokens", "logprobs", "action_mask", "advantages", "returns",
-                  "token_level_reward", "topk_ids", "topk_logprobs")  # fmt: skip
-
-
 def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
     e = Experience(
         tokens=torch.tensor([5, 6, 7, 8]),
@@ -114,7 +110,7 @@ def test_an_experience_as_bytes_is_exact_packed_and_refuses_a_damaged_blob():
     assert again.to_bytes() == blob  # packed in, the same bytes out
     # the first layout (TEX1, a dict header with each tensor's byte count), built by hand
     tensors = [e.tokens, e.logprobs, e.action_mask, None, None, None, e.topk_ids, e.topk_logprobs]
-    scalars = {k: v for k, v in e.to_dict().items() if k not in _TENSOR_FIELDS}
+    scalars = {k: v for k, v in e.to_dict().items() if k not in _TENSORS}
     head = {"s": scalars, "t": [None if t is None else
                                 [str(t.dtype)[6:], list(t.shape), t.numel() * t.element_size()]
                                 for t in tensors]}  # fmt: skip

@@ -44,13 +44,13 @@ def test_the_curriculum_benchmark_runs_end_to_end(tmp_path, reference):
         assert selector["feature_keys"] == ["sft_pass_rate"]
 
 
-def test_levels_and_weights_shape_the_taskset_and_the_held_out_mean():
+def test_levels_and_weights_shape_the_taskset_and_the_held_out_mean(monkeypatch):
     """`--levels carry three_digit --weights 1 7`: the training set draws those two levels 1 : 7
     (`arithmetic_levels` weights by level index), and only their held-out sets are evaluated and
     averaged."""
     import argparse
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import curriculum
 
     args = argparse.Namespace(levels=["carry", "three_digit"], weights=[1, 7], tasks=640,

@@ -93,7 +93,8 @@ def test_a_version_2_database_keeps_its_json_payloads_and_new_ones_are_blobs(db)
         s = SQLStorage(db, name="p/r/exp")
         await s.write([exp(2)])
         with s.store.engine.connect() as conn:
-            stored = dict(conn.execute(sa.select(payloads.c.id, payloads.c.data)).all())
+            q = sa.select(payloads.c.id, payloads.c.data).order_by(payloads.c.id)
+            stored = dict(conn.execute(q).all())
             version = conn.execute(sa.select(meta.c.value)).scalar_one()
         assert version == str(SCHEMA_VERSION) == "3"
         assert [bytes(d)[:1] for d in stored.values()] == [b"{", b"{", b"T"]  # JSON, JSON, TEX2

@@ -131,11 +131,10 @@ def _insert_rows(conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         return []
     if conn.dialect.name == "sqlite":
         last = conn.exec_driver_sql(
-            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence"
-            " WHERE name = 'trinity_experience'), 0),"
-            " coalesce((SELECT max(id) FROM trinity_experience), 0))"
-        ).scalar_one()
-        ids = list(range(int(last) + 1, int(last) + 1 + len(rows)))
+            "SELECT seq FROM sqlite_sequence WHERE name = 'trinity_experience'"
+        ).scalar()  # None before the table's first row
+        first = int(last or 0) + 1
+        ids = list(range(first, first + len(rows)))
         conn.execute(experiences.insert(), [{**r, "id": i} for r, i in zip(rows, ids, strict=True)])
         return ids
     insert = experiences.insert().returning(experiences.c.id, sort_by_parameter_order=True)
